@@ -1,0 +1,97 @@
+"""Every fatal error dfbuild can raise, with a stable exit code and a hint.
+
+The exit codes are part of the CLI contract and are documented in README.md;
+never renumber one, only add new ones.
+"""
+
+from __future__ import annotations
+
+
+class DfbuildError(Exception):
+    """A failure the user can act on: one-line reason plus what to do."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message} ({self.hint})"
+
+
+class UnknownBaseError(DfbuildError):
+    exit_code = 10
+
+
+class SourceError(DfbuildError):
+    """The repository, PR ref or revision cannot be reached or resolved."""
+
+    exit_code = 11
+
+
+class DirtyTreeError(DfbuildError):
+    exit_code = 12
+
+
+class NotLlamaTreeError(DfbuildError):
+    exit_code = 13
+
+
+class ArchiveError(DfbuildError):
+    exit_code = 14
+
+
+class PatchIntegrityError(DfbuildError):
+    """A patch file does not match the sha256 recorded in series.toml."""
+
+    exit_code = 20
+
+
+class PatchConflictError(DfbuildError):
+    exit_code = 21
+
+
+class NoVariantError(DfbuildError):
+    exit_code = 22
+
+
+class SeriesFileError(DfbuildError):
+    exit_code = 23
+
+
+class ToolchainMissingError(DfbuildError):
+    exit_code = 30
+
+
+class BuildError(DfbuildError):
+    exit_code = 31
+
+
+class BuildDirMismatchError(DfbuildError):
+    exit_code = 32
+
+
+class UnsupportedBackendError(DfbuildError):
+    exit_code = 33
+
+
+class FixtureError(DfbuildError):
+    exit_code = 40
+
+
+class SmokeFailedError(DfbuildError):
+    exit_code = 41
+
+
+class ServerStartError(DfbuildError):
+    exit_code = 42
+
+
+class ReleaseError(DfbuildError):
+    exit_code = 50
+
+
+class VerifyError(DfbuildError):
+    exit_code = 51

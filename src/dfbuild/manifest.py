@@ -1,0 +1,45 @@
+"""The manifest: plain data that grows as it flows through the stages.
+
+Sections: source, series, build, smoke, release. Each stage returns its own
+section as a dict of JSON-friendly values; the manifest is just a dict of them.
+A checkout keeps its manifest inside its git dir so the tree never looks dirty.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SECTIONS = ("source", "series", "build", "smoke", "release")
+
+
+def tree_manifest_path(tree: Path) -> Path:
+    return Path(tree) / ".git" / "dfbuild" / "manifest.json"
+
+
+def load(path: Path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def save(manifest: dict, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dumps(manifest) + "\n", encoding="utf-8")
+    return path
+
+
+def dumps(data: dict) -> str:
+    return json.dumps(data, indent=2, sort_keys=True, default=str)
+
+
+def update_tree_manifest(tree: Path, section: str, data: dict) -> dict:
+    """Record one stage's section in the checkout's manifest and return the whole manifest."""
+    assert section in SECTIONS, section
+    path = tree_manifest_path(tree)
+    manifest = load(path)
+    manifest[section] = data
+    save(manifest, path)
+    return manifest

@@ -1,0 +1,37 @@
+"""Where dfbuild keeps its caches (clones, sdists, imported trees)."""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+import platformdirs
+from filelock import FileLock, Timeout
+
+from .errors import DfbuildError
+
+CACHE_ENV = "DFBUILD_CACHE_DIR"
+
+
+def cache_dir() -> Path:
+    """The user cache dir, or $DFBUILD_CACHE_DIR (tests point it at a dir they own)."""
+    override = os.environ.get(CACHE_ENV)
+    root = Path(override) if override else Path(platformdirs.user_cache_dir("dfbuild"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+@contextmanager
+def locked(path: Path, timeout: float = 600):
+    """Hold an inter-process lock next to `path` so concurrent runs don't share a half-made cache."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path) + ".lock")
+    try:
+        with lock.acquire(timeout=timeout):
+            yield
+    except Timeout:
+        raise DfbuildError(
+            f"another dfbuild holds the cache lock {lock.lock_file}",
+            "wait for it to finish, or remove the lock file if no dfbuild is running",
+        ) from None

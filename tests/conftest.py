@@ -1,0 +1,24 @@
+"""Shared test setup: a cache dir the tests own, so sdists, trees and ccache survive reruns."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+TEST_CACHE = Path(os.environ.get("DFBUILD_TEST_CACHE", Path.home() / ".cache" / "dfbuild-tests"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _dfbuild_cache_env():
+    TEST_CACHE.mkdir(parents=True, exist_ok=True)
+    os.environ["DFBUILD_CACHE_DIR"] = str(TEST_CACHE)
+    os.environ.setdefault("CCACHE_DIR", str(TEST_CACHE / "ccache"))
+    os.environ.setdefault("CCACHE_MAXSIZE", "5G")
+    yield
+
+
+@pytest.fixture(scope="session")
+def test_cache() -> Path:
+    return TEST_CACHE
