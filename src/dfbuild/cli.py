@@ -43,6 +43,57 @@ def main() -> None:
 
 # --- source -------------------------------------------------------------------
 
+def source_options(func):
+    """--base/--pr/--repo/--dir/--force, shared by every command that starts from a checkout."""
+    for option in reversed([
+        click.option("--base", required=True, help="Base revision: a known base (5ecbe1a, b10359, b11312) or any rev with --repo."),
+        click.option("--pr", type=int, default=None, help="Pull request whose refs/pull/N/head must contain the base."),
+        click.option("--repo", default=None, help="Repository URL or path (default: implied by a known base)."),
+        click.option("--dir", "dest", type=click.Path(path_type=Path), default=None,
+                     help="Working tree to create or reuse (default: ./llama.cpp-BASE)."),
+        click.option("--force", is_flag=True, help="Reuse a DIR with local changes after stashing them."),
+    ]):
+        func = option(func)
+    return func
+
+
+@main.command()
+@source_options
+@json_option
+@handle_errors
+def checkout(base, pr, repo, dest, force, as_json):
+    """Check out llama.cpp at a PR head or commit."""
+    from . import manifest, source
+
+    with ui.step(f"checkout {base}"):
+        section = source.checkout(base, pr=pr, repo=repo, dest=dest, force=force)
+    manifest.update_tree_manifest(Path(section["dir"]), "source", section)
+    if as_json:
+        ui.emit_json(section)
+    else:
+        ui.info(f"{section['dir']}: {section['commit']} on branch {section['branch']}")
+
+
+@main.command("import")
+@click.argument("archive", type=click.Path(path_type=Path))
+@click.option("--tag", required=True, help="Tag (base name) to give the imported commit, e.g. b10359.")
+@click.option("--dir", "dest", type=click.Path(path_type=Path), default=None,
+              help="Directory to create (default: ./llama.cpp-TAG).")
+@json_option
+@handle_errors
+def import_(archive, tag, dest, as_json):
+    """Import a llama.cpp tree from a .tar.gz/.zip or a PyPI sdist that vendors one."""
+    from . import manifest, source
+
+    with ui.step(f"import {archive}"):
+        section = source.import_archive(archive, tag, dest or Path.cwd() / f"llama.cpp-{tag}")
+    manifest.update_tree_manifest(Path(section["dir"]), "source", section)
+    if as_json:
+        ui.emit_json(section)
+    else:
+        ui.info(f"{section['dir']}: {section['commit']} tagged {tag}")
+
+
 # --- series -------------------------------------------------------------------
 
 # --- build --------------------------------------------------------------------

