@@ -96,6 +96,123 @@ def import_(archive, tag, dest, as_json):
 
 # --- series -------------------------------------------------------------------
 
+patches_option = click.option("--patches", "patches_dir", type=click.Path(path_type=Path), default=None,
+                              help="Patches directory holding series.toml (default: the shipped series).")
+
+STATUS_STYLE = {"clean": "green", "offset": "green", "applied": "cyan", "already-present": "cyan",
+                "upstream": "blue", "skipped": "yellow", "conflict": "red", "no-variant": "red"}
+
+
+def _render_concerns(rows: list[dict]) -> None:
+    from rich.table import Table
+
+    table = Table(show_header=True, header_style="bold")
+    for column in ("concern", "status", "detail"):
+        table.add_column(column)
+    for row in rows:
+        style = STATUS_STYLE.get(row["status"], "")
+        table.add_row(row["id"], f"[{style}]{row['status']}[/{style}]", row.get("detail") or row.get("commit") or "")
+    ui.console.print(table)
+
+
+@main.command()
+@source_options
+@patches_option
+@click.option("--skip", "skip", multiple=True, help="Leave a concern out (for ablation experiments).")
+@json_option
+@handle_errors
+def apply(base, pr, repo, dest, force, patches_dir, skip, as_json):
+    """Check out BASE, then apply the curated DFlash patch series."""
+    from . import manifest, series, source
+
+    curated = series.load_series(patches_dir)
+    with ui.step(f"checkout {base}"):
+        src = source.checkout(base, pr=pr, repo=repo, dest=dest, force=force, keep_descendants=True)
+    tree = Path(src["dir"])
+    manifest.update_tree_manifest(tree, "source", src)
+    with ui.step("apply the patch series"):
+        section = series.apply_series(curated, tree, skip=tuple(skip))
+    full = manifest.update_tree_manifest(tree, "series", section)
+    if as_json:
+        ui.emit_json({"source": full["source"], "series": section})
+        return
+    _render_concerns(section["concerns"])
+    if section["changed"]:
+        ui.info(f"{tree}: patched commit {section['head']}")
+    else:
+        ui.info(f"{tree}: nothing to do, the series is already applied ({section['head']})")
+
+
+@main.group("series")
+def series_group():
+    """Inspect and maintain the curated patch series."""
+
+
+@series_group.command("list")
+@patches_option
+@json_option
+@handle_errors
+def series_list(patches_dir, as_json):
+    """Show the concerns and their variants per base."""
+    from . import series
+
+    curated = series.load_series(patches_dir)
+    data = {
+        "bug": curated.bug,
+        "bases": curated.bases,
+        "concerns": [
+            {"id": c.id, "title": c.title, "dep3": c.dep3,
+             "variants": {b: {"status": v.status, "file": v.file, "sha256": v.sha256, "note": v.note}
+                          for b, v in c.variants.items()}}
+            for c in curated.concerns
+        ],
+    }
+    if as_json:
+        ui.emit_json(data)
+        return
+    for number, concern in enumerate(data["concerns"], 1):
+        ui.info(f"[bold]{number}. {concern['id']}[/bold]: {concern['title']}")
+        for base, variant in concern["variants"].items():
+            ui.info(f"     {base:8} {variant['file'] or variant['status'] + ': ' + variant['note']}")
+
+
+@series_group.command("check")
+@click.option("--dir", "tree", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True)
+@patches_option
+@json_option
+@handle_errors
+def series_check(tree, patches_dir, as_json):
+    """Report per concern: clean, offset, applied, upstream, conflict or no-variant. Changes nothing."""
+    from . import series
+
+    curated = series.load_series(patches_dir)
+    base, steps = series.plan(curated, tree)
+    rows = [s.to_dict() for s in steps]
+    if as_json:
+        ui.emit_json({"dir": str(tree), "base": base, "concerns": rows})
+        return
+    ui.info(f"{tree}: base {base or 'not recognised'}")
+    _render_concerns(rows)
+
+
+@series_group.command("refresh")
+@click.option("--dir", "tree", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True,
+              help="Checkout with one commit per concern (each with a Dfbuild-Concern trailer) on top of the base.")
+@click.option("--onto", required=True, help="The base revision the concern commits sit on.")
+@patches_option
+@json_option
+@handle_errors
+def series_refresh(tree, onto, patches_dir, as_json):
+    """(Maintainers) Regenerate a base's variants as format-patch files and update series.toml."""
+    from . import series
+
+    result = series.refresh(series.load_series(patches_dir), tree, onto)
+    if as_json:
+        ui.emit_json(result)
+        return
+    for variant in result["variants"]:
+        ui.info(f"wrote {variant['file']} ({variant['sha256'][:12]})")
+
 # --- build --------------------------------------------------------------------
 
 # --- fixtures & smoke ---------------------------------------------------------

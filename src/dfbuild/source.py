@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -104,9 +106,16 @@ def _unknown_base(name: str) -> UnknownBaseError:
 
 
 def _git_error(exc: git.GitCommandError) -> str:
+    """One line of git's complaint: its first fatal/error line (the last is often boilerplate)."""
     text = (exc.stderr or exc.stdout or str(exc)).strip()
     text = re.sub(r"^\s*stderr: '?", "", text).strip("'\n ")
-    return text.splitlines()[-1] if text else str(exc)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    reasons = [line for line in lines if line.startswith(("fatal:", "error:"))]
+    return (reasons or lines or [str(exc)])[0]
+
+
+# Network git commands fail instead of prompting for a password nobody will type.
+NO_PROMPT = {"GIT_TERMINAL_PROMPT": "0"}
 
 
 def commit_fixed(repo: git.Repo, message: str, date: str = FIXED_DATE) -> str:
@@ -137,8 +146,16 @@ def _slug(text: str) -> str:
 
 
 def resolve_commit(repo: git.Repo, rev: str) -> str:
-    """Turn REV into a full commit id; an ambiguous short sha lists its candidates."""
-    if re.fullmatch(r"[0-9a-fA-F]{4,39}", rev):
+    """Turn REV into a full commit id; an ambiguous short sha lists its candidates.
+
+    A ref name wins over a hex prefix, as in git itself: llama.cpp's tags
+    (b1000, b10359) are valid hex, and must not be read as short shas.
+    """
+    try:
+        is_ref = bool(repo.git.rev_parse("--verify", "--quiet", "--symbolic-full-name", rev))
+    except git.GitCommandError:
+        is_ref = False
+    if not is_ref and re.fullmatch(r"[0-9a-fA-F]{4,39}", rev):
         try:
             objects = repo.git.rev_parse(f"--disambiguate={rev.lower()}").split()
         except git.GitCommandError:
@@ -170,7 +187,7 @@ def _cached_clone(url: str) -> git.Repo:
     if path.exists():
         repo = git.Repo(path)
         try:
-            repo.git.fetch("--quiet", "--tags", "--force", url, "+refs/heads/*:refs/heads/*")
+            repo.git.fetch("--quiet", "--tags", "--force", url, "+refs/heads/*:refs/heads/*", env=NO_PROMPT)
         except git.GitCommandError as exc:
             raise SourceError(
                 f"cannot fetch from repository {url}: {_git_error(exc)}",
@@ -180,7 +197,7 @@ def _cached_clone(url: str) -> git.Repo:
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        git.Repo.clone_from(url, tmp, bare=True, multi_options=["--quiet"])
+        git.Repo.clone_from(url, tmp, bare=True, multi_options=["--quiet"], env=NO_PROMPT)
     except git.GitCommandError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise SourceError(
@@ -194,7 +211,7 @@ def _cached_clone(url: str) -> git.Repo:
 def _fetch_pr(repo: git.Repo, url: str, pr: int) -> str:
     ref = f"refs/dfbuild/pull/{pr}"
     try:
-        repo.git.fetch("--quiet", "--force", url, f"+refs/pull/{pr}/head:{ref}")
+        repo.git.fetch("--quiet", "--force", url, f"+refs/pull/{pr}/head:{ref}", env=NO_PROMPT)
     except git.GitCommandError as exc:
         raise SourceError(
             f"pull request #{pr} has no ref refs/pull/{pr}/head in {url}: {_git_error(exc)}",
@@ -245,36 +262,63 @@ def _offline_cache_repo(base: KnownBase) -> git.Repo:
 # --- materialising DIR -------------------------------------------------------------
 
 
-def _prepare_dir(dest: Path, force: bool) -> git.Repo | None:
-    """Check DIR is safe to (re)use. Returns its repo when it already is a checkout."""
+def _check_dir(dest: Path, force: bool) -> git.Repo | None:
+    """Refuse a DIR dfbuild must not touch; changes nothing. Returns its repo when it is a checkout."""
     if not dest.exists() or (dest.is_dir() and not any(dest.iterdir())):
         return None
+    not_llama = NotLlamaTreeError(
+        f"{dest} exists but is not a llama.cpp checkout",
+        "choose another --dir, or an empty or missing directory",
+    )
     if not dest.is_dir() or not (dest / ".git").exists() or not is_llama_tree(dest):
-        raise NotLlamaTreeError(
-            f"{dest} exists but is not a llama.cpp checkout",
-            "choose another --dir, or an empty or missing directory",
+        raise not_llama
+    try:
+        repo = git.Repo(dest)
+    except git.InvalidGitRepositoryError:  # e.g. a vendored tree's stale .git file
+        raise not_llama from None
+    if repo.is_dirty(untracked_files=True) and not force:
+        raise DirtyTreeError(
+            f"{dest} has local changes; nothing was touched",
+            "commit or stash them, or pass --force to have dfbuild stash them for you",
         )
-    repo = git.Repo(dest)
-    if repo.is_dirty(untracked_files=True):
-        if not force:
-            raise DirtyTreeError(
-                f"{dest} has local changes; nothing was touched",
-                "commit or stash them, or pass --force to have dfbuild stash them for you",
-            )
-        stamp = subprocess.run(["git", "-C", str(dest), "rev-parse", "--short", "HEAD"],
-                               capture_output=True, text=True).stdout.strip()
-        repo.git.stash("push", "--include-untracked", "-m", f"dfbuild checkout --force (was at {stamp})")
+    return repo
+
+
+def _prepare_dir(dest: Path, force: bool) -> git.Repo | None:
+    """Check DIR again right before using it, and stash local changes under --force."""
+    repo = _check_dir(dest, force)
+    if repo is not None and repo.is_dirty(untracked_files=True):
+        try:
+            stamp = repo.git.rev_parse("--short", "HEAD")
+            repo.git.stash("push", "--include-untracked", "-m", f"dfbuild checkout --force (was at {stamp})")
+        except git.GitCommandError as exc:
+            raise DirtyTreeError(f"{dest} has local changes that cannot be stashed: {_git_error(exc)}",
+                                 "commit or move them away yourself, then run again") from None
         ui.warn(f"stashed your local changes in {dest} (see `git -C {dest} stash list`)")
     return repo
 
 
-def _materialise(cache: git.Repo, commit: str, dest: Path, branch: str, force: bool, origin: str) -> None:
+def _materialise(cache: git.Repo, commit: str, dest: Path, branch: str, force: bool, origin: str,
+                 keep_descendants: bool = False) -> None:
     repo = _prepare_dir(dest, force)
     if repo is None:
-        dest.mkdir(parents=True, exist_ok=True)
-        repo = git.Repo.init(dest)
-        repo.create_remote("origin", origin)
+        # a local clone hardlinks the cache's objects: seconds, where a fetch would repack them
+        if dest.exists():
+            dest.rmdir()
+        repo = git.Repo.clone_from(str(Path(cache.git_dir)), dest, no_checkout=True, local=True,
+                                   multi_options=["--quiet"])
+        repo.remote("origin").set_url(origin)
+        repo.git.checkout("--quiet", "-B", branch, commit)
+        return
     repo.git.fetch("--quiet", "--no-tags", str(Path(cache.git_dir)), commit)
+    head = repo.head.commit.hexsha if repo.head.is_valid() else None
+    on_branch = not repo.head.is_detached and repo.active_branch.name == branch
+    if keep_descendants and on_branch and head and repo.is_ancestor(commit, head):
+        return  # already the base plus commits on top of it, e.g. the applied series
+    if head and head != commit and not repo.is_ancestor(head, commit):
+        backup = f"refs/dfbuild/backup/{branch}/{int(time.time())}"
+        repo.git.update_ref(backup, head)
+        ui.warn(f"{dest} was at {head[:12]}; that commit is kept as {backup}")
     repo.git.checkout("--quiet", "-B", branch, commit)
 
 
@@ -282,22 +326,32 @@ def branch_for(base: str) -> str:
     return f"dfbuild/{base}"
 
 
+def _absolute_if_local(url: str) -> str:
+    """A local path made absolute: the cache's git commands do not run in the user's cwd."""
+    return str(Path(url).resolve()) if Path(url).exists() else url
+
+
 def checkout(base: str, *, pr: int | None = None, repo: str | None = None,
-             dest: Path | None = None, force: bool = False) -> dict:
+             dest: Path | None = None, force: bool = False, keep_descendants: bool = False) -> dict:
     """Check out llama.cpp at BASE in DEST and return the manifest's source section."""
     known = known_base(base)
     if repo is None and known is None:
         raise _unknown_base(base)
     dest = Path(dest or Path.cwd() / f"llama.cpp-{base}").resolve()
+    _check_dir(dest, force)  # refuse a bad DIR before any clone or download
 
     if repo is None and known.sdist:
+        if pr is not None:
+            raise SourceError(f"{base} is an offline base imported from PyPI ({known.sdist}); it has no PR refs",
+                              "drop --pr, or pass --repo URL_OR_PATH to fetch the PR from a repository")
         cache = _offline_cache_repo(known)
         commit = resolve_commit(cache, known.name)
-        origin, kind, pr = f"pypi:{known.sdist}", "sdist", None
+        origin, kind = f"pypi:{known.sdist}", "sdist"
     else:
         url = repo or known.repo
         if pr is None and known is not None and url == known.repo:
             pr = known.pr
+        url = _absolute_if_local(url)
         with locked(cache_dir() / "repos" / _slug(url)):
             cache = _cached_clone(url)
             pr_ref = _fetch_pr(cache, url, pr) if pr is not None else None
@@ -310,7 +364,7 @@ def checkout(base: str, *, pr: int | None = None, repo: str | None = None,
                 )
         origin, kind = url, "git"
 
-    _materialise(cache, commit, dest, branch_for(base), force, origin)
+    _materialise(cache, commit, dest, branch_for(base), force, origin, keep_descendants)
     return {
         "kind": kind,
         "repo": origin,
@@ -355,17 +409,32 @@ def _extract(archive: Path, into: Path) -> None:
             # the "data" filter also drops owners, so root-extracted trees stay usable by git
             tf.extractall(into, members=members, filter="data")
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as exc:
-        if isinstance(exc, ArchiveError):
-            raise
-        raise ArchiveError(f"cannot read archive {archive}: {exc}",
+        # tarfile lists every compression it tried on separate lines; one line is enough
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0].rstrip(":")
+        raise ArchiveError(f"cannot read archive {archive}: {reason}",
                            "the file is truncated or not a .tar.gz/.zip; download it again") from None
 
 
 def _check_link(member: tarfile.TarInfo) -> None:
     target = PurePosixPath(member.name).parent / member.linkname
-    if PurePosixPath(member.linkname).is_absolute() or ".." in PurePosixPath(os.path.normpath(str(target))).parts:
+    if PurePosixPath(member.linkname).is_absolute() or ".." in PurePosixPath(posixpath.normpath(str(target))).parts:
         raise ArchiveError(f"archive link '{member.name}' points outside the tree; refusing the whole archive",
                            "only use archives from a source you trust")
+
+
+def _check_links_stay_in(root: Path) -> None:
+    """The tree becomes DEST on its own, so a link may not leave it (even to elsewhere in the archive)."""
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            link = Path(folder) / name
+            if not link.is_symlink():
+                continue
+            target = posixpath.normpath((link.parent.relative_to(root) / os.readlink(link)).as_posix())
+            if Path(os.readlink(link)).is_absolute() or target.split("/")[0] == "..":
+                raise ArchiveError(
+                    f"archive link '{link.relative_to(root).as_posix()}' points outside the llama.cpp tree; "
+                    "refusing the whole archive",
+                    "only use archives from a source you trust")
 
 
 def find_llama_root(top: Path) -> Path:
@@ -404,6 +473,7 @@ def import_archive(archive: Path, tag: str, dest: Path, *, date: str = FIXED_DAT
             stale_git.unlink()
         elif stale_git.is_dir():
             shutil.rmtree(stale_git)
+        _check_links_stay_in(root)
         if dest.exists():
             dest.rmdir()
         shutil.move(str(root), str(dest))

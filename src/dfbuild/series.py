@@ -1,0 +1,427 @@
+"""Stage 2, series: the curated DFlash fixes, applied safely.
+
+patches/series.toml is the single source of truth: the concerns in order, each
+with its rationale, DEP-3 fields and one patch file per base. A base is
+recognised by content (the git blob id of common/speculative.cpp), so a clone,
+an sdist import and a tarball of the same code all pick the same variant.
+
+Applying follows ollama's apply-git-patches loop: reverse-check means already
+applied, forward-check then apply, and a failure says what to regenerate. On
+top of that the whole series is atomic, and every patch becomes a commit with a
+fixed identity and date, so one base always yields one patched commit id.
+"""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import git
+import tomlkit
+
+from . import source
+from .errors import (
+    DirtyTreeError,
+    NoVariantError,
+    NotLlamaTreeError,
+    PatchConflictError,
+    PatchIntegrityError,
+    SeriesFileError,
+)
+
+SPECULATIVE = "common/speculative.cpp"
+SERIES_ENV = "DFBUILD_PATCHES_DIR"
+
+# How far back `identify_base` walks the history of common/speculative.cpp to
+# find the base under commits dfbuild (or a user) added on top.
+MAX_HISTORY = 64
+
+
+def default_patches_dir() -> Path:
+    """The repo's patches/ when running from a checkout, else the copy shipped in the package."""
+    if os.environ.get(SERIES_ENV):
+        return Path(os.environ[SERIES_ENV])
+    here = Path(__file__).resolve()
+    for candidate in (here.parents[2] / "patches", here.parent / "data" / "patches"):
+        if (candidate / "series.toml").is_file():
+            return candidate
+    return here.parents[2] / "patches"
+
+
+# --- the series file ---------------------------------------------------------------
+
+
+@dataclass
+class Variant:
+    base: str
+    status: str                 # "patch" | "upstream" | "partial-upstream"
+    file: str | None = None     # relative to the patches dir
+    sha256: str | None = None
+    note: str = ""
+
+
+@dataclass
+class Concern:
+    id: str
+    title: str
+    rationale: str
+    dep3: dict
+    variants: dict[str, Variant] = field(default_factory=dict)
+
+
+@dataclass
+class Series:
+    path: Path
+    bug: str
+    bases: dict[str, dict]      # name -> {"blob": ..., "commit": ..., "note": ...}
+    concerns: list[Concern]
+
+    @property
+    def root(self) -> Path:
+        return self.path.parent
+
+    def concern(self, concern_id: str) -> Concern:
+        for c in self.concerns:
+            if c.id == concern_id:
+                return c
+        raise SeriesFileError(f"series.toml has no concern '{concern_id}'",
+                              f"known concerns: {', '.join(c.id for c in self.concerns)}")
+
+    def base_for_blob(self, blob: str | None) -> str | None:
+        for name, info in self.bases.items():
+            if info.get("blob") == blob:
+                return name
+        return None
+
+
+def load_series(patches_dir: Path | None = None) -> Series:
+    patches_dir = Path(patches_dir or default_patches_dir())
+    path = patches_dir / "series.toml"
+    try:
+        doc = tomlkit.parse(path.read_text(encoding="utf-8")).unwrap()
+    except FileNotFoundError:
+        raise SeriesFileError(f"no series file at {path}", f"set ${SERIES_ENV} to a patches directory") from None
+    except tomlkit.exceptions.ParseError as exc:
+        raise SeriesFileError(f"{path} is not valid TOML: {exc}", "fix the file or restore it from git") from None
+    try:
+        concerns = []
+        for raw in doc["concern"]:
+            variants = {
+                base: Variant(base=base, status=v.get("status", "patch"), file=v.get("file"),
+                              sha256=v.get("sha256"), note=v.get("note", ""))
+                for base, v in raw.get("variants", {}).items()
+            }
+            for v in variants.values():
+                if v.status == "patch" and not (v.file and v.sha256):
+                    raise KeyError(f"variant {raw['id']}/{v.base} needs file and sha256")
+            concerns.append(Concern(id=raw["id"], title=raw["title"], rationale=raw["rationale"].strip(),
+                                    dep3=dict(raw.get("dep3", {})), variants=variants))
+        return Series(path=path, bug=doc["bug"], bases=dict(doc["bases"]), concerns=concerns)
+    except (KeyError, TypeError) as exc:
+        raise SeriesFileError(f"{path} is malformed: missing or wrong {exc}", "compare it with the documented schema") from None
+
+
+# --- recognising the base ------------------------------------------------------------
+
+
+def _git(tree: Path, *args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ, **(env or {}))
+    result = subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True, env=full_env)
+    if check and result.returncode != 0:
+        raise git.GitCommandError(["git", *args], result.returncode, result.stderr, result.stdout)
+    return result
+
+
+def identify_base(series: Series, tree: Path) -> str | None:
+    """Name the base whose speculative.cpp this tree holds, or held before commits on top."""
+    blob = source.speculative_blob(tree)
+    if series.base_for_blob(blob):
+        return series.base_for_blob(blob)
+    history = _git(tree, "rev-list", f"--max-count={MAX_HISTORY}", "HEAD", "--", SPECULATIVE, check=False)
+    for commit in history.stdout.split():
+        for rev in (commit, f"{commit}^"):
+            found = _git(tree, "rev-parse", "--verify", "--quiet", f"{rev}:{SPECULATIVE}", check=False)
+            name = series.base_for_blob(found.stdout.strip())
+            if name:
+                return name
+    return None
+
+
+# --- patch files ------------------------------------------------------------------------
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def patch_path(series: Series, variant: Variant) -> Path:
+    return series.root / variant.file
+
+
+def verify_patch(series: Series, concern: Concern, variant: Variant) -> Path:
+    path = patch_path(series, variant)
+    if not path.is_file():
+        raise PatchIntegrityError(f"patch {variant.file} for {concern.id} is missing",
+                                  "restore patches/ from git")
+    actual = sha256_of(path)
+    if actual != variant.sha256:
+        raise PatchIntegrityError(
+            f"patch {variant.file} does not match its sha256 in series.toml (got {actual[:12]}, "
+            f"want {variant.sha256[:12]}); refusing to apply anything",
+            "restore the file from git, or run `dfbuild series refresh` if you changed it on purpose",
+        )
+    return path
+
+
+def commit_message(patch: Path) -> str:
+    """Subject and body of a format-patch file, as `git am` would commit them."""
+    msg = email.message_from_bytes(patch.read_bytes(), policy=email.policy.default)
+    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", " ".join(str(msg["Subject"] or "").split()))
+    payload = msg.get_payload()
+    body = payload.split("\n---\n", 1)[0].strip() if isinstance(payload, str) else ""
+    if not subject:
+        raise SeriesFileError(f"{patch.name} has no Subject: it is not git format-patch output",
+                              "regenerate it with `dfbuild series refresh`")
+    return f"{subject}\n\n{body}\n" if body else f"{subject}\n"
+
+
+@dataclass
+class Hunk:
+    file: str
+    number: int         # 1-based within its file
+    header: str
+    old_start: int
+
+
+def hunks(patch: Path) -> list[Hunk]:
+    found, current, number = [], None, 0
+    for line in patch.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.startswith("diff --git "):
+            current, number = line.split(" b/", 1)[-1], 0
+        elif line.startswith("@@ ") and current:
+            number += 1
+            old_start = int(re.match(r"@@ -(\d+)", line).group(1))
+            found.append(Hunk(current, number, line.split(" @@")[0] + " @@", old_start))
+    return found
+
+
+def describe_failure(patch: Path, stderr: str) -> str:
+    """Turn git apply's complaint into 'file, hunk #N (@@ ... @@)'."""
+    corrupt = re.search(r"corrupt patch at line (\d+)", stderr)
+    if corrupt:
+        return f"corrupt patch at line {corrupt.group(1)}"
+    failed = re.search(r"patch failed: (.+?):(\d+)", stderr)
+    if failed:
+        path, line = failed.group(1), int(failed.group(2))
+        for h in hunks(patch):
+            if h.file == path and h.old_start == line:
+                return f"{path}, hunk #{h.number} ({h.header})"
+        return f"{path}, hunk at line {line}"
+    missing = re.search(r"error: (.+?): (No such file or directory|does not exist in index)", stderr)
+    if missing:
+        return f"{missing.group(1)} does not exist in the tree"
+    return (stderr.strip().splitlines() or ["git apply failed"])[-1]
+
+
+# --- checking and applying -----------------------------------------------------------------
+
+
+@dataclass
+class Step:
+    concern: Concern
+    variant: Variant | None
+    status: str             # clean | offset | applied | upstream | conflict | no-variant
+    detail: str = ""
+
+    def to_dict(self) -> dict:
+        return {
+            "id": self.concern.id,
+            "status": self.status,
+            "file": self.variant.file if self.variant else None,
+            "sha256": self.variant.sha256 if self.variant else None,
+            "detail": self.detail,
+        }
+
+
+def _try_apply(tree: Path, patch: Path, index_env: dict, *args: str) -> subprocess.CompletedProcess:
+    # --cached works on the index alone, so a trial never touches the working tree
+    return _git(tree, "apply", "--cached", "--verbose", *args, str(patch), check=False, env=index_env)
+
+
+def plan(series: Series, tree: Path, base: str | None = None, *, skip: tuple[str, ...] = ()) -> tuple[str | None, list[Step]]:
+    """Check every concern in order against TREE without changing it.
+
+    The trial runs on a scratch copy of the index, so later patches are checked
+    on top of earlier ones exactly as `apply` would apply them.
+    """
+    tree = Path(tree)
+    if not source.is_llama_tree(tree) or not (tree / ".git").exists():
+        raise NotLlamaTreeError(f"{tree} is not a llama.cpp git checkout",
+                                "run `dfbuild checkout` or `dfbuild import` first")
+    base = base or identify_base(series, tree)
+    steps: list[Step] = []
+    with tempfile.TemporaryDirectory(prefix="dfbuild-index-") as tmp:
+        scratch_index = Path(tmp) / "index"
+        _git(tree, "read-tree", "HEAD", env={"GIT_INDEX_FILE": str(scratch_index)})
+        index_env = {"GIT_INDEX_FILE": str(scratch_index)}
+        for concern in series.concerns:
+            variant = concern.variants.get(base) if base else None
+            if concern.id in skip:
+                steps.append(Step(concern, variant, "skipped", "left out on request"))
+            elif variant is None:
+                steps.append(Step(concern, None, "no-variant",
+                                  f"no variant for base {base}" if base else "base not recognised"))
+            elif variant.status != "patch":
+                steps.append(Step(concern, variant, "upstream", variant.note))
+            else:
+                patch = verify_patch(series, concern, variant)
+                if _try_apply(tree, patch, index_env, "--reverse", "--check").returncode == 0:
+                    steps.append(Step(concern, variant, "applied", "already present"))
+                    continue
+                forward = _try_apply(tree, patch, index_env)
+                if forward.returncode != 0:
+                    steps.append(Step(concern, variant, "conflict",
+                                      f"{variant.file}: {describe_failure(patch, forward.stderr)}"))
+                    continue
+                offsets = re.findall(r"Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)", forward.stderr)
+                if offsets:
+                    steps.append(Step(concern, variant, "offset",
+                                      "; ".join(f"hunk #{n} at {at} (offset {off})" for n, at, off in offsets)))
+                else:
+                    steps.append(Step(concern, variant, "clean"))
+    return base, steps
+
+
+def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: tuple[str, ...] = ()) -> dict:
+    """Apply every needed concern as one fixed-identity commit each; all or nothing."""
+    tree = Path(tree)
+    repo = git.Repo(tree)
+    if repo.is_dirty(untracked_files=True):
+        raise DirtyTreeError(f"{tree} has local changes; nothing was applied",
+                             "commit or stash them first: dfbuild never discards your work")
+    base, steps = plan(series, tree, base, skip=skip)
+    if base is None:
+        raise NoVariantError(
+            f"{tree} is not a known base: common/speculative.cpp has blob {source.speculative_blob(tree)}",
+            f"known bases: {', '.join(series.bases)}; a maintainer can add one with `dfbuild series refresh`",
+        )
+    for step in steps:
+        if step.status == "no-variant":
+            raise NoVariantError(f"concern {step.concern.id} has no variant for base {base}",
+                                 "add one with `dfbuild series refresh --onto` or pass a supported base")
+        if step.status == "conflict":
+            raise PatchConflictError(
+                f"patch {step.detail} does not apply to {base}; nothing was applied",
+                f"regenerate the variant: dfbuild series refresh --dir DIR --onto {base}",
+            )
+
+    original_head = repo.head.commit.hexsha
+    results = []
+    try:
+        for step in steps:
+            entry = step.to_dict()
+            if step.status in ("clean", "offset"):
+                patch = patch_path(series, step.variant)
+                applied = _git(tree, "apply", "--index", str(patch), check=False)
+                if applied.returncode != 0:
+                    raise PatchConflictError(
+                        f"patch {step.variant.file} failed: {describe_failure(patch, applied.stderr)}",
+                        f"regenerate the variant: dfbuild series refresh --dir DIR --onto {base}",
+                    )
+                entry["status"] = "applied"
+                entry["commit"] = source.commit_fixed(repo, commit_message(patch))
+            elif step.status == "applied":
+                entry["status"] = "already-present"
+            results.append(entry)
+    except BaseException:
+        # the tree was clean when we started, so this restores it exactly
+        repo.git.reset("--hard", "--quiet", original_head)
+        repo.git.clean("-fdq")
+        raise
+
+    return {
+        "base": base,
+        "patches_dir": str(series.root),
+        "concerns": results,
+        "head": repo.head.commit.hexsha,
+        "changed": any(r["status"] == "applied" for r in results),
+    }
+
+
+# --- refresh (maintainers) --------------------------------------------------------------------
+
+CONCERN_TRAILER = "Dfbuild-Concern"
+
+
+def refresh(series: Series, tree: Path, onto: str) -> dict:
+    """Regenerate the variants for base ONTO from the concern commits on top of it in TREE.
+
+    Each commit in ONTO..HEAD must carry a `Dfbuild-Concern: <id>` trailer. The
+    new patch files are checked on ONTO with zero fuzz before anything is written.
+    """
+    tree = Path(tree)
+    repo = git.Repo(tree)
+    onto_commit = source.resolve_commit(repo, onto)
+    commits = _git(tree, "rev-list", "--reverse", f"{onto_commit}..HEAD").stdout.split()
+    if not commits:
+        raise SeriesFileError(f"no commits between {onto} and HEAD in {tree}",
+                              "commit one change per concern on top of the base first")
+    blob = _git(tree, "rev-parse", f"{onto_commit}:{SPECULATIVE}").stdout.strip()
+    base = series.base_for_blob(blob) or onto
+    out_dir = series.root / base
+
+    with tempfile.TemporaryDirectory(prefix="dfbuild-refresh-") as tmp:
+        generated = []
+        for commit in commits:
+            body = _git(tree, "log", "-1", "--format=%B", commit).stdout
+            match = re.search(rf"^{CONCERN_TRAILER}:\s*(\S+)", body, re.M)
+            if not match:
+                raise SeriesFileError(f"commit {commit[:12]} has no '{CONCERN_TRAILER}: <id>' trailer",
+                                      "add the trailer naming the concern it implements")
+            concern = series.concern(match.group(1))
+            number = series.concerns.index(concern) + 1
+            name = f"{number:04d}-{concern.id}.patch"
+            text = _git(tree, "format-patch", "-1", commit, "--zero-commit", "--no-signature",
+                        "--no-numbered", "--full-index", "--stdout").stdout
+            path = Path(tmp) / name
+            path.write_text(text, encoding="utf-8")
+            generated.append((concern, path))
+
+        # prove the new variant applies in order on the base itself, with zero fuzz
+        scratch_index = Path(tmp) / "index"
+        index_env = {"GIT_INDEX_FILE": str(scratch_index)}
+        _git(tree, "read-tree", onto_commit, env=index_env)
+        for concern, path in generated:
+            trial = _try_apply(tree, path, index_env)
+            if trial.returncode != 0 or "offset" in trial.stderr or "fuzz" in trial.stderr:
+                raise PatchConflictError(
+                    f"regenerated {path.name} does not apply cleanly on {onto}: "
+                    f"{describe_failure(path, trial.stderr)}; nothing was written",
+                    "rebase the concern commits onto the base and try again",
+                )
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        doc = tomlkit.parse(series.path.read_text(encoding="utf-8"))
+        doc["bases"].setdefault(base, tomlkit.table())
+        doc["bases"][base]["blob"] = blob
+        written = []
+        for concern, path in generated:
+            dest = out_dir / path.name
+            shutil.copyfile(path, dest)
+            for table in doc["concern"]:
+                if table["id"] == concern.id:
+                    variants = table.setdefault("variants", tomlkit.table())
+                    entry = tomlkit.inline_table()
+                    entry.update({"file": f"{base}/{path.name}", "sha256": sha256_of(dest)})
+                    variants[base] = entry
+            written.append({"id": concern.id, "file": f"{base}/{path.name}", "sha256": sha256_of(dest)})
+        series.path.write_text(tomlkit.dumps(doc), encoding="utf-8")
+    return {"base": base, "blob": blob, "onto": onto_commit, "variants": written}
