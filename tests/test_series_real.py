@@ -1,0 +1,87 @@
+"""The shipped series against the real offline trees (b10359, b11312)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from click.testing import CliRunner
+
+from dfbuild import build, series
+from dfbuild.cli import main
+
+from realtrees import CACHE, built_tree, checkout_tree, server_binary
+
+pytestmark = pytest.mark.integration
+
+# What the series decided per base (see patches/series.toml): b11312 already
+# has embedding-skip (for pinned M-RoPE images) and a position-based block base.
+DECISIONS = {
+    "b10359": {"embedding-skip": "patch", "zero-fill": "patch", "noise-block-base": "patch",
+               "warning-downgrade": "patch"},
+    "b11312": {"embedding-skip": "upstream", "zero-fill": "patch", "noise-block-base": "upstream",
+               "warning-downgrade": "patch"},
+}
+BASES = sorted(DECISIONS)
+
+
+def check(tree) -> dict:
+    result = CliRunner().invoke(main, ["series", "check", "--dir", str(tree), "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_check_on_unpatched_tree_reports_the_recorded_decisions(base):
+    tree = checkout_tree(base, patched=False)
+    report = check(tree)
+    assert report["base"] == base
+    statuses = {row["id"]: row["status"] for row in report["concerns"]}
+    assert statuses == {cid: ("clean" if d == "patch" else "upstream") for cid, d in DECISIONS[base].items()}
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_series_applies_once_and_reapplying_changes_nothing(base):
+    tree = checkout_tree(base, patched=True)
+    statuses = {row["id"]: row["status"] for row in check(tree)["concerns"]}
+    assert statuses == {cid: ("applied" if d == "patch" else "upstream") for cid, d in DECISIONS[base].items()}
+
+    head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    again = series.apply_series(series.load_series(), tree)
+    assert again["changed"] is False and again["head"] == head
+    assert {c["status"] for c in again["concerns"]} <= {"already-present", "upstream"}
+    text = (tree / "common" / "speculative.cpp").read_text()
+    assert "zero-filling draft positions" in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("base", BASES)
+def test_speculative_cpp_compiles_after_each_patch(base):
+    """Apply the series one concern at a time and compile just the object after each."""
+    curated = series.load_series()
+    patched_ids = [c.id for c in curated.concerns if c.variants.get(base) and c.variants[base].status == "patch"]
+    tree = CACHE / "trees" / f"{base}-stepwise" / "src"
+    from dfbuild import source
+
+    source.checkout(base, dest=tree, force=True)  # back to the bare base every run
+    obj = "common/CMakeFiles/llama-common.dir/speculative.cpp.o"
+    compiled = []
+    for n, concern_id in enumerate(patched_ids):
+        later = tuple(patched_ids[n + 1:])
+        step = series.apply_series(curated, tree, skip=later)
+        assert [c["id"] for c in step["concerns"] if c["status"] == "applied"] == [concern_id]
+        section = build.build_tree(tree, "cpu", tree.parent / "build-cpu", targets=[obj])
+        assert not section["up_to_date"], f"{obj} was not rebuilt after {concern_id}"
+        compiled.append(concern_id)
+    assert compiled == patched_ids
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("base", BASES)
+def test_patched_tree_builds_llama_server_that_names_its_commit(base):
+    section = built_tree(base, patched=True)
+    binary = server_binary(section)
+    assert binary.is_file()
+    version = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
+    assert section["source_commit"][:8] in version.stdout + version.stderr
