@@ -215,11 +215,175 @@ def series_refresh(tree, onto, patches_dir, as_json):
 
 # --- build --------------------------------------------------------------------
 
+@main.command()
+@click.option("--dir", "tree", type=click.Path(path_type=Path, file_okay=False), required=True,
+              help="The llama.cpp tree to build (e.g. made by `dfbuild apply`).")
+@click.option("--backend", required=True, help="cpu, cuda, vulkan, hip or metal (see `dfbuild doctor`).")
+@click.option("--build-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Build directory (default: DIR/../build-BACKEND).")
+@click.option("--target", "targets", multiple=True, help="CMake target to build (repeatable; default: llama-server).")
+@click.option("--cuda-arch", default=None, help="CUDA architectures, e.g. 86 or '86;90' (cuda only).")
+@click.option("--gpu-targets", default=None, help="AMD GPU targets or families, e.g. rdna4 or gfx1201 (hip only).")
+@click.option("--vulkan-include-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Use these Vulkan headers instead of the system's (vulkan only).")
+@click.option("--cmake-arg", "cmake_args", multiple=True, help="Extra argument for CMake configure (repeatable).")
+@click.option("-j", "--jobs", type=int, default=None, help="Parallel compile jobs (default: ninja's).")
+@click.option("--reconfigure", is_flag=True, help="Reuse a build dir made for another backend/source; re-run CMake.")
+@click.option("--fresh", is_flag=True, help="Delete the build dir and start over.")
+@click.option("--no-ccache", is_flag=True, help="Do not use ccache even when it is installed.")
+@json_option
+@handle_errors
+def build(tree, backend, build_dir, targets, cuda_arch, gpu_targets, vulkan_include_dir, cmake_args, jobs,
+          reconfigure, fresh, no_ccache, as_json):
+    """Configure and build a llama.cpp tree for one backend (checks the toolchain first)."""
+    from . import build as build_stage
+    from . import manifest
+
+    section = build_stage.build_tree(
+        tree, backend, build_dir, targets=targets or build_stage.DEFAULT_TARGETS, cuda_arch=cuda_arch,
+        gpu_targets=gpu_targets, vulkan_include_dir=vulkan_include_dir, extra_cmake_args=cmake_args, jobs=jobs,
+        reconfigure=reconfigure, fresh=fresh, use_ccache=not no_ccache,
+    )
+    if (Path(tree) / ".git").is_dir():
+        manifest.update_tree_manifest(Path(tree), "build", section)
+    if as_json:
+        ui.emit_json(section)
+        return
+    state = "already up to date" if section["up_to_date"] else f"built in {section['wall_time_s']:.1f}s"
+    ui.info(f"{backend}: {state}, commit {section['source_commit'][:12]} (build {section['build_number']})")
+    for binary in section["binaries"]:
+        ui.info(f"  {Path(section['build_dir']) / binary}")
+
+
+@main.command()
+@click.option("--backend", default=None, help="Check one backend only (default: all).")
+@json_option
+@handle_errors
+def doctor(backend, as_json):
+    """Say per backend what is installed here and exactly what to install for what is missing."""
+    from . import doctor as doctor_stage
+
+    report = doctor_stage.doctor(backend)
+    if as_json:
+        ui.emit_json(report)
+        if backend and not report["backends"][backend]["can_build"]:
+            entry = report["backends"][backend]
+            sys.exit((errors.ToolchainMissingError if entry["toolchain"] else errors.UnsupportedBackendError).exit_code)
+        return
+    host = report["host"]
+    distro = f" ({host['distro']} {host['distro_version']})" if host["distro"] else ""
+    ui.info(f"host: {host['os']} {host['arch']}{distro}")
+    for name, entry in report["backends"].items():
+        verdict = "[green]can build[/green]" if entry["can_build"] else "[red]cannot build here[/red]"
+        ui.info(f"\n[bold]{name}[/bold] - {entry['summary']}: {verdict}")
+        for probe in entry["toolchain"] + entry["runtime"]:
+            if probe["ok"]:
+                mark, detail = "[green]ok[/green]  ", probe["version"] or probe["path"]
+            else:
+                mark = "[yellow]--[/yellow]  " if probe["optional"] else "[red]!![/red]  "
+                detail = probe["problem"] or "not found"
+            ui.info(f"  {mark}{probe['what']}: {detail}")
+            if not probe["ok"] and probe["install"]:
+                ui.info(f"        [dim]install:[/dim] {probe['install']}")
+        if not entry["toolchain"] and entry["reason"]:
+            ui.info(f"  {entry['reason']}")
+    if backend and not report["backends"][backend]["can_build"]:
+        # one backend asked for: the exit code answers "can I build it here?" (30 or 33, as `build` would)
+        doctor_stage.require(backend)
+
 # --- fixtures & smoke ---------------------------------------------------------
+
+@main.command()
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), required=True,
+              help="Directory to write the GGUF fixtures and test images into.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for the random weights.")
+@json_option
+@handle_errors
+def fixtures(out, seed, as_json):
+    """Write tiny seeded GGUF fixtures (targets, mmprojs, DFlash drafts) and test images."""
+    from . import fixtures as fixtures_stage
+
+    section = fixtures_stage.write_fixtures(out, seed)
+    if as_json:
+        ui.emit_json(section)
+        return
+    ui.info(f"wrote {len(section['files'])} GGUF files and {len(section['images'])} images to {section['dir']}")
+    for name, entry in section["sets"].items():
+        ui.info(f"  {name}: {entry['arch']} target, {entry['projector']} projector, "
+                f"{entry['draft_rope']}-rope draft, acceptance {entry['expected_acceptance']}")
+
+
+@main.command()
+@click.option("--build-dir", type=click.Path(path_type=Path, file_okay=False, exists=True), required=True,
+              help="Build directory holding bin/llama-server.")
+@click.option("--fixtures", "fixtures_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Fixtures directory (written there when empty; default: a cache dir).")
+@click.option("--set", "sets", multiple=True, help="Fixture set to run (repeatable; default: the standard four).")
+@click.option("--scenario", "scenarios", multiple=True, help="Scenario to run (repeatable; default: all).")
+@click.option("--log-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Where server logs go (default: FIXTURES/logs).")
+@click.option("--server-arg", "server_args", multiple=True, help="Extra llama-server argument (repeatable).")
+@click.option("--no-compare", is_flag=True, help="Skip the --spec-type none baseline runs.")
+@json_option
+@handle_errors
+def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, server_args, no_compare, as_json):
+    """Run the smoke scenarios on llama-server; exit non-zero if any fails."""
+    from . import paths
+    from . import smoke as smoke_stage
+
+    def progress(result):
+        mark = "[green]pass[/green]" if result["passed"] else "[red]FAIL[/red]"
+        ui.info(f"  {mark} {result['scenario']:<17} {result['set']:<30} {result['wall_s']:.1f}s")
+        for reason in result["failures"][:3]:
+            ui.info(f"        [dim]{reason[:200]}[/dim]")
+
+    section = smoke_stage.run_smoke(
+        build_dir, fixtures_dir or paths.cache_dir() / "fixtures", sets=sets or None, scenarios=scenarios or None,
+        log_dir=log_dir, extra_server_args=server_args, compare_no_spec=not no_compare,
+        on_result=None if as_json else progress,
+    )
+    if as_json:
+        ui.emit_json(section)
+    else:
+        ui.info(f"{len(section['failed'])} of {sum(len(r) for r in section['results'].values())} scenario runs failed"
+                f" ({section['wall_s']:.0f}s); logs in {section['log_dir']}")
+    if not section["passed"]:
+        raise errors.SmokeFailedError(f"smoke failed: {', '.join(section['failed'][:6])}"
+                                      + (" ..." if len(section["failed"]) > 6 else ""),
+                                      hint="read the failure excerpts above (or --json) and the server logs")
+
 
 # --- release ------------------------------------------------------------------
 
 # --- matrix -------------------------------------------------------------------
+
+@main.command()
+@click.option("--tag", default=None, help="Release tag to put in the artifact names (default: <tag>).")
+@click.option("--print-build-identifiers", "identifiers", is_flag=True,
+              help="Print only the entry ids (os-backend-arch), one per line.")
+@json_option
+@handle_errors
+def matrix(tag, identifiers, as_json):
+    """The release matrix (one entry per os, backend, arch), generated from the backend table."""
+    from . import matrix as matrix_stage
+
+    data = matrix_stage.github_matrix(tag or matrix_stage.TAG_PLACEHOLDER)
+    if as_json:
+        ui.emit_json(data)
+        return
+    if identifiers:
+        for entry in data["include"]:
+            click.echo(entry["id"])
+        return
+    from rich.table import Table
+
+    table = Table(show_header=True, header_style="bold")
+    for column in ("id", "runner", "artifact"):
+        table.add_column(column)
+    for entry in data["include"]:
+        runner = entry["runner"] + (f" ({entry['container']})" if entry["container"] else "")
+        table.add_row(entry["id"], runner, entry["artifact"])
+    ui.console.print(table)
 
 
 if __name__ == "__main__":  # pragma: no cover

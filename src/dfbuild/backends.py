@@ -1,0 +1,262 @@
+"""The backend table (data/backends.toml) and the CMake flags it implies.
+
+Everything backend-specific is data in backends.toml; this module only reads
+it, validates the few options a user may pass (--cuda-arch, --gpu-targets), and
+turns (backend, host) into CMake flags. doctor.py probes the toolchains the
+table names, build.py runs CMake with these flags, and matrix.py lists the
+release entries, so the three can never disagree.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import re
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Iterable
+
+from .errors import DfbuildError, UnsupportedBackendError
+
+try:  # Python 3.11+
+    import tomllib as _toml
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    _toml = None
+
+OSES = ("linux", "macos", "windows")
+ARCHES = ("x64", "arm64")
+
+
+# --- the table ------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def table() -> dict:
+    """The parsed backends.toml (cached; treat it as read-only)."""
+    text = resources.files("dfbuild").joinpath("data/backends.toml").read_text(encoding="utf-8")
+    if _toml is not None:
+        return _toml.loads(text)
+    import tomlkit  # pragma: no cover
+
+    return tomlkit.loads(text).unwrap()  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    summary: str
+    hosts: tuple[str, ...]
+    artifact_suffix: str
+    flags: dict = field(hash=False)
+    host_flags: dict = field(hash=False)
+    probes: tuple[str, ...]
+    runtime_probes: tuple[str, ...]
+    not_here: dict = field(hash=False)
+    raw: dict = field(hash=False, repr=False)
+
+    def builds_on(self, host_os: str) -> bool:
+        return host_os in self.hosts
+
+    def why_not_on(self, host_os: str) -> str:
+        return self.not_here.get(host_os, f"the {self.name} backend does not build on {host_os}")
+
+
+def names() -> list[str]:
+    return list(table()["backends"])
+
+
+def get(name: str) -> Backend:
+    """The backend called NAME, or UnsupportedBackendError listing the known ones."""
+    entry = table()["backends"].get(name)
+    if entry is None:
+        raise UnsupportedBackendError(
+            f"unknown backend '{name}'",
+            f"choose one of: {', '.join(names())}",
+        )
+    return Backend(
+        name=name,
+        summary=entry["summary"],
+        hosts=tuple(entry["hosts"]),
+        artifact_suffix=entry["artifact_suffix"],
+        flags=dict(entry.get("flags", {})),
+        host_flags={k: dict(v) for k, v in entry.get("host_flags", {}).items()},
+        probes=tuple(entry.get("probes", ())),
+        runtime_probes=tuple(entry.get("runtime_probes", ())),
+        not_here=dict(entry.get("not_here", {})),
+        raw=entry,
+    )
+
+
+# --- hosts ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Host:
+    os: str                      # linux | macos | windows
+    arch: str                    # x64 | arm64
+    distro: str | None = None    # e.g. "debian", "ubuntu" (Linux only)
+    distro_version: str | None = None  # e.g. "12"
+
+    @property
+    def exe_suffix(self) -> str:
+        return ".exe" if self.os == "windows" else ""
+
+    def install_keys(self) -> list[str]:
+        """Keys of a probe's install table, most specific first."""
+        keys = []
+        if self.distro and self.distro_version:
+            keys.append(f"{self.distro}-{self.distro_version}")
+        if self.distro:
+            keys.append(self.distro)
+        keys.append(self.os)
+        return keys
+
+
+def normalise_arch(machine: str) -> str:
+    machine = machine.lower()
+    if machine in ("x86_64", "amd64", "x64"):
+        return "x64"
+    if machine in ("aarch64", "arm64", "armv8l", "arm64e"):
+        return "arm64"
+    return machine
+
+
+def current_host() -> Host:
+    if sys.platform.startswith("win"):
+        return Host("windows", normalise_arch(platform.machine()))
+    if sys.platform == "darwin":
+        return Host("macos", normalise_arch(platform.machine()))
+    distro = version = None
+    try:
+        release = platform.freedesktop_os_release()
+        distro, version = release.get("ID"), release.get("VERSION_ID")
+    except (OSError, AttributeError):
+        pass
+    return Host("linux", normalise_arch(platform.machine()), distro, version)
+
+
+# --- user-supplied lists ----------------------------------------------------------
+
+# One CUDA architecture as CMake accepts it: 86, 90-real, 120a-real, 75-virtual.
+_CUDA_ARCH = re.compile(r"(\d{2,3})([af]?)(-real|-virtual)?")
+_CUDA_ARCH_WORDS = ("native", "all", "all-major")
+
+
+def _split_list(value: str | Iterable[str]) -> list[str]:
+    items = re.split(r"[;,\s]+", value) if isinstance(value, str) else list(value)
+    return [item.strip() for item in items if item and item.strip()]
+
+
+def parse_cuda_arch(value: str | Iterable[str], nvcc_version: tuple[int, ...] | None = None) -> str:
+    """Validate a --cuda-arch list ("86", "86,90", "75-virtual;90-real") into CMake's ';' form.
+
+    With the nvcc version known, also reject what that toolkit cannot build
+    (CUDA 13 dropped everything below sm_75; 100+ needs CUDA 12.8).
+    """
+    items = _split_list(value)
+    if not items:
+        raise DfbuildError("--cuda-arch is empty", "give compute capabilities like 86 or 86;90")
+    for item in items:
+        if item in _CUDA_ARCH_WORDS:
+            if len(items) > 1:
+                raise DfbuildError(f"--cuda-arch '{item}' cannot be combined with other architectures",
+                                   "give it alone, or list numeric architectures")
+            continue
+        match = _CUDA_ARCH.fullmatch(item)
+        if not match:
+            raise DfbuildError(
+                f"'{item}' is not a CUDA architecture",
+                "use compute capabilities without the dot, e.g. 86 (RTX 30xx), 89 (RTX 40xx), 90 (H100/H200), "
+                "optionally with -real or -virtual",
+            )
+        number = int(match.group(1))
+        if number < 50:
+            raise DfbuildError(f"CUDA architecture {item} is older than sm_50, which no supported toolkit builds",
+                               "use 50 or newer")
+        if match.group(2) and number < 90:
+            raise DfbuildError(f"'{item}': the a/f suffixes exist only for sm_90 and newer", "drop the suffix")
+        if nvcc_version:
+            if nvcc_version >= (13,) and number < 75:
+                raise DfbuildError(f"CUDA {'.'.join(map(str, nvcc_version))} cannot build sm_{number}",
+                                   "CUDA 13 supports sm_75 and newer; use an older toolkit for older GPUs")
+            if nvcc_version < (12, 8) and number >= 100:
+                raise DfbuildError(f"CUDA {'.'.join(map(str, nvcc_version))} cannot build sm_{number}",
+                                   "Blackwell (sm_100/sm_120) needs CUDA 12.8 or newer")
+    return ";".join(items)
+
+
+_GFX = re.compile(r"gfx[0-9]{2,4}[a-f0-9]?")
+
+
+def parse_gpu_targets(value: str | Iterable[str]) -> str:
+    """Validate a --gpu-targets list of gfx ids and/or family names (rdna4, ...) into 'gfx1200;gfx1201'."""
+    families = table()["backends"]["hip"]["gpu_families"]
+    targets: list[str] = []
+    items = _split_list(value)
+    if not items:
+        raise DfbuildError("--gpu-targets is empty", f"give gfx ids or families: {', '.join(families)}")
+    for item in items:
+        expanded = families.get(item.lower())
+        if expanded is None:
+            if not _GFX.fullmatch(item.lower()):
+                raise DfbuildError(
+                    f"'{item}' is not an AMD GPU target",
+                    f"use gfx ids like gfx1201 or a family: {', '.join(families)}",
+                )
+            expanded = [item.lower()]
+        targets.extend(t for t in expanded if t not in targets)
+    return ";".join(targets)
+
+
+# --- flags ----------------------------------------------------------------------
+
+
+def cmake_flags(backend: str, host_os: str, *, cuda_arch: str | Iterable[str] | None = None,
+                gpu_targets: str | Iterable[str] | None = None,
+                vulkan_include_dir: str | None = None,
+                nvcc_version: tuple[int, ...] | None = None) -> dict[str, str]:
+    """The static CMake flags for BACKEND on HOST_OS: common, backend, host-specific, options.
+
+    These are the flags a release entry lists; build.py adds only the per-build
+    ones (version stamp, compiler launchers) on top.
+    """
+    if host_os not in OSES:
+        raise DfbuildError(f"unknown host os '{host_os}'", f"use one of {', '.join(OSES)}")
+    spec = get(backend)
+    common = table()["common"]
+    flags: dict[str, str] = {}
+    flags.update(common["flags"])
+    flags.update(common.get("host_flags", {}).get(host_os, {}))
+    flags.update(spec.flags)
+    flags.update(spec.host_flags.get(host_os, {}))
+
+    if backend == "cuda":
+        chosen = cuda_arch if cuda_arch is not None else spec.raw.get("default_cuda_arch", {}).get(host_os)
+        if chosen:
+            flags["CMAKE_CUDA_ARCHITECTURES"] = parse_cuda_arch(chosen, nvcc_version)
+    elif cuda_arch is not None:
+        raise DfbuildError("--cuda-arch applies only to the cuda backend", "drop it, or use --backend cuda")
+
+    if backend == "hip":
+        flags["GPU_TARGETS"] = parse_gpu_targets(gpu_targets if gpu_targets is not None
+                                                 else spec.raw["default_gpu_targets"])
+    elif gpu_targets is not None:
+        raise DfbuildError("--gpu-targets applies only to the hip backend", "drop it, or use --backend hip")
+
+    if vulkan_include_dir is not None:
+        if backend != "vulkan":
+            raise DfbuildError("--vulkan-include-dir applies only to the vulkan backend",
+                               "drop it, or use --backend vulkan")
+        flags["Vulkan_INCLUDE_DIR"] = str(vulkan_include_dir)
+    return flags
+
+
+def cmake_args(flags: dict[str, str]) -> list[str]:
+    """-DKEY=VALUE arguments, in the table's order (so logs read like the table)."""
+    return [f"-D{key}={value}" for key, value in flags.items()]
+
+
+def release_entries() -> list[dict]:
+    """The raw [[release]] rows of the table (matrix.py turns them into the CI matrix)."""
+    return [dict(row) for row in table()["release"]]

@@ -1,0 +1,427 @@
+"""Stage 3, build: configure and compile a (patched) llama.cpp tree for one backend.
+
+The PyPI cmake and ninja do the work, ccache makes a new build dir of the same
+layout cheap, and the flags come from the backend table plus a version stamp
+(LLAMA_BUILD_NUMBER / LLAMA_BUILD_COMMIT = the tree's HEAD), so `llama-server
+--version` names the commit that was built.
+
+A build dir belongs to one (backend, source) pair, recorded in a stamp file; any
+other use is refused unless the caller asks to reconfigure or start fresh.
+CMake is re-run only when the flags change, so an unchanged rebuild is a ninja
+no-op, and an interrupted build resumes where ninja stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections import deque
+from pathlib import Path
+from typing import Iterable
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from . import backends, doctor, ui
+from .backends import Host
+from .errors import BuildDirMismatchError, BuildError, NotLlamaTreeError, SourceError, ToolchainMissingError
+
+STAMP_NAME = "dfbuild-stamp.json"
+LOG_NAME = "dfbuild-build.log"
+DEFAULT_TARGETS = ("llama-server",)
+
+# ninja's status line, e.g. "[12/311] Building CXX object ..." (NINJA_STATUS is pinned below)
+_NINJA_STATUS = re.compile(r"^\[(\d+)/(\d+)\] ?(.*)$")
+
+# The first line that names a compile error, best pattern first.
+_ERROR_PATTERNS = (
+    re.compile(r"^\S.*?:\d+(?::\d+)?: (?:fatal )?error: .+"),        # gcc / clang
+    re.compile(r"^\S.*?\(\d+(?:,\d+)?\)\s*: (?:fatal )?error \w+: .+"),  # MSVC: file(12): error C2065: ...
+    re.compile(r"^\S.*?\(\d+\): (?:catastrophic )?error: .+"),         # nvcc
+    re.compile(r"^CMake Error.*"),
+    re.compile(r"^ninja: error: .+"),
+    re.compile(r"^.*\berror\b.*", re.IGNORECASE),
+)
+
+
+# --- the source tree ----------------------------------------------------------------
+
+
+def _git(source_dir: Path, *args: str) -> str | None:
+    try:
+        result = subprocess.run(["git", "-C", str(source_dir), *args], capture_output=True, text=True,
+                                errors="replace")
+    except OSError:
+        return None
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def source_commit(source_dir: Path) -> tuple[str, bool]:
+    """(HEAD's full commit, whether tracked files differ from it)."""
+    commit = _git(source_dir, "rev-parse", "--verify", "HEAD")
+    if not commit:
+        raise SourceError(
+            f"{source_dir} has no git commit, so the build could not say which code it is",
+            "use a tree made by `dfbuild checkout` or commit the tree first (git init; git add -A; git commit)",
+        )
+    dirty = bool(_git(source_dir, "status", "--porcelain", "--untracked-files=no"))
+    return commit, dirty
+
+
+def build_number(source_dir: Path) -> int:
+    """llama.cpp's build number: from the base name (b10359), a bNNNN tag, else the commit count."""
+    from . import manifest  # local: manifest is tiny, this keeps the import list honest
+
+    base = manifest.load(manifest.tree_manifest_path(source_dir)).get("source", {}).get("base")
+    for candidate in (base, _git(source_dir, "describe", "--tags", "--abbrev=0", "--match", "b[0-9]*")):
+        match = re.fullmatch(r"b(\d+)", candidate or "")
+        if match:
+            return int(match.group(1))
+    count = _git(source_dir, "rev-list", "--count", "HEAD")
+    return int(count) if count and count.isdigit() else 0
+
+
+def check_llama_tree(source_dir: Path) -> None:
+    if not (source_dir / "CMakeLists.txt").is_file() or not (source_dir / "tools" / "server").is_dir():
+        raise NotLlamaTreeError(
+            f"{source_dir} is not a llama.cpp tree (no CMakeLists.txt with tools/server)",
+            "point --dir at the checkout made by `dfbuild checkout`",
+        )
+
+
+def default_build_dir(source_dir: Path, backend: str) -> Path:
+    """X/src -> X/build-<backend>: the same layout everywhere, so ccache hits across copies."""
+    return Path(source_dir).resolve().parent / f"build-{backend}"
+
+
+# --- the stamp ------------------------------------------------------------------------
+
+
+def read_stamp(build_dir: Path) -> dict | None:
+    path = build_dir / STAMP_NAME
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def write_stamp(build_dir: Path, stamp: dict) -> None:
+    """Atomic write, so a Ctrl-C never leaves half a stamp behind."""
+    build_dir.mkdir(parents=True, exist_ok=True)
+    tmp = build_dir / (STAMP_NAME + ".tmp")
+    tmp.write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, build_dir / STAMP_NAME)
+
+
+def read_cmake_cache(build_dir: Path) -> dict[str, str]:
+    values = {}
+    try:
+        lines = (build_dir / "CMakeCache.txt").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return values
+    for line in lines:
+        match = re.match(r"^([A-Za-z0-9_.+-]+):[A-Z]+=(.*)$", line)
+        if match:
+            values[match.group(1)] = match.group(2)
+    return values
+
+
+def _backend_from_cache(cache: dict[str, str]) -> str:
+    for backend, flag in (("cuda", "GGML_CUDA"), ("vulkan", "GGML_VULKAN"), ("hip", "GGML_HIP"),
+                          ("metal", "GGML_METAL")):
+        if cache.get(flag, "").upper() in ("ON", "1", "TRUE", "YES"):
+            return backend
+    return "cpu"
+
+
+def build_dir_owner(build_dir: Path) -> dict | None:
+    """Which (backend, source) a build dir was made for: from our stamp, else CMake's cache."""
+    stamp = read_stamp(build_dir)
+    if stamp:
+        return {"backend": stamp.get("backend"), "source_dir": stamp.get("source_dir")}
+    cache = read_cmake_cache(build_dir)
+    if cache.get("CMAKE_HOME_DIRECTORY"):
+        return {"backend": _backend_from_cache(cache), "source_dir": cache["CMAKE_HOME_DIRECTORY"]}
+    return None
+
+
+def _same_path(a: str | None, b: Path) -> bool:
+    if not a:
+        return False
+    try:
+        return Path(a).resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def claim_build_dir(build_dir: Path, backend: str, source_dir: Path, *, reconfigure: bool, fresh: bool) -> bool:
+    """Make BUILD_DIR ours for (backend, source). Returns True when CMake must start from scratch."""
+    if build_dir.resolve() == source_dir.resolve():
+        raise BuildDirMismatchError(f"the build dir {build_dir} is the source tree itself",
+                                    "use a separate --build-dir (the default is ../build-<backend>)")
+    populated = build_dir.is_dir() and any(build_dir.iterdir())
+    owner = build_dir_owner(build_dir) if populated else None
+    if populated and owner is None:
+        raise BuildDirMismatchError(
+            f"{build_dir} is not empty and is not a dfbuild/CMake build dir; nothing was touched",
+            "choose a new or empty --build-dir",
+        )
+    if fresh and populated:
+        ui.info(f"removing the old build dir {build_dir} (--fresh)")
+        shutil.rmtree(build_dir)
+        populated, owner = False, None
+
+    mismatch = owner is not None and (owner["backend"] != backend or not _same_path(owner["source_dir"], source_dir))
+    if mismatch and not reconfigure:
+        raise BuildDirMismatchError(
+            f"{build_dir} was made for the {owner['backend']} backend of {owner['source_dir']}, "
+            f"not for {backend} of {source_dir}",
+            "pass --reconfigure to reuse it, --fresh to start it over, or another --build-dir",
+        )
+    stamp = read_stamp(build_dir) or {}
+    stamp.update({"backend": backend, "source_dir": str(source_dir.resolve())})
+    if mismatch or reconfigure:
+        stamp.pop("configured_args", None)
+    write_stamp(build_dir, stamp)
+    return reconfigure and populated
+
+
+# --- flags ------------------------------------------------------------------------------
+
+
+def _nvcc_version(entry: dict) -> tuple[int, ...] | None:
+    for probe in entry["toolchain"]:
+        if probe["name"] == "nvcc" and probe["version"]:
+            return doctor.version_tuple(probe["version"])
+    return None
+
+
+def _probe_path(entry: dict, name: str) -> str | None:
+    for probe in entry["toolchain"]:
+        if probe["name"] == name and probe["found"]:
+            return probe["path"]
+    return None
+
+
+def build_flags(backend: str, host: Host, *, commit: str, number: int, entry: dict,
+                cuda_arch=None, gpu_targets=None, vulkan_include_dir=None, use_ccache: bool = True) -> dict[str, str]:
+    """The table's flags for (backend, host) plus the per-build ones: version stamp, launchers, compilers."""
+    flags = backends.cmake_flags(backend, host.os, cuda_arch=cuda_arch, gpu_targets=gpu_targets,
+                                 vulkan_include_dir=vulkan_include_dir, nvcc_version=_nvcc_version(entry))
+    flags["LLAMA_BUILD_NUMBER"] = str(number)
+    flags["LLAMA_BUILD_COMMIT"] = commit
+    ccache = _probe_path(entry, "ccache") if use_ccache else None
+    if ccache:
+        languages = ["C", "CXX"] + {"cuda": ["CUDA"], "hip": ["HIP"]}.get(backend, [])
+        for language in languages:
+            flags[f"CMAKE_{language}_COMPILER_LAUNCHER"] = ccache
+    if backend == "hip":
+        hipconfig = _probe_path(entry, "hip-clang")
+        llvm_bin = doctor.run_version(hipconfig, ["-l"]) if hipconfig else ""
+        if llvm_bin:
+            flags["CMAKE_HIP_COMPILER"] = str(Path(llvm_bin.splitlines()[-1].strip()) / "clang")
+    if backend == "cuda":
+        nvcc = _probe_path(entry, "nvcc")
+        if nvcc and not shutil.which("nvcc"):  # found through CUDA_PATH or a default dir only
+            flags["CMAKE_CUDA_COMPILER"] = nvcc
+    return flags
+
+
+def build_env(backend: str, host: Host, source_dir: Path, build_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    # ccache: hash paths relative to the common parent, so X/src + X/build-cpu hits the
+    # cache that Y/src + Y/build-cpu filled.
+    env.setdefault("CCACHE_BASEDIR", os.path.commonpath([str(source_dir.resolve()), str(build_dir.resolve())]))
+    env.setdefault("CCACHE_NOHASHDIR", "true")
+    env["NINJA_STATUS"] = "[%f/%t] "
+    if host.os == "windows":
+        msvc = doctor.find_msvc(host.arch)
+        if msvc is None:
+            raise ToolchainMissingError("MSVC (cl.exe) was not found", doctor.MSVC_HINT)
+        if msvc["cl"] is None:
+            ui.info(f"using the MSVC environment from {msvc['vcvars']}")
+            env.update(doctor.msvc_environment(msvc["vcvars"]))
+    return env
+
+
+# --- running ------------------------------------------------------------------------------
+
+
+def first_error(lines: Iterable[str]) -> str | None:
+    """The most telling error line of a build log (a compiler error before anything vaguer)."""
+    lines = list(lines)
+    for pattern in _ERROR_PATTERNS:
+        for index, line in enumerate(lines):
+            if pattern.match(line):
+                if line.startswith("CMake Error"):  # its message is on the next lines
+                    detail = next((n.strip() for n in lines[index + 1:index + 4] if n.strip()), "")
+                    return f"{line.strip()} {detail}".strip()
+                return line.strip()
+    return None
+
+
+def _run_logged(args: list[str], *, cwd: Path, env: dict, log, progress_title: str | None = None) -> tuple[int, int]:
+    """Run ARGS, copying its output to LOG; show ninja's [n/N] as a progress bar.
+
+    Returns (exit code, total steps ninja announced).
+    """
+    log.write("$ " + " ".join(args) + "\n")
+    log.flush()
+    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace", bufsize=1)
+    total = 0
+    interactive = ui.console.is_terminal and progress_title is not None
+    progress = Progress(TextColumn("    {task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=ui.console, transient=True, disable=not interactive)
+    task = None
+    reported = -1
+    try:
+        with progress:
+            for line in proc.stdout:
+                log.write(line)
+                match = _NINJA_STATUS.match(line)
+                if not match or progress_title is None:
+                    continue
+                done, total = int(match.group(1)), int(match.group(2))
+                if task is None:
+                    task = progress.add_task(progress_title, total=total)
+                progress.update(task, completed=done, total=total)
+                if not interactive and total and done * 10 // total != reported:  # CI logs: every 10%
+                    reported = done * 10 // total
+                    ui.info(f"    [{done}/{total}]")
+        return proc.wait(), total
+    except KeyboardInterrupt:
+        # ninja got the same SIGINT; let it stop cleanly so the next run resumes.
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.write("\n[dfbuild] interrupted\n")
+        raise
+    finally:
+        log.flush()
+
+
+def _fail(log_path: Path, stage: str) -> BuildError:
+    lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+    error = first_error(lines)
+    message = f"{stage} failed" + (f": {error}" if error else "")
+    return BuildError(message, f"full log: {log_path}")
+
+
+def _binaries(build_dir: Path, targets: Iterable[str], host: Host) -> tuple[list[str], list[str]]:
+    bin_dir = build_dir / "bin"
+    binaries = []
+    for target in targets:
+        exe = bin_dir / (target + host.exe_suffix)
+        if exe.is_file():
+            binaries.append(exe.relative_to(build_dir).as_posix())
+    libraries = []
+    if bin_dir.is_dir():
+        for path in sorted(bin_dir.iterdir()):
+            name = path.name
+            if path.is_file() and (name.endswith((".so", ".dylib", ".dll")) or ".so." in name):
+                libraries.append(path.relative_to(build_dir).as_posix())
+    return binaries, libraries
+
+
+def build_tree(source_dir: Path, backend: str, build_dir: Path | None = None, *,
+               targets: Iterable[str] = DEFAULT_TARGETS, cuda_arch: str | Iterable[str] | None = None,
+               gpu_targets: str | Iterable[str] | None = None, vulkan_include_dir: Path | None = None,
+               extra_cmake_args: Iterable[str] = (), jobs: int | None = None, reconfigure: bool = False,
+               fresh: bool = False, use_ccache: bool = True, host: Host | None = None) -> dict:
+    """Configure (when needed) and build TARGETS of SOURCE_DIR for BACKEND; return the manifest's build section."""
+    start = time.monotonic()
+    host = host or backends.current_host()
+    source_dir = Path(source_dir).resolve()
+    backends.get(backend)  # unknown backend: fail before touching anything
+    check_llama_tree(source_dir)
+    build_dir = Path(build_dir).resolve() if build_dir else default_build_dir(source_dir, backend)
+    targets = list(targets) or list(DEFAULT_TARGETS)
+    extra_cmake_args = list(extra_cmake_args)
+
+    entry = doctor.require(backend, host, extra_include_dirs=[Path(vulkan_include_dir)] if vulkan_include_dir else [])
+    commit, dirty = source_commit(source_dir)
+    if dirty:
+        ui.warn(f"{source_dir} has uncommitted changes; the binaries will say {commit[:12]}-dirty")
+    number = build_number(source_dir)
+    flags = build_flags(backend, host, commit=commit + ("-dirty" if dirty else ""), number=number, entry=entry,
+                        cuda_arch=cuda_arch, gpu_targets=gpu_targets,
+                        vulkan_include_dir=str(vulkan_include_dir) if vulkan_include_dir else None,
+                        use_ccache=use_ccache)
+    cmake = doctor.find_pypi_program("cmake")
+    ninja = doctor.find_pypi_program("ninja")
+    configure_args = [cmake, "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
+                      f"-DCMAKE_MAKE_PROGRAM={ninja}", *backends.cmake_args(flags), *extra_cmake_args]
+
+    from_scratch = claim_build_dir(build_dir, backend, source_dir, reconfigure=reconfigure, fresh=fresh)
+    env = build_env(backend, host, source_dir, build_dir)
+    stamp = read_stamp(build_dir) or {}
+    log_path = build_dir / LOG_NAME
+    needs_configure = (stamp.get("configured_args") != configure_args[1:]
+                       or not (build_dir / "CMakeCache.txt").is_file()
+                       or not (build_dir / "build.ninja").is_file())
+
+    configure_s = 0.0
+    with open(log_path, "w", encoding="utf-8") as log:
+        if needs_configure:
+            with ui.step(f"configure {backend} build in {build_dir}"):
+                t0 = time.monotonic()
+                args = configure_args + (["--fresh"] if from_scratch else [])
+                code, _ = _run_logged(args, cwd=build_dir, env=env, log=log)
+                configure_s = time.monotonic() - t0
+            if code != 0:
+                log.close()
+                raise _fail(log_path, "CMake configure")
+            stamp["configured_args"] = configure_args[1:]
+            write_stamp(build_dir, stamp)
+        else:
+            ui.info(f"    flags unchanged: not reconfiguring {build_dir}")
+
+        with ui.step(f"build {', '.join(targets)} ({backend})"):
+            t0 = time.monotonic()
+            build_args = [ninja, "-C", str(build_dir), *(["-j", str(jobs)] if jobs else []), *targets]
+            code, steps = _run_logged(build_args, cwd=build_dir, env=env, log=log,
+                                      progress_title=f"{backend}: compiling")
+            compile_s = time.monotonic() - t0
+        if code != 0:
+            log.close()
+            raise _fail(log_path, "build")
+
+    up_to_date = "ninja: no work to do." in log_path.read_text(encoding="utf-8", errors="replace")
+    binaries, libraries = _binaries(build_dir, targets, host)
+    missing = [t for t in targets if t.startswith("llama-") and not any(Path(b).stem == t for b in binaries)]
+    if missing:
+        raise BuildError(f"the build finished but {', '.join(missing)} is not in {build_dir / 'bin'}",
+                         f"full log: {log_path}")
+    cache = read_cmake_cache(build_dir)
+    section = {
+        "backend": backend,
+        "host": {"os": host.os, "arch": host.arch},
+        "source_dir": str(source_dir),
+        "source_commit": commit,
+        "source_dirty": dirty,
+        "build_number": number,
+        "build_dir": str(build_dir),
+        "flags": flags,
+        "extra_cmake_args": extra_cmake_args,
+        "toolchain": doctor.toolchain_versions(entry),
+        "targets": targets,
+        "binaries": binaries,
+        "libraries": libraries,
+        "configured": needs_configure,
+        "up_to_date": up_to_date,
+        "steps": steps,
+        "configure_s": round(configure_s, 2),
+        "compile_s": round(compile_s, 2),
+        "wall_time_s": round(time.monotonic() - start, 2),
+        "log": str(log_path),
+    }
+    if backend == "cuda" and cache.get("CMAKE_CUDA_ARCHITECTURES"):
+        section["cuda_architectures"] = cache["CMAKE_CUDA_ARCHITECTURES"]
+    stamp["last_build"] = {"commit": commit, "targets": targets, "binaries": binaries}
+    write_stamp(build_dir, stamp)
+    return section

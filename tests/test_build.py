@@ -1,0 +1,490 @@
+"""`dfbuild build`: configure-once, ninja no-ops, build-dir ownership, errors, Ctrl-C.
+
+Most tests build a tiny stand-in for llama.cpp (one shared library, one
+`llama-server` that prints the version stamp) with the real cmake and ninja, so
+they exercise the same code path as a real build in seconds. The last test
+builds the real b10359 tree (integration + slow).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dfbuild import backends, build, doctor
+from dfbuild.backends import Host
+from dfbuild.cli import main
+from dfbuild.errors import BuildDirMismatchError, BuildError, SourceError, ToolchainMissingError
+
+posix_only = pytest.mark.skipif(sys.platform.startswith("win"), reason="POSIX signals and shared-library layout")
+
+FAKE_CMAKE = """\
+cmake_minimum_required(VERSION 3.16)
+project(fakellama C)
+set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+set(CMAKE_LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+add_library(llama SHARED src/llama.c)
+add_executable(llama-server tools/server/server.c)
+target_link_libraries(llama-server PRIVATE llama)
+target_compile_definitions(llama-server PRIVATE
+    BUILD_COMMIT="${LLAMA_BUILD_COMMIT}" BUILD_NUMBER=${LLAMA_BUILD_NUMBER})
+# a slow step, to interrupt a build in the middle
+add_custom_command(OUTPUT ${CMAKE_BINARY_DIR}/slow.txt
+    COMMAND ${CMAKE_COMMAND} -E sleep 4
+    COMMAND ${CMAKE_COMMAND} -E touch ${CMAKE_BINARY_DIR}/slow.txt)
+add_custom_target(slow DEPENDS ${CMAKE_BINARY_DIR}/slow.txt)
+"""
+
+FAKE_SERVER = """\
+#include <stdio.h>
+#include <string.h>
+int llama_answer(void);
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--version") == 0) {
+        printf("version: %d (%s)\\n", BUILD_NUMBER, BUILD_COMMIT);
+        return 0;
+    }
+    return llama_answer() == 42 ? 0 : 1;
+}
+"""
+
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "-c", "commit.gpgsign=false"]
+
+
+def git(tree: Path, *args: str) -> str:
+    return subprocess.run([*GIT, "-C", str(tree), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def make_fake_tree(root: Path, tag: str = "b4242") -> Path:
+    src = root / "src"
+    (src / "src").mkdir(parents=True)
+    (src / "tools" / "server").mkdir(parents=True)
+    (src / "CMakeLists.txt").write_text(FAKE_CMAKE)
+    (src / "src" / "llama.c").write_text("int llama_answer(void) { return 42; }\n")
+    (src / "tools" / "server" / "server.c").write_text(FAKE_SERVER)
+    git(src, "init", "-q")
+    git(src, "add", "-A")
+    git(src, "commit", "-q", "-m", "fake llama.cpp")
+    git(src, "tag", tag)
+    return src
+
+
+def commit_change(src: Path, path: str, text: str) -> str:
+    (src / path).write_text(text)
+    git(src, "commit", "-q", "-am", f"change {path}")
+    return git(src, "rev-parse", "HEAD")
+
+
+@pytest.fixture
+def tree(tmp_path) -> Path:
+    return make_fake_tree(tmp_path / "fake")
+
+
+def run_build(src: Path, **kwargs) -> dict:
+    kwargs.setdefault("use_ccache", False)  # keep the toy objects out of the shared ccache
+    return build.build_tree(src, "cpu", **kwargs)
+
+
+def version_of(binary: Path) -> str:
+    return subprocess.run([str(binary), "--version"], capture_output=True, text=True, check=True).stdout
+
+
+# --- the happy path -----------------------------------------------------------------------
+
+
+@posix_only
+def test_build_configures_once_then_is_a_noop(tree):
+    head = git(tree, "rev-parse", "HEAD")
+    first = run_build(tree)
+    build_dir = tree.parent / "build-cpu"  # X/src -> X/build-cpu
+    assert first["build_dir"] == str(build_dir)
+    assert first["configured"] and not first["up_to_date"]
+    assert first["binaries"] == ["bin/llama-server"]
+    assert first["libraries"] == ["bin/libllama.so"] if sys.platform.startswith("linux") else first["libraries"]
+    assert first["source_commit"] == head
+    assert first["build_number"] == 4242  # from the b4242 tag
+    assert first["flags"]["LLAMA_BUILD_COMMIT"] == head
+    assert first["flags"]["LLAMA_OPENSSL"] == "OFF"
+    assert version_of(build_dir / "bin" / "llama-server").strip() == f"version: 4242 ({head})"
+    assert (build_dir / build.LOG_NAME).is_file()
+    stamp = build.read_stamp(build_dir)
+    assert stamp["backend"] == "cpu" and stamp["source_dir"] == str(tree)
+
+    second = run_build(tree)
+    assert not second["configured"]  # CMake is not re-run for unchanged flags
+    assert second["up_to_date"]       # and ninja has nothing to do
+    assert "ninja: no work to do." in (build_dir / build.LOG_NAME).read_text()
+
+
+@posix_only
+def test_a_new_commit_restamps_and_rebuilds_only_what_changed(tree):
+    run_build(tree)
+    build_dir = tree.parent / "build-cpu"
+    library = build_dir / "bin" / "libllama.so"
+    before = library.stat().st_mtime_ns if library.exists() else None
+    head = commit_change(tree, "tools/server/server.c", FAKE_SERVER.replace("version:", "version: "))
+    again = run_build(tree)
+    assert again["configured"]  # the commit is a flag: CMake re-runs
+    assert again["source_commit"] == head
+    assert head in version_of(build_dir / "bin" / "llama-server")
+    if before is not None:
+        assert library.stat().st_mtime_ns == before  # the library did not change, so it was not rebuilt
+
+
+@posix_only
+def test_binaries_are_relocatable(tree, tmp_path):
+    """$ORIGIN rpath: a copy of bin/ runs after the build dir is gone."""
+    section = run_build(tree)
+    moved = tmp_path / "unpacked"
+    shutil.copytree(Path(section["build_dir"]) / "bin", moved)
+    shutil.rmtree(section["build_dir"])
+    assert subprocess.run([str(moved / "llama-server")]).returncode == 0
+
+
+@posix_only
+def test_dirty_tree_says_so_in_the_version(tree):
+    (tree / "src" / "llama.c").write_text("int llama_answer(void) { return 42; } /* edited */\n")
+    section = run_build(tree)
+    assert section["source_dirty"]
+    assert section["flags"]["LLAMA_BUILD_COMMIT"].endswith("-dirty")
+
+
+@posix_only
+def test_build_number_prefers_the_manifest_base(tree):
+    from dfbuild import manifest
+
+    manifest.update_tree_manifest(tree, "source", {"base": "b10359"})
+    assert build.build_number(tree) == 10359
+
+
+# --- build-dir ownership --------------------------------------------------------------------
+
+
+@posix_only
+def test_build_dir_of_another_source_is_refused_then_reconfigured(tree, tmp_path):
+    run_build(tree)
+    build_dir = tree.parent / "build-cpu"
+    other = make_fake_tree(tmp_path / "other")
+    with pytest.raises(BuildDirMismatchError) as exc:
+        run_build(other, build_dir=build_dir)
+    assert exc.value.exit_code == 32
+    assert str(tree) in exc.value.message and "--reconfigure" in exc.value.hint
+    assert build.read_stamp(build_dir)["source_dir"] == str(tree)  # refused: untouched
+
+    section = run_build(other, build_dir=build_dir, reconfigure=True)
+    assert section["configured"]
+    assert build.read_stamp(build_dir)["source_dir"] == str(other)
+    assert build.read_cmake_cache(build_dir)["CMAKE_HOME_DIRECTORY"] == str(other)
+
+
+@posix_only
+def test_build_dir_of_another_backend_is_refused(tree):
+    run_build(tree)
+    build_dir = tree.parent / "build-cpu"
+    stamp = build.read_stamp(build_dir)
+    stamp["backend"] = "vulkan"
+    build.write_stamp(build_dir, stamp)
+    with pytest.raises(BuildDirMismatchError) as exc:
+        run_build(tree, build_dir=build_dir)
+    assert "vulkan" in exc.value.message
+
+
+@posix_only
+def test_fresh_starts_over(tree):
+    run_build(tree)
+    build_dir = tree.parent / "build-cpu"
+    marker = build_dir / "leftover.o"
+    marker.write_text("x")
+    section = run_build(tree, fresh=True)
+    assert section["configured"] and not marker.exists()
+
+
+def test_a_directory_that_is_not_a_build_dir_is_never_touched(tree, tmp_path):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("do not delete")
+    for kwargs in ({}, {"fresh": True}, {"reconfigure": True}):
+        with pytest.raises(BuildDirMismatchError):
+            run_build(tree, build_dir=precious, **kwargs)
+    assert (precious / "thesis.tex").read_text() == "do not delete"
+    assert not (precious / build.STAMP_NAME).exists()
+
+
+def test_owner_of_a_plain_cmake_dir_comes_from_its_cache(tmp_path):
+    (tmp_path / "CMakeCache.txt").write_text("CMAKE_HOME_DIRECTORY:INTERNAL=/x/src\nGGML_VULKAN:BOOL=ON\n")
+    assert build.build_dir_owner(tmp_path) == {"backend": "vulkan", "source_dir": "/x/src"}
+
+
+# --- failures ---------------------------------------------------------------------------------
+
+
+@posix_only
+@posix_only
+def test_missing_toolchain_fails_fast_with_what_to_install(tree, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))  # no compiler, no glslc
+    with pytest.raises(ToolchainMissingError) as exc:
+        build.build_tree(tree, "cpu")
+    assert exc.value.exit_code == 30
+    assert "C compiler" in exc.value.message
+    assert not (tree.parent / "build-cpu").exists()
+
+
+@posix_only
+def test_compile_error_names_the_log_and_the_first_error(tree):
+    commit_change(tree, "src/llama.c", "int llama_answer(void) { return 42 }\n")
+    with pytest.raises(BuildError) as exc:
+        run_build(tree)
+    log = tree.parent / "build-cpu" / build.LOG_NAME
+    assert exc.value.exit_code == 31
+    assert "llama.c:1:" in exc.value.message and "error:" in exc.value.message
+    assert str(log) in exc.value.hint
+
+
+@posix_only
+def test_configure_error_quotes_cmake(tree):
+    commit_change(tree, "CMakeLists.txt", FAKE_CMAKE + "message(FATAL_ERROR \"no such toolkit\")\n")
+    with pytest.raises(BuildError) as exc:
+        run_build(tree)
+    assert exc.value.message.startswith("CMake configure failed: CMake Error")
+    assert "no such toolkit" in exc.value.message
+
+
+@posix_only
+def test_unknown_target(tree):
+    with pytest.raises(BuildError) as exc:
+        run_build(tree, targets=["llama-nonesuch"])
+    assert "unknown target 'llama-nonesuch'" in exc.value.message
+
+
+def test_not_a_llama_tree(tmp_path):
+    from dfbuild.errors import NotLlamaTreeError
+
+    with pytest.raises(NotLlamaTreeError):
+        run_build(tmp_path)
+
+
+@posix_only
+def test_tree_without_a_commit_is_refused(tmp_path):
+    src = make_fake_tree(tmp_path / "t")
+    shutil.rmtree(src / ".git")
+    with pytest.raises(SourceError) as exc:
+        run_build(src)
+    assert "no git commit" in exc.value.message
+
+
+def test_unknown_backend_before_anything_else(tree):
+    from dfbuild.errors import UnsupportedBackendError
+
+    with pytest.raises(UnsupportedBackendError):
+        build.build_tree(tree, "opencl")
+    assert not (tree.parent / "build-opencl").exists()
+
+
+def test_backend_this_host_cannot_build_fails_fast(tree):
+    """metal on Linux: refused by doctor before any build dir is made."""
+    if sys.platform == "darwin":
+        pytest.skip("metal can build on macOS")
+    from dfbuild.errors import UnsupportedBackendError
+
+    with pytest.raises(UnsupportedBackendError) as exc:
+        build.build_tree(tree, "metal")
+    assert exc.value.exit_code == 33
+    assert "only on macOS" in exc.value.message
+    assert not (tree.parent / "build-metal").exists()
+
+
+@pytest.mark.parametrize("lines, expected", [
+    (["[1/3] Building C object x.o", "FAILED: x.o", "/s/ggml.c:12:5: error: 'y' undeclared",
+      "/s/ggml.c:13:1: error: later"], "/s/ggml.c:12:5: error: 'y' undeclared"),
+    (["In file included from a.h:1,", "b.cpp:3:10: fatal error: cublas_v2.h: No such file or directory"],
+     "b.cpp:3:10: fatal error: cublas_v2.h: No such file or directory"),
+    (["C:\\s\\ggml.cpp(42): error C2065: 'x': undeclared identifier"],
+     "C:\\s\\ggml.cpp(42): error C2065: 'x': undeclared identifier"),
+    (["/s/ggml-cuda/mmq.cu(7): error: identifier \"foo\" is undefined"],
+     "/s/ggml-cuda/mmq.cu(7): error: identifier \"foo\" is undefined"),
+    (["CMake Error at ggml/src/ggml-vulkan/CMakeLists.txt:9 (find_package):", "",
+      "  Could NOT find Vulkan (missing: glslc)"],
+     "CMake Error at ggml/src/ggml-vulkan/CMakeLists.txt:9 (find_package): Could NOT find Vulkan (missing: glslc)"),
+    (["ninja: error: unknown target 'x'"], "ninja: error: unknown target 'x'"),
+    (["all good"], None),
+])
+def test_first_error(lines, expected):
+    assert build.first_error(lines) == expected
+
+
+# --- Ctrl-C ---------------------------------------------------------------------------------
+
+
+@posix_only
+def test_interrupted_build_resumes(tree):
+    cmd = [sys.executable, "-m", "dfbuild.cli", "build", "--dir", str(tree), "--backend", "cpu",
+           "--no-ccache", "--target", "slow", "--target", "llama-server"]
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    build_dir = tree.parent / "build-cpu"
+    deadline = time.monotonic() + 120
+    # wait until configure is done and ninja is inside the slow step
+    while time.monotonic() < deadline and not (build.read_stamp(build_dir) or {}).get("configured_args"):
+        time.sleep(0.2)
+    time.sleep(1.5)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
+    proc.wait(timeout=60)
+    assert proc.returncode != 0
+    assert not (build_dir / "slow.txt").exists()
+    json.loads((build_dir / build.STAMP_NAME).read_text())  # the stamp survived whole
+    assert "interrupted" in (build_dir / build.LOG_NAME).read_text()
+
+    section = run_build(tree, targets=["slow", "llama-server"])
+    assert not section["configured"]  # resumes: no reconfigure
+    assert (build_dir / "slow.txt").exists()
+    assert section["binaries"] == ["bin/llama-server"]
+
+
+# --- flags for hosts that cannot run here --------------------------------------------------------
+
+
+def fake_entry(**found) -> dict:
+    """A doctor entry as check_backend returns it, with the given probes found."""
+    toolchain = [{"name": name, "found": True, "ok": True, "optional": name == "ccache",
+                  "path": path, "version": version} for name, (path, version) in found.items()]
+    return {"toolchain": toolchain}
+
+
+def test_cuda_flags_on_a_linux_gpu_host():
+    entry = fake_entry(nvcc=("/usr/local/cuda/bin/nvcc", "13.0"), ccache=("/usr/bin/ccache", "4.9"))
+    flags = build.build_flags("cuda", Host("linux", "x64"), commit="c0ffee", number=10359, entry=entry,
+                              cuda_arch="90")
+    assert flags["CMAKE_CUDA_ARCHITECTURES"] == "90"
+    assert flags["GGML_CUDA"] == "ON" and flags["GGML_CUDA_NCCL"] == "OFF"
+    assert flags["CMAKE_CUDA_COMPILER_LAUNCHER"] == "/usr/bin/ccache"
+    assert flags["LLAMA_BUILD_NUMBER"] == "10359" and flags["LLAMA_BUILD_COMMIT"] == "c0ffee"
+    with pytest.raises(Exception) as exc:  # nvcc 13 cannot build Pascal
+        build.build_flags("cuda", Host("linux", "x64"), commit="c", number=1, entry=entry, cuda_arch="61")
+    assert "sm_61" in str(exc.value)
+
+
+def test_windows_cuda_flags_for_the_reporter():
+    """Windows 11, MSVC 19.44, CUDA 12.4, RTX 30xx (sm_86)."""
+    entry = fake_entry(nvcc=(r"C:\CUDA\v12.4\bin\nvcc.exe", "12.4"))
+    flags = build.build_flags("cuda", Host("windows", "x64"), commit="c", number=1, entry=entry, cuda_arch="86")
+    assert flags["CMAKE_CUDA_ARCHITECTURES"] == "86"
+    assert "CMAKE_INSTALL_RPATH" not in flags
+    assert "CMAKE_C_COMPILER_LAUNCHER" not in flags  # no ccache found
+
+
+def test_metal_flags_on_macos():
+    flags = build.build_flags("metal", Host("macos", "arm64"), commit="c", number=1, entry=fake_entry())
+    assert flags["GGML_METAL"] == "ON" and flags["GGML_METAL_EMBED_LIBRARY"] == "ON"
+    assert flags["CMAKE_INSTALL_RPATH"] == "@loader_path"
+
+
+@posix_only
+def test_hip_flags_use_rocm_clang(tmp_path):
+    hipconfig = tmp_path / "hipconfig"
+    hipconfig.write_text("#!/bin/sh\n[ \"$1\" = -l ] && echo /opt/rocm/llvm/bin\n")
+    hipconfig.chmod(0o755)
+    entry = fake_entry(**{"hip-clang": (str(hipconfig), "6.4"), "ccache": ("/usr/bin/ccache", "4.9")})
+    flags = build.build_flags("hip", Host("linux", "x64"), commit="c", number=1, entry=entry, gpu_targets="rdna4")
+    assert flags["GPU_TARGETS"] == "gfx1200;gfx1201"
+    assert flags["CMAKE_HIP_COMPILER"] == "/opt/rocm/llvm/bin/clang"
+    assert flags["CMAKE_HIP_COMPILER_LAUNCHER"] == "/usr/bin/ccache"
+
+
+def test_windows_without_msvc_says_how_to_get_a_developer_prompt(monkeypatch, tmp_path):
+    monkeypatch.setattr(doctor, "find_msvc", lambda arch="x64": None)
+    with pytest.raises(ToolchainMissingError) as exc:
+        build.build_env("cpu", Host("windows", "x64"), tmp_path / "src", tmp_path / "build-cpu")
+    assert "Native Tools Command Prompt" in exc.value.hint
+
+
+def test_windows_with_vcvars_loads_the_msvc_environment(monkeypatch, tmp_path):
+    monkeypatch.setattr(doctor, "find_msvc", lambda arch="x64": {"cl": None, "vcvars": "C:/vcvars64.bat",
+                                                                 "version": "17.14"})
+    monkeypatch.setattr(doctor, "msvc_environment", lambda vcvars: {"INCLUDE": "C:/VS/include"})
+    env = build.build_env("cpu", Host("windows", "x64"), tmp_path / "src", tmp_path / "build-cpu")
+    assert env["INCLUDE"] == "C:/VS/include"
+
+
+def test_windows_binaries_are_exe(tmp_path):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "llama-server.exe").write_text("")
+    (tmp_path / "bin" / "llama.dll").write_text("")
+    binaries, libraries = build._binaries(tmp_path, ["llama-server"], Host("windows", "x64"))
+    assert binaries == ["bin/llama-server.exe"] and libraries == ["bin/llama.dll"]
+
+
+def test_ccache_env_hits_across_copies(tmp_path):
+    env = build.build_env("cpu", Host("linux", "x64"), tmp_path / "X" / "src", tmp_path / "X" / "build-cpu")
+    if "CCACHE_BASEDIR" not in os.environ:
+        assert env["CCACHE_BASEDIR"] == str((tmp_path / "X").resolve())
+    assert env["CCACHE_NOHASHDIR"] == "true"
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+
+@posix_only
+def test_build_command_json_and_manifest(tree):
+    from dfbuild import manifest
+
+    result = CliRunner().invoke(main, ["build", "--dir", str(tree), "--backend", "cpu", "--no-ccache", "--json"])
+    assert result.exit_code == 0, result.output
+    section = json.loads(result.stdout)
+    assert section["backend"] == "cpu" and section["binaries"] == ["bin/llama-server"]
+    for key in ("flags", "toolchain", "targets", "wall_time_s", "source_commit", "build_dir"):
+        assert key in section
+    assert section["toolchain"]["cmake"] and section["toolchain"]["ninja"]
+    assert manifest.load(manifest.tree_manifest_path(tree))["build"]["source_commit"] == section["source_commit"]
+
+    again = CliRunner().invoke(main, ["build", "--dir", str(tree), "--backend", "cpu", "--no-ccache"])
+    assert again.exit_code == 0
+    assert "already up to date" in again.output
+
+
+def test_build_command_unknown_backend(tree):
+    result = CliRunner().invoke(main, ["build", "--dir", str(tree), "--backend", "opencl"])
+    assert result.exit_code == 33
+    assert "unknown backend" in result.output
+
+
+# --- the real thing -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def b10359_buildtest(test_cache) -> Path:
+    """A b10359 checkout in X/src (X/build-cpu next to it: the layout the warm ccache knows)."""
+    from dfbuild import source
+
+    src = test_cache / "trees" / "b10359-buildtest" / "src"
+    if not (src / ".git").exists():
+        if src.exists():
+            shutil.rmtree(src)
+        source.checkout("b10359", dest=src)
+    return src
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_real_b10359_cpu_build(b10359_buildtest):
+    src = b10359_buildtest
+    head = git(src, "rev-parse", "HEAD")
+    first = build.build_tree(src, "cpu")
+    build_dir = Path(first["build_dir"])
+    assert build_dir == src.parent / "build-cpu"
+    assert first["binaries"] == ["bin/llama-server"]
+    assert any("libllama" in lib for lib in first["libraries"])
+    assert first["build_number"] == 10359
+    version = subprocess.run([str(build_dir / "bin" / "llama-server"), "--version"],
+                             capture_output=True, text=True)
+    assert f"version: 10359 ({head})" in version.stdout + version.stderr
+
+    second = build.build_tree(src, "cpu")
+    assert not second["configured"] and second["up_to_date"]
