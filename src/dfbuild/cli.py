@@ -379,7 +379,7 @@ def matrix(tag, identifiers, as_json):
 
     table = Table(show_header=True, header_style="bold")
     for column in ("id", "runner", "artifact"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for entry in data["include"]:
         runner = entry["runner"] + (f" ({entry['container']})" if entry["container"] else "")
         table.add_row(entry["id"], runner, entry["artifact"])

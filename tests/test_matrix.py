@@ -1,0 +1,121 @@
+"""`dfbuild matrix`: the release matrix comes from the backend table, entry for entry."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+
+import pytest
+from click.testing import CliRunner
+
+from dfbuild import backends, build, matrix
+from dfbuild.backends import Host
+from dfbuild.cli import main
+from dfbuild.errors import DfbuildError
+
+REQUIRED = {
+    ("linux", "cpu", "x64"), ("linux", "vulkan", "x64"), ("linux", "cuda", "x64"), ("linux", "hip", "x64"),
+    ("windows", "cpu", "x64"), ("windows", "cuda", "x64"), ("windows", "vulkan", "x64"),
+    ("macos", "metal", "arm64"),
+    ("linux", "cpu", "arm64"),
+}
+# what build.py adds per build on top of the table's flags
+PER_BUILD = ("LLAMA_BUILD_NUMBER", "LLAMA_BUILD_COMMIT", "CMAKE_C_COMPILER_LAUNCHER", "CMAKE_CXX_COMPILER_LAUNCHER",
+             "CMAKE_CUDA_COMPILER_LAUNCHER", "CMAKE_HIP_COMPILER_LAUNCHER", "CMAKE_HIP_COMPILER", "CMAKE_CUDA_COMPILER")
+
+
+def matrix_json(*args: str) -> dict:
+    result = CliRunner().invoke(main, ["matrix", "--json", *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_matrix_has_the_required_entries():
+    entries = matrix_json()["include"]
+    assert {(e["os"], e["backend"], e["arch"]) for e in entries} >= REQUIRED
+    ids = [e["id"] for e in entries]
+    assert len(ids) == len(set(ids))
+
+
+def test_gpu_toolkits_come_in_their_vendor_containers():
+    by_id = {e["id"]: e for e in matrix.release_matrix()}
+    assert by_id["linux-cuda-x64"]["container"].startswith("nvidia/cuda:")
+    assert "-devel-" in by_id["linux-cuda-x64"]["container"]  # nvcc and cuBLAS headers, not just runtime
+    assert by_id["linux-hip-x64"]["container"].startswith("rocm/dev-")
+    assert by_id["macos-metal-arm64"]["runner"].startswith("macos-")
+    assert by_id["windows-cuda-x64"]["runner"].startswith("windows-")
+    assert by_id["linux-cpu-arm64"]["runner"].endswith("-arm")
+
+
+def test_every_entry_has_the_tables_flags():
+    for entry in matrix_json()["include"]:
+        assert entry["flags"] == backends.cmake_flags(entry["backend"], entry["os"]), entry["id"]
+
+
+def test_dfbuild_build_on_each_runner_uses_the_entrys_flags():
+    """What `dfbuild build` would configure on that runner = the entry's flags + only the per-build stamp."""
+    for entry in matrix.release_matrix():
+        probes = {"toolchain": [{"name": "nvcc", "found": True, "ok": True, "optional": False,
+                                 "path": "nvcc", "version": "12.8"}]}
+        flags = build.build_flags(entry["backend"], Host(entry["os"], entry["arch"]), commit="c", number=1,
+                                  entry=probes)
+        static = {k: v for k, v in flags.items() if k not in PER_BUILD}
+        assert static == entry["flags"], entry["id"]
+
+
+def test_artifact_names():
+    assert (matrix.artifact_name("b10359", "linux", "cpu", "x64")
+            == "llama-b10359-dflash-bin-linux-cpu-x64.tar.gz")
+    assert (matrix.artifact_name("b10359", "windows", "cuda", "x64")
+            == "llama-b10359-dflash-bin-windows-cuda-x64.zip")
+    assert (matrix.artifact_name("b10359", "macos", "metal", "arm64")
+            == "llama-b10359-dflash-bin-macos-metal-arm64.tar.gz")
+    for entry in matrix_json("--tag", "b10359")["include"]:
+        assert entry["artifact"] == matrix.artifact_name("b10359", entry["os"], entry["backend"], entry["arch"])
+        assert entry["artifact"].endswith(".zip" if entry["os"] == "windows" else ".tar.gz")
+
+
+@pytest.mark.parametrize("args", [("../x", "linux", "cpu", "x64"), ("b1", "win", "cpu", "x64"),
+                                  ("b1", "linux", "cpu", "x86"), ("b1", "linux", "opencl", "x64")])
+def test_artifact_name_rejects_bad_parts(args):
+    with pytest.raises(DfbuildError):
+        matrix.artifact_name(*args)
+
+
+def test_setup_commands_are_valid_bash():
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    for entry in matrix.release_matrix():
+        if entry["setup"]:
+            check = subprocess.run([bash, "-n", "-c", entry["setup"]], capture_output=True, text=True)
+            assert check.returncode == 0, (entry["id"], check.stderr)
+
+
+def test_vulkan_runner_installs_what_doctor_asks_for():
+    by_id = {e["id"]: e for e in matrix.release_matrix()}
+    for package in ("glslc", "libvulkan-dev", "mesa-vulkan-drivers"):
+        assert package in by_id["linux-vulkan-x64"]["setup"]
+
+
+def test_a_release_entry_for_a_host_the_backend_cannot_use_is_refused(monkeypatch):
+    table = copy.deepcopy(backends.table())
+    table["release"].append({"os": "linux", "arch": "x64", "backend": "metal", "runner": "ubuntu-24.04"})
+    monkeypatch.setattr(backends, "table", lambda: table)
+    with pytest.raises(DfbuildError) as exc:
+        matrix.release_matrix()
+    assert "only on macOS" in exc.value.message
+
+
+def test_plain_listing_and_identifiers():
+    ids = CliRunner().invoke(main, ["matrix", "--print-build-identifiers"])
+    assert ids.exit_code == 0
+    assert ids.stdout.split() == matrix.build_identifiers()
+    assert "linux-cuda-x64" in ids.stdout.split()
+
+    table = CliRunner().invoke(main, ["matrix"])
+    assert table.exit_code == 0
+    for entry_id in matrix.build_identifiers():
+        assert entry_id in table.output

