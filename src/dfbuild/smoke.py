@@ -1,0 +1,617 @@
+"""Smoke scenarios: start the built llama-server on the fixtures and prove DFlash survives images.
+
+Each scenario runs twice on a freshly started server (127.0.0.1, free port, its
+own log file): once with the DFlash draft and once with `--spec-type none`. The
+speculative run must answer HTTP 200 everywhere, stay alive, keep the known
+failure lines out of its log, draft *and accept* on image requests when the
+fixture set agrees, and produce greedy output byte-identical to the plain run.
+
+The server handle follows llama.cpp's tools/server/tests/utils.py: an argument
+list, /health polled while the process is watched, and an unconditional stop
+(terminate, then kill) that keeps the log for the failure message.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import errors, fixtures
+
+# --- the server handle ----------------------------------------------------------
+
+
+def server_binary(build_dir: Path) -> Path:
+    """`B/bin/llama-server` (`.exe` on Windows), as CMake lays it out."""
+    name = "llama-server.exe" if sys.platform == "win32" else "llama-server"
+    return Path(build_dir) / "bin" / name
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Response:
+    status: int
+    body: dict | None
+    text: str
+    events: list[dict] = field(default_factory=list)  # parsed `data:` lines of a stream
+
+    @property
+    def error(self) -> str | None:
+        """Why this response failed, judged by its events for a stream (a failed
+        stream still arrives behind a 200 status line)."""
+        if self.status != 200:
+            return f"HTTP {self.status}: {self.text[:300]}"
+        for event in self.events:
+            if "error" in event:
+                return f"stream error event: {json.dumps(event['error'])[:300]}"
+        if self.body is None and not self.events:
+            return f"unreadable body: {self.text[:300]}"
+        return None
+
+    @property
+    def content(self) -> str:
+        if self.events:
+            return "".join(e.get("content", "") for e in self.events)
+        return (self.body or {}).get("content", "")
+
+    @property
+    def timings(self) -> dict:
+        if self.events:
+            for event in reversed(self.events):
+                if "timings" in event:
+                    return event["timings"]
+            return {}
+        return (self.body or {}).get("timings", {})
+
+
+class LlamaServer:
+    """A llama-server process on 127.0.0.1, used as a context manager.
+
+    `args` are the model/feature arguments; host, port and nothing else are added
+    here. Inherited LLAMA_ARG_* variables are dropped so the user's shell cannot
+    change what a smoke test runs.
+    """
+
+    def __init__(self, binary: Path, args: list[str], log_path: Path, *, env: dict | None = None,
+                 start_timeout: float = 180.0, stop_timeout: float = 10.0, host: str = "127.0.0.1"):
+        self.binary = Path(binary)
+        self.args = [str(a) for a in args]
+        self.log_path = Path(log_path)
+        self.host = host
+        self.port: int | None = None
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        base_env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
+        self.env = base_env | (env or {})
+        self.process: subprocess.Popen | None = None
+        self._log_file = None
+
+    @property
+    def command(self) -> list[str]:
+        return [str(self.binary), *self.args, "--host", self.host, "--port", str(self.port)]
+
+    def url(self, path: str) -> str:
+        return f"http://{self.host}:{self.port}{path}"
+
+    def start(self) -> LlamaServer:
+        if not self.binary.is_file():
+            raise errors.ServerStartError(f"no llama-server at {self.binary}",
+                                          hint="build it first (`dfbuild build`) or pass the right --build-dir")
+        self.port = free_port(self.host)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.log_path, "wb")
+        self._log_file.write(("$ " + " ".join(self.command) + "\n").encode())
+        self._log_file.flush()
+        self.process = subprocess.Popen(self.command, stdout=self._log_file, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, env=self.env)
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            if not self.alive():
+                code = self.process.returncode
+                self.stop()
+                raise errors.ServerStartError(
+                    f"llama-server exited with code {code} before it was healthy; log {self.log_path}:\n"
+                    + tail(self.log_text(), 15),
+                    hint="read the log above: a model that does not load, or a flag this build does not know")
+            try:
+                if self.request("GET", "/health", timeout=5).status == 200:
+                    return self
+            except OSError:
+                pass  # not listening yet
+            if time.monotonic() > deadline:
+                self.stop()
+                raise errors.ServerStartError(
+                    f"llama-server was not healthy after {self.start_timeout:.0f}s; log {self.log_path}:\n"
+                    + tail(self.log_text(), 15),
+                    hint="a slow machine or a hung load; raise the start timeout or read the log")
+            time.sleep(0.1)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> int | None:
+        """Terminate, then kill; always safe to call. Returns the exit code."""
+        code = None
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.terminate()
+                try:
+                    self.process.wait(timeout=self.stop_timeout)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
+            code = self.process.returncode
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        return code
+
+    def __enter__(self) -> LlamaServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def log_text(self, offset: int = 0) -> str:
+        if not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode("utf-8", errors="replace")
+
+    def request(self, method: str, path: str, payload: dict | None = None, timeout: float = 300.0) -> Response:
+        data = json.dumps(payload).encode() if payload is not None else None
+        req = urllib.request.Request(self.url(path), data=data, method=method,
+                                     headers={"Content-Type": "application/json"} if data else {})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                status, raw = resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            status, raw = exc.code, exc.read()
+        text = raw.decode("utf-8", errors="replace")
+        body, events = None, []
+        if payload is not None and payload.get("stream"):
+            events = parse_sse(text)
+        else:
+            try:
+                body = json.loads(text)
+            except ValueError:
+                body = None
+        return Response(status, body if isinstance(body, dict) else None, text, events)
+
+
+def parse_sse(text: str) -> list[dict]:
+    events = []
+    for line in text.splitlines():
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:"):].strip()
+        if data == "[DONE]":
+            continue
+        try:
+            event = json.loads(data)
+        except ValueError:
+            event = {"error": {"message": f"unparseable event: {data[:200]}"}}
+        events.append(event if isinstance(event, dict) else {"error": {"message": data[:200]}})
+    return events
+
+
+def tail(text: str, lines: int) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def prometheus_counters(text: str) -> dict[str, float]:
+    """`llamacpp:name value` lines of /metrics, without the prefix."""
+    counters = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            counters[name.split(":", 1)[-1]] = float(value)
+        except ValueError:
+            continue
+    return counters
+
+
+# --- log scanning -------------------------------------------------------------------
+
+# Lines that mean the speculative path broke, whatever the HTTP status said.
+FAILURE_PATTERNS = {
+    "draft decode failed": re.compile(r"llama_decode\(ctx_dft\) failed"),
+    "inconsistent positions": re.compile(r"inconsistent sequence positions"),
+    "mtmd chunk failed": re.compile(r"failed to (process|decode) mtmd chunk"),
+    "speculative batch failed": re.compile(r"failed to process speculative batch"),
+    "assertion": re.compile(r"GGML_ASSERT|GGML_ABORT"),
+}
+
+
+def scan_log(text: str) -> list[dict]:
+    """Every failure line in a server log, with the pattern that caught it."""
+    findings = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for label, pattern in FAILURE_PATTERNS.items():
+            if pattern.search(line):
+                findings.append({"pattern": label, "line": number, "text": line.strip()[:400]})
+                break
+    return findings
+
+
+# --- scenarios ------------------------------------------------------------------------
+
+TEXT_PROMPT = "The quick brown fox jumps over the lazy dog. Once more: the quick brown fox"
+N_PREDICT = 16
+SEED = 42
+
+
+@dataclass(frozen=True)
+class Step:
+    """One /completion request. `text` holds {media} markers, `images` names fixture images."""
+
+    label: str
+    text: str
+    images: tuple[str, ...] = ()
+    stream: bool = False
+    parallel_group: int | None = None  # steps with the same group are sent concurrently
+
+    @property
+    def has_image(self) -> bool:
+        return bool(self.images)
+
+
+def _image_prompt(tag: str) -> str:
+    # text after the image: a prompt that *ends* with an image aborts upstream
+    # servers with GGML_ASSERT(batch.size() > 0), a separate known bug.
+    return f"USER: look {tag} {{media}}\nwhat is in the picture? ASSISTANT: it shows"
+
+
+TEXT = Step("text", TEXT_PROMPT)
+TEXT_STREAM = Step("text-stream", TEXT_PROMPT, stream=True)
+IMAGE = Step("image", _image_prompt("here"), ("small",))
+IMAGE_STREAM = Step("image-stream", _image_prompt("again"), ("small",), stream=True)
+TEXT_AFTER = Step("text-after-image", "And now some plain text after that picture, then")
+TWO_IMAGES = Step("two-images", "USER: first {media} and second {media}\ncompare them. ASSISTANT: the first", ("small", "large"))
+LARGE_IMAGE = Step("large-image", _image_prompt("big"), ("large",))
+PREFIX_TEXT_A = Step("prefix-text-a", TEXT_PROMPT)
+PREFIX_TEXT_B = Step("prefix-text-b", TEXT_PROMPT + " jumps over the lazy dog again and")
+PREFIX_IMAGE_A = Step("prefix-image-a", _image_prompt("cached"), ("small",))
+PREFIX_IMAGE_B = Step("prefix-image-b", _image_prompt("cached") + " a small picture of", ("small",))
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    steps: tuple[Step, ...]
+    server_args: tuple[str, ...] = ()
+    description: str = ""
+
+
+_SEQUENCE = (TEXT, IMAGE, TEXT_AFTER, TWO_IMAGES, PREFIX_IMAGE_A, PREFIX_IMAGE_B)
+
+SCENARIOS = {s.name: s for s in (
+    Scenario("text", (TEXT, TEXT_STREAM), description="plain text, plain and streamed"),
+    Scenario("image", (IMAGE, IMAGE_STREAM), description="one image, text after it; plain and streamed"),
+    Scenario("text-after-image", (IMAGE, TEXT_AFTER), description="a text request after an image request"),
+    Scenario("two-images", (TWO_IMAGES,), description="two images in one request"),
+    Scenario("large-image", (LARGE_IMAGE, TEXT_AFTER), server_args=("-b", "8", "-ub", "8"),
+             description="an image larger than one ubatch (-b 8 -ub 8)"),
+    Scenario("prefix-reuse", (PREFIX_TEXT_A, PREFIX_TEXT_B, PREFIX_IMAGE_A, PREFIX_IMAGE_B),
+             description="cache_prompt reuses a text prefix, then a prefix that holds an image"),
+    Scenario("parallel", (
+        Step("parallel-image", _image_prompt("slot"), ("small",), parallel_group=1),
+        Step("parallel-text", TEXT_PROMPT, parallel_group=1),
+        Step("parallel-image-2", _image_prompt("other"), ("large",), parallel_group=2),
+        Step("parallel-image-3", _image_prompt("both"), ("small",), parallel_group=2),
+    ), server_args=("-np", "2"), description="-np 2: concurrent image and text requests"),
+    Scenario("repeat", _SEQUENCE * 3, description="the whole sequence three times on one server"),
+)}
+
+DEFAULT_SCENARIOS = tuple(SCENARIOS)
+# The control, then the shapes of the bug: both projectors with the plain-rope draft
+# (fails on b10359 and b11312), and the rope-sections draft that b11312 honours.
+DEFAULT_SETS = ("llama-mlp-agree", "qwen35-mlp-plain-agree", "qwen35-grid-plain-agree", "qwen35-grid-sections-agree")
+
+MIN_ACCEPTANCE = 0.9
+MAX_DISAGREE_ACCEPTANCE = 0.1
+
+
+def base_server_args(fixture_set: dict, *, speculative: bool) -> list[str]:
+    args = ["-m", fixture_set["target"], "--mmproj", fixture_set["mmproj"],
+            "-c", "2048", "-np", "1", "-t", "2", "--metrics", "--no-webui"]
+    if speculative:
+        args += ["-md", fixture_set["draft"], "--spec-type", "draft-dflash"]
+    else:
+        args += ["--spec-type", "none"]
+    return args
+
+
+def _merge_args(base: list[str], extra: tuple[str, ...] | list[str]) -> list[str]:
+    """Later flags win: drop a base flag (and its value) that `extra` sets again."""
+    extra = list(extra)
+    overridden = {a for a in extra if a.startswith("-")}
+    merged, skip = [], False
+    for i, arg in enumerate(base):
+        if skip:
+            skip = False
+            continue
+        if arg in overridden:
+            skip = i + 1 < len(base) and not base[i + 1].startswith("-")
+            continue
+        merged.append(arg)
+    return merged + extra
+
+
+def _payload(step: Step, marker: str, images: dict[str, str]) -> dict:
+    prompt_text = step.text.replace("{media}", marker)
+    prompt: object = prompt_text
+    if step.images:
+        prompt = {"prompt_string": prompt_text,
+                  "multimodal_data": [base64.b64encode(Path(images[i]).read_bytes()).decode() for i in step.images]}
+    return {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0.0, "top_k": 1, "seed": SEED,
+            "cache_prompt": True, "ignore_eos": True, "stream": step.stream}
+
+
+def _metrics(server: LlamaServer) -> dict[str, float]:
+    try:
+        resp = server.request("GET", "/metrics", timeout=10)
+    except OSError:
+        return {}
+    return prometheus_counters(resp.text) if resp.status == 200 else {}
+
+
+DRAFTED = "spec_decode_num_draft_tokens_total"
+ACCEPTED = "spec_decode_num_accepted_tokens_total"
+
+
+def _run_step(server: LlamaServer, step: Step, marker: str, images: dict[str, str]) -> dict:
+    log_offset = server.log_size()
+    started = time.monotonic()
+    try:
+        resp = server.request("POST", "/completion", _payload(step, marker, images))
+        error = resp.error
+    except OSError as exc:  # connection reset: the server died under the request
+        resp, error = None, f"no response: {exc}"
+    timings = resp.timings if resp else {}
+    return {
+        "label": step.label,
+        "image": step.has_image,
+        "stream": step.stream,
+        "status": resp.status if resp else None,
+        "error": error,
+        "content": resp.content if resp else None,
+        "draft_n": int(timings.get("draft_n", 0)),
+        "draft_n_accepted": int(timings.get("draft_n_accepted", 0)),
+        "wall_s": round(time.monotonic() - started, 3),
+        "log_offset": log_offset,
+    }
+
+
+def run_steps(server: LlamaServer, steps: tuple[Step, ...], images: dict[str, str]) -> list[dict]:
+    """Send the steps in order (a parallel group at once), reading the draft counters around each."""
+    props = server.request("GET", "/props", timeout=30)
+    marker = (props.body or {}).get("media_marker", "<__media__>")
+    results: list[dict] = []
+    i = 0
+    while i < len(steps):
+        group = [steps[i]]
+        while (steps[i].parallel_group is not None and i + len(group) < len(steps)
+               and steps[i + len(group)].parallel_group == steps[i].parallel_group):
+            group.append(steps[i + len(group)])
+        before = _metrics(server)
+        if len(group) == 1:
+            outcomes = [_run_step(server, group[0], marker, images)]
+        else:
+            outcomes = [None] * len(group)
+
+            def worker(k: int) -> None:
+                outcomes[k] = _run_step(server, group[k], marker, images)
+
+            threads = [threading.Thread(target=worker, args=(k,)) for k in range(len(group))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        after = _metrics(server)
+        for outcome in outcomes:
+            outcome["metrics_drafted_before"] = before.get(DRAFTED)
+            outcome["metrics_accepted_before"] = before.get(ACCEPTED)
+            outcome["metrics_drafted_after"] = after.get(DRAFTED)
+            outcome["metrics_accepted_after"] = after.get(ACCEPTED)
+        results.extend(outcomes)
+        i += len(group)
+    return results
+
+
+# --- judging ---------------------------------------------------------------------------
+
+
+def judge(fixture_set: dict, spec_steps: list[dict], base_steps: list[dict] | None, *,
+          alive: bool, log_findings: list[dict]) -> dict:
+    """Pure verdict over what one scenario observed; every reason it failed, in words."""
+    failures = []
+    for step in spec_steps:
+        if step["error"]:
+            failures.append(f"{step['label']}: {step['error']}")
+    if not alive:
+        failures.append("llama-server died during the scenario")
+    for finding in log_findings:
+        failures.append(f"log: {finding['pattern']}: {finding['text']}")
+
+    image_steps = [s for s in spec_steps if s["image"] and not s["error"]]
+    drafted = sum(s["draft_n"] for s in spec_steps)
+    accepted = sum(s["draft_n_accepted"] for s in spec_steps)
+    image_drafted = sum(s["draft_n"] for s in image_steps)
+    image_accepted = sum(s["draft_n_accepted"] for s in image_steps)
+    acceptance = accepted / drafted if drafted else None
+    image_acceptance = image_accepted / image_drafted if image_drafted else None
+
+    agree = fixture_set.get("agree")
+    if agree is True:
+        for s in image_steps:
+            if s["draft_n"] == 0:
+                failures.append(f"{s['label']}: no drafts on an image request")
+            elif s["draft_n_accepted"] == 0:
+                failures.append(f"{s['label']}: drafts on an image request, none accepted")
+        if drafted == 0:
+            failures.append("no drafts at all")
+        elif acceptance < MIN_ACCEPTANCE:
+            failures.append(f"acceptance {acceptance:.2f} < {MIN_ACCEPTANCE} with an agreeing draft")
+    elif agree is False and drafted and acceptance > MAX_DISAGREE_ACCEPTANCE:
+        failures.append(f"acceptance {acceptance:.2f} > {MAX_DISAGREE_ACCEPTANCE} with a disagreeing draft: counters are wrong")
+
+    identical = None
+    if base_steps is not None:
+        mismatched = [s["label"] for s, b in zip(spec_steps, base_steps)
+                      if not s["error"] and not b["error"] and s["content"] != b["content"]]
+        base_errors = [f"{b['label']}: {b['error']}" for b in base_steps if b["error"]]
+        identical = not mismatched and not base_errors and len(spec_steps) == len(base_steps)
+        for label in mismatched:
+            failures.append(f"{label}: output differs from --spec-type none")
+        for err in base_errors:
+            failures.append(f"baseline (--spec-type none) {err}")
+
+    image_idx = [k for k, s in enumerate(spec_steps) if s["image"]]
+    first, last = (spec_steps[image_idx[0]], spec_steps[image_idx[-1]]) if image_idx else (None, None)
+    return {
+        "passed": not failures,
+        "failures": failures,
+        "statuses": [s["status"] for s in spec_steps],
+        "drafted": drafted,
+        "accepted": accepted,
+        "acceptance": round(acceptance, 4) if acceptance is not None else None,
+        "image_drafted": image_drafted,
+        "image_accepted": image_accepted,
+        "image_acceptance": round(image_acceptance, 4) if image_acceptance is not None else None,
+        # the server's own /metrics totals around the image requests
+        "drafted_before": first["metrics_drafted_before"] if first else None,
+        "accepted_before": first["metrics_accepted_before"] if first else None,
+        "drafted_after": last["metrics_drafted_after"] if last else None,
+        "accepted_after": last["metrics_accepted_after"] if last else None,
+        "identical_to_no_spec": identical,
+        "alive": alive,
+    }
+
+
+def _excerpt(log_text: str, findings: list[dict], steps: list[dict], context: int = 3) -> str:
+    """The log lines around the first failure line, or the tail after the first failed request."""
+    lines = log_text.splitlines()
+    if findings:
+        n = findings[0]["line"] - 1
+        return "\n".join(lines[max(0, n - context):n + context + 1])
+    failed = next((s for s in steps if s["error"]), None)
+    if failed:
+        return failed["error"] + "\n" + tail(log_text, 8)
+    return ""
+
+
+# --- driver -----------------------------------------------------------------------------
+
+
+def _run_server_scenario(binary: Path, args: list[str], log_path: Path, scenario: Scenario,
+                         images: dict[str, str], env: dict | None) -> tuple[list[dict], bool, str]:
+    with LlamaServer(binary, args, log_path, env=env) as server:
+        steps = run_steps(server, scenario.steps, images)
+        alive = server.alive()
+        if alive:
+            try:  # a server that still answers is alive, not merely not yet reaped
+                alive = server.request("GET", "/health", timeout=10).status == 200
+            except OSError:
+                alive = False
+    return steps, alive, log_path.read_text(encoding="utf-8", errors="replace")
+
+
+def run_scenario(binary: Path, fixture_set_name: str, fixture_set: dict, scenario: Scenario, images: dict[str, str],
+                 log_dir: Path, *, extra_server_args=(), env=None, compare_no_spec: bool = True) -> dict:
+    started = time.monotonic()
+    spec_args = _merge_args(base_server_args(fixture_set, speculative=True), [*scenario.server_args, *extra_server_args])
+    spec_log = log_dir / f"{scenario.name}--{fixture_set_name}--spec.log"
+    spec_steps, alive, log_text = _run_server_scenario(binary, spec_args, spec_log, scenario, images, env)
+    findings = scan_log(log_text)
+
+    base_steps = None
+    if compare_no_spec:
+        base_args = _merge_args(base_server_args(fixture_set, speculative=False), [*scenario.server_args, *extra_server_args])
+        base_log = log_dir / f"{scenario.name}--{fixture_set_name}--nospec.log"
+        base_steps, _, _ = _run_server_scenario(binary, base_args, base_log, scenario, images, env)
+
+    result = judge(fixture_set, spec_steps, base_steps, alive=alive, log_findings=findings)
+    result.update({
+        "set": fixture_set_name,
+        "scenario": scenario.name,
+        "failure_excerpt": _excerpt(log_text, findings, spec_steps) if not result["passed"] else "",
+        "log_findings": findings[:20],
+        "requests": [{k: v for k, v in s.items() if k != "log_offset"} for s in spec_steps],
+        "log": str(spec_log),
+        "server_args": spec_args,
+        "wall_s": round(time.monotonic() - started, 2),
+    })
+    return result
+
+
+def run_smoke(build_dir: Path, fixtures_dir: Path, *, sets=None, scenarios=None, log_dir=None,
+              extra_server_args=(), env=None, compare_no_spec: bool = True, on_result=None) -> dict:
+    """Run every scenario on every fixture set; return the smoke section.
+
+    Fixtures are written into `fixtures_dir` when it has none. `on_result` is
+    called with each scenario result as it lands (progress for the CLI).
+    """
+    started = time.monotonic()
+    binary = server_binary(build_dir)
+    if not binary.is_file():
+        raise errors.ServerStartError(f"no llama-server at {binary}",
+                                      hint="build it first (`dfbuild build`) or pass the right --build-dir")
+    section_fixtures = fixtures.ensure_fixtures(Path(fixtures_dir))
+    set_names = list(sets or DEFAULT_SETS)
+    scenario_names = list(scenarios or DEFAULT_SCENARIOS)
+    for name in set_names:
+        if name not in section_fixtures["sets"]:
+            raise errors.FixtureError(f"unknown fixture set {name!r}",
+                                      hint="choose from: " + ", ".join(section_fixtures["sets"]))
+    for name in scenario_names:
+        if name not in SCENARIOS:
+            raise errors.SmokeFailedError(f"unknown scenario {name!r}", hint="choose from: " + ", ".join(SCENARIOS))
+    log_dir = Path(log_dir) if log_dir else Path(fixtures_dir) / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+
+    results: dict[str, dict[str, dict]] = {}
+    for scenario_name in scenario_names:
+        for set_name in set_names:
+            result = run_scenario(binary, set_name, section_fixtures["sets"][set_name], SCENARIOS[scenario_name],
+                                  section_fixtures["images"], log_dir, extra_server_args=extra_server_args, env=env,
+                                  compare_no_spec=compare_no_spec)
+            results.setdefault(scenario_name, {})[set_name] = result
+            if on_result:
+                on_result(result)
+
+    failed = [f"{sc}/{st}" for sc, by_set in results.items() for st, r in by_set.items() if not r["passed"]]
+    return {
+        "build_dir": str(build_dir),
+        "server": str(binary),
+        "fixtures_dir": str(fixtures_dir),
+        "log_dir": str(log_dir),
+        "sets": set_names,
+        "scenarios": scenario_names,
+        "results": results,
+        "failed": failed,
+        "passed": not failed,
+        "wall_s": round(time.monotonic() - started, 1),
+    }

@@ -1,0 +1,117 @@
+"""A stand-in for llama-server, for unit tests of the smoke stage (no llama.cpp needed).
+
+It speaks the few endpoints smoke uses (/health, /props, /metrics, /completion,
+streamed or not) and logs like the real server. FAKE_SERVER_MODE picks a
+behaviour:
+  ok              every request answers 200; drafts all accepted
+  bug             with a draft, image requests fail like unpatched b10359 (500 + log lines)
+  exit-early      exit 3 before listening
+  ignore-sigterm  like ok, but survives SIGTERM (the handle must kill it)
+  reject-drafts   like ok, but no draft is accepted
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+MODE = os.environ.get("FAKE_SERVER_MODE", "ok")
+MARKER = "<__media_fake__>"
+N_DRAFT = 12
+
+
+def arg_value(argv: list[str], flag: str, default: str | None = None) -> str | None:
+    return argv[argv.index(flag) + 1] if flag in argv else default
+
+
+def log(line: str) -> None:
+    print(line, flush=True)
+
+
+class State:
+    speculative = False
+    health_polls = 0
+    drafted = 0
+    accepted = 0
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, fmt, *args):  # keep the log like llama-server's, not http.server's
+        log("srv  log_server_r: " + (fmt % args))
+
+    def reply(self, status: int, body: dict | str, content_type: str = "application/json") -> None:
+        data = body if isinstance(body, str) else json.dumps(body)
+        raw = data.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def do_GET(self):
+        if self.path == "/health":
+            State.health_polls += 1
+            if State.health_polls < 3:  # loading, like the real server
+                self.reply(503, {"error": {"code": 503, "message": "Loading model"}})
+            else:
+                self.reply(200, {"status": "ok"})
+        elif self.path == "/props":
+            self.reply(200, {"media_marker": MARKER})
+        elif self.path == "/metrics":
+            self.reply(200, "# HELP llamacpp:spec_decode_num_draft_tokens_total x\n"
+                            f"llamacpp:spec_decode_num_draft_tokens_total {State.drafted}\n"
+                            f"llamacpp:spec_decode_num_accepted_tokens_total {State.accepted}\n", "text/plain")
+        else:
+            self.reply(404, {"error": {"code": 404, "message": "not found"}})
+
+    def do_POST(self):
+        payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        prompt = payload["prompt"]
+        has_image = isinstance(prompt, dict) and bool(prompt.get("multimodal_data"))
+        if MODE == "bug" and State.speculative and has_image:
+            log("init: the tokens of sequence 0 in the input batch have inconsistent sequence positions:")
+            log("process: llama_decode(ctx_dft) failed rc=-1 (n_tokens=12, offset=0)")
+            error = {"code": 500, "message": "decode() failed: failed to process speculative batch", "type": "server_error"}
+            if payload.get("stream"):  # a failed stream still arrives behind a 200
+                self.reply(200, f"data: {json.dumps({'error': error})}\n\n", "text/event-stream")
+            else:
+                self.reply(500, {"error": error})
+            return
+        n_predict = payload.get("n_predict", 16)
+        timings = {"predicted_n": n_predict}
+        if State.speculative:
+            accepted = 0 if MODE == "reject-drafts" else N_DRAFT
+            timings |= {"draft_n": N_DRAFT, "draft_n_accepted": accepted}
+            State.drafted += N_DRAFT
+            State.accepted += accepted
+        content = "a" * n_predict
+        if payload.get("stream"):
+            events = [{"content": c, "stop": False} for c in content] + [{"content": "", "stop": True, "timings": timings}]
+            self.reply(200, "".join(f"data: {json.dumps(e)}\n\n" for e in events), "text/event-stream")
+        else:
+            self.reply(200, {"content": content, "timings": timings})
+
+
+def main(argv: list[str]) -> int:
+    log("$ fake llama-server " + " ".join(argv))
+    if MODE == "exit-early":
+        log("error: failed to load model")
+        return 3
+    if MODE == "ignore-sigterm":
+        signal.signal(signal.SIGTERM, lambda *_: log("ignoring SIGTERM"))
+    State.speculative = arg_value(argv, "--spec-type", "none") != "none"
+    server = ThreadingHTTPServer((arg_value(argv, "--host", "127.0.0.1"), int(arg_value(argv, "--port", "8080"))), Handler)
+    log(f"srv  llama_server: listening on http://127.0.0.1:{server.server_address[1]}")
+    try:
+        server.serve_forever(poll_interval=0.05)
+    finally:
+        time.sleep(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,302 @@
+"""Unit tests of the smoke stage against a fake llama-server (fast, no llama.cpp)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dfbuild import errors, smoke
+from dfbuild.cli import main
+
+FAKE = Path(__file__).with_name("fake_llama_server.py")
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the fake server is a script with a shebang")
+
+
+def make_build_dir(root: Path) -> Path:
+    """A build dir whose bin/llama-server is the fake server script."""
+    binary = smoke.server_binary(root)
+    binary.parent.mkdir(parents=True)
+    binary.write_text(f"#!{sys.executable}\nimport runpy, sys\nsys.argv[0] = {str(FAKE)!r}\n"
+                      f"runpy.run_path({str(FAKE)!r}, run_name='__main__')\n")
+    binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
+    return root
+
+
+@pytest.fixture
+def build_dir(tmp_path) -> Path:
+    return make_build_dir(tmp_path / "build")
+
+
+def fake_env(mode: str) -> dict:
+    return {"FAKE_SERVER_MODE": mode}
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# --- the server handle ---------------------------------------------------------------
+
+
+def test_server_starts_healthy_and_always_stops(build_dir, tmp_path):
+    log = tmp_path / "server.log"
+    with smoke.LlamaServer(smoke.server_binary(build_dir), ["-m", "x.gguf"], log, env=fake_env("ok")) as server:
+        assert server.alive()
+        assert server.request("GET", "/health").status == 200
+        assert server.command[-4:] == ["--host", "127.0.0.1", "--port", str(server.port)]
+        pid = server.process.pid
+    assert not server.alive()
+    assert not pid_alive(pid)
+    text = log.read_text()
+    assert text.startswith("$ ")  # the command line heads the log
+    assert "listening on" in text
+
+
+def test_server_is_stopped_when_the_body_raises(build_dir, tmp_path):
+    server = smoke.LlamaServer(smoke.server_binary(build_dir), [], tmp_path / "s.log", env=fake_env("ok"))
+    with pytest.raises(RuntimeError):
+        with server:
+            raise RuntimeError("test body failed")
+    assert server.process.poll() is not None
+
+
+def test_server_that_exits_early_raises_with_its_log(build_dir, tmp_path):
+    server = smoke.LlamaServer(smoke.server_binary(build_dir), [], tmp_path / "s.log", env=fake_env("exit-early"))
+    with pytest.raises(errors.ServerStartError) as info:
+        server.start()
+    assert "exited with code 3" in info.value.message
+    assert "failed to load model" in info.value.message
+    assert info.value.exit_code == 42
+
+
+def test_server_ignoring_sigterm_is_killed(build_dir, tmp_path):
+    server = smoke.LlamaServer(smoke.server_binary(build_dir), [], tmp_path / "s.log", env=fake_env("ignore-sigterm"),
+                               stop_timeout=0.5)
+    server.start()
+    pid = server.process.pid
+    server.stop()
+    assert not pid_alive(pid)
+
+
+def test_missing_binary_is_a_server_start_error(tmp_path):
+    with pytest.raises(errors.ServerStartError, match="no llama-server"):
+        smoke.LlamaServer(tmp_path / "bin" / "llama-server", [], tmp_path / "s.log").start()
+
+
+def test_inherited_llama_arg_variables_are_dropped(monkeypatch, tmp_path):
+    monkeypatch.setenv("LLAMA_ARG_N_PARALLEL", "8")
+    server = smoke.LlamaServer(tmp_path / "llama-server", [], tmp_path / "s.log", env={"X": "1"})
+    assert "LLAMA_ARG_N_PARALLEL" not in server.env
+    assert server.env["X"] == "1"
+
+
+# --- responses, logs, metrics ------------------------------------------------------------
+
+
+def test_a_stream_that_fails_behind_200_is_a_failure():
+    text = 'data: {"content": "a"}\n\ndata: {"error": {"code": 500, "message": "boom"}}\n\n'
+    resp = smoke.Response(200, None, text, smoke.parse_sse(text))
+    assert resp.error and "boom" in resp.error
+
+
+def test_a_good_stream_has_content_and_timings():
+    text = 'data: {"content": "a"}\n\ndata: {"content": "b", "timings": {"draft_n": 3}}\n\ndata: [DONE]\n\n'
+    resp = smoke.Response(200, None, text, smoke.parse_sse(text))
+    assert resp.error is None
+    assert resp.content == "ab"
+    assert resp.timings == {"draft_n": 3}
+
+
+def test_non_200_is_a_failure():
+    assert "HTTP 500" in smoke.Response(500, {"error": {}}, '{"error": {}}').error
+
+
+UPSTREAM_LOG = """\
+0.00.111.542 W find_slot: non-consecutive token position 16 after 15 for sequence 0 with 16 new tokens
+0.00.122.847 E init: the tokens of sequence 0 in the input batch have inconsistent sequence positions:
+ - the last position stored in the memory module of the context (i.e. the KV cache) for sequence 0 is X = 16
+0.00.122.900 E process: llama_decode(ctx_dft) failed rc=-1 (n_tokens=40, offset=0)
+0.00.123.000 E srv  send_error: task id = 0, error: failed to process mtmd chunk
+"""
+
+
+def test_scan_log_finds_each_upstream_symptom_and_nothing_else():
+    findings = smoke.scan_log(UPSTREAM_LOG)
+    assert [f["pattern"] for f in findings] == ["inconsistent positions", "draft decode failed", "mtmd chunk failed"]
+    assert [f["line"] for f in findings] == [2, 4, 5]
+    assert smoke.scan_log("0.00.1 W find_slot: non-consecutive token position 16 after 15\nall good\n") == []
+
+
+def test_prometheus_counters():
+    text = "# HELP x\nllamacpp:spec_decode_num_draft_tokens_total 12\nllamacpp:n_busy_slots_per_decode 1.5\n"
+    assert smoke.prometheus_counters(text) == {"spec_decode_num_draft_tokens_total": 12.0, "n_busy_slots_per_decode": 1.5}
+
+
+def test_merge_args_lets_scenario_flags_win():
+    assert smoke._merge_args(["-m", "t", "-np", "1", "--metrics"], ["-np", "2"]) == ["-m", "t", "--metrics", "-np", "2"]
+    assert smoke._merge_args(["-m", "t", "--metrics"], ["--metrics"]) == ["-m", "t", "--metrics"]
+
+
+def test_every_image_prompt_has_text_after_the_image():
+    # a prompt that ends with an image aborts upstream servers (GGML_ASSERT(batch.size() > 0))
+    for scenario in smoke.SCENARIOS.values():
+        for step in scenario.steps:
+            if step.has_image:
+                assert not step.text.rstrip().endswith("{media}"), step.label
+                assert step.text.count("{media}") == len(step.images), step.label
+
+
+# --- the verdict -------------------------------------------------------------------------
+
+
+def step(label="image", image=True, error=None, content="aaaa", drafted=6, accepted=6, **extra):
+    return {"label": label, "image": image, "error": error, "content": content, "status": 500 if error else 200,
+            "draft_n": drafted, "draft_n_accepted": accepted, "metrics_drafted_before": 0.0,
+            "metrics_accepted_before": 0.0, "metrics_drafted_after": float(drafted),
+            "metrics_accepted_after": float(accepted), **extra}
+
+
+AGREE = {"agree": True}
+DISAGREE = {"agree": False}
+RANDOM = {"agree": None}
+
+
+def verdict(fixture_set, spec, base=None, alive=True, findings=()):
+    return smoke.judge(fixture_set, spec, base if base is not None else [dict(s) for s in spec],
+                       alive=alive, log_findings=list(findings))
+
+
+def test_judge_passes_a_clean_agreeing_run():
+    result = verdict(AGREE, [step("text", image=False), step()])
+    assert result["passed"], result["failures"]
+    assert result["acceptance"] == 1.0
+    assert result["image_drafted"] == 6 and result["image_accepted"] == 6
+    assert result["identical_to_no_spec"] is True
+    assert result["drafted_before"] == 0.0 and result["drafted_after"] == 6.0
+
+
+def test_judge_fails_on_http_error():
+    result = verdict(AGREE, [step(error="HTTP 500: boom", drafted=0, accepted=0)])
+    assert not result["passed"]
+    assert result["statuses"] == [500]
+    assert any("HTTP 500" in f for f in result["failures"])
+
+
+def test_judge_fails_on_a_dead_server_and_on_log_findings():
+    assert not verdict(AGREE, [step()], alive=False)["passed"]
+    finding = {"pattern": "draft decode failed", "line": 3, "text": "llama_decode(ctx_dft) failed"}
+    result = verdict(AGREE, [step()], findings=[finding])
+    assert not result["passed"]
+    assert any("llama_decode(ctx_dft)" in f for f in result["failures"])
+
+
+def test_judge_requires_drafts_on_image_requests_when_agreeing():
+    result = verdict(AGREE, [step("text", image=False), step(drafted=0, accepted=0)])
+    assert not result["passed"]
+    assert any("no drafts on an image request" in f for f in result["failures"])
+
+
+def test_judge_requires_acceptance_when_agreeing():
+    result = verdict(AGREE, [step(drafted=10, accepted=5)])
+    assert not result["passed"]
+    assert result["acceptance"] == 0.5
+
+
+def test_judge_requires_rejection_when_disagreeing():
+    assert verdict(DISAGREE, [step(drafted=10, accepted=0)])["passed"]
+    assert not verdict(DISAGREE, [step(drafted=10, accepted=10)])["passed"]
+
+
+def test_judge_checks_no_acceptance_with_random_weights():
+    assert verdict(RANDOM, [step(drafted=10, accepted=3)])["passed"]
+
+
+def test_judge_fails_when_output_differs_from_no_spec():
+    spec = [step(content="abc")]
+    result = verdict(RANDOM, spec, base=[step(content="abd")])
+    assert not result["passed"]
+    assert result["identical_to_no_spec"] is False
+
+
+def test_judge_fails_when_the_baseline_fails():
+    result = verdict(RANDOM, [step()], base=[step(error="HTTP 500: x")])
+    assert not result["passed"]
+    assert result["identical_to_no_spec"] is False
+
+
+# --- end to end on the fake server ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fixtures_dir(tmp_path_factory) -> Path:
+    from dfbuild import fixtures
+
+    out = tmp_path_factory.mktemp("fixtures")
+    fixtures.write_fixtures(out)
+    return out
+
+
+def test_run_smoke_passes_on_a_good_server(build_dir, fixtures_dir, tmp_path):
+    section = smoke.run_smoke(build_dir, fixtures_dir, sets=["qwen35-grid-plain-agree"], scenarios=["image", "parallel"],
+                              log_dir=tmp_path / "logs", env=fake_env("ok"))
+    assert section["passed"], section["failed"]
+    result = section["results"]["image"]["qwen35-grid-plain-agree"]
+    assert result["statuses"] == [200, 200]
+    assert result["image_accepted"] == 2 * 12
+    assert result["drafted_before"] == 0 and result["drafted_after"] == 24
+    assert result["identical_to_no_spec"] is True
+    parallel = section["results"]["parallel"]["qwen35-grid-plain-agree"]
+    assert "-np" in parallel["server_args"] and parallel["server_args"][parallel["server_args"].index("-np") + 1] == "2"
+
+
+def test_run_smoke_reports_the_upstream_failure(build_dir, fixtures_dir, tmp_path):
+    section = smoke.run_smoke(build_dir, fixtures_dir, sets=["qwen35-mlp-plain-agree"], scenarios=["text", "image"],
+                              log_dir=tmp_path / "logs", env=fake_env("bug"))
+    assert not section["passed"]
+    assert section["failed"] == ["image/qwen35-mlp-plain-agree"]
+    image = section["results"]["image"]["qwen35-mlp-plain-agree"]
+    assert image["statuses"] == [500, 200]  # the streamed request fails behind a 200
+    assert any("stream error event" in f for f in image["failures"])
+    assert "inconsistent sequence positions" in image["failure_excerpt"]
+
+
+def test_run_smoke_catches_rejected_drafts(build_dir, fixtures_dir, tmp_path):
+    section = smoke.run_smoke(build_dir, fixtures_dir, sets=["llama-mlp-agree"], scenarios=["image"],
+                              log_dir=tmp_path / "logs", env=fake_env("reject-drafts"))
+    assert not section["passed"]
+    assert any("none accepted" in f for f in section["results"]["image"]["llama-mlp-agree"]["failures"])
+
+
+def test_run_smoke_rejects_unknown_names(build_dir, fixtures_dir):
+    with pytest.raises(errors.FixtureError):
+        smoke.run_smoke(build_dir, fixtures_dir, sets=["nope"])
+    with pytest.raises(errors.SmokeFailedError):
+        smoke.run_smoke(build_dir, fixtures_dir, scenarios=["nope"])
+
+
+def test_cli_smoke_exit_codes_and_json(build_dir, fixtures_dir, tmp_path, monkeypatch):
+    runner = CliRunner()
+    args = ["smoke", "--build-dir", str(build_dir), "--fixtures", str(fixtures_dir), "--set", "qwen35-mlp-plain-agree",
+            "--scenario", "image", "--log-dir", str(tmp_path / "logs")]
+
+    monkeypatch.setenv("FAKE_SERVER_MODE", "ok")
+    ok = runner.invoke(main, args + ["--json"])
+    assert ok.exit_code == 0, ok.output
+    section = json.loads(ok.stdout)
+    assert section["results"]["image"]["qwen35-mlp-plain-agree"]["passed"] is True
+
+    monkeypatch.setenv("FAKE_SERVER_MODE", "bug")
+    bad = runner.invoke(main, args)
+    assert bad.exit_code == errors.SmokeFailedError.exit_code
+    assert "smoke failed: image/qwen35-mlp-plain-agree" in bad.output
