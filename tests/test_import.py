@@ -172,6 +172,20 @@ def test_import_is_reproducible(sdist_src, tmp_path):
     assert json.loads(first.stdout)["commit"] == json.loads(second.stdout)["commit"]
 
 
+def test_import_ignores_the_users_line_ending_config(sdist_src, tmp_path, monkeypatch):
+    """core.autocrlf=true (common on Windows) must not change what gets committed."""
+    (sdist_src / "pkg-1.0" / "vendor" / "llama.cpp" / "build.bat").write_bytes(b"@echo off\r\ncmake ..\r\n")
+    archive = make_tar(tmp_path / "pkg-1.0.tar.gz", sdist_src)
+    plain = dfbuild("import", archive, "--tag", "t", "--dir", tmp_path / "plain", "--json")
+    user_config = tmp_path / "gitconfig"
+    user_config.write_text("[core]\n\tautocrlf = true\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(user_config))
+    crlf_user = dfbuild("import", archive, "--tag", "t", "--dir", tmp_path / "crlf", "--json")
+    assert plain.exit_code == crlf_user.exit_code == 0
+    assert json.loads(crlf_user.stdout)["commit"] == json.loads(plain.stdout)["commit"]
+    assert (tmp_path / "crlf" / "build.bat").read_bytes() == b"@echo off\r\ncmake ..\r\n"
+
+
 def test_import_api_date_and_message(sdist_src, tmp_path):
     archive = make_tar(tmp_path / "pkg-1.0.tar.gz", sdist_src)
     data = source.import_archive(archive, "b11312", tmp_path / "t",

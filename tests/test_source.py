@@ -199,6 +199,18 @@ def test_relative_repo_path(upstream, tmp_path, monkeypatch):
         assert json.loads(result.stdout)["commit"] == rev
 
 
+def test_checkout_keeps_bytes_whatever_the_users_line_ending_config(upstream, tmp_path, monkeypatch):
+    """With core.autocrlf=true the tree's files must still be the commit's bytes (blob ids match)."""
+    user_config = tmp_path / "gitconfig"
+    user_config.write_text("[core]\n\tautocrlf = true\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(user_config))
+    dest = tmp_path / "llama"
+    result = dfbuild("checkout", "--base", upstream.main1[:7], "--repo", upstream.path, "--dir", dest, "--json")
+    assert result.exit_code == 0, said(result)
+    assert b"\r\n" not in (dest / "common" / "speculative.cpp").read_bytes()
+    assert json.loads(result.stdout)["speculative_blob"] == run_git(dest, "rev-parse", "HEAD:common/speculative.cpp")
+
+
 def test_tag_name_wins_over_a_matching_hex_prefix(upstream, tmp_path):
     """llama.cpp tags look like hex (b1000): a tag must not be read as a short sha."""
     tag = upstream.main2[:6]  # a tag whose name is also a prefix of main2 ...

@@ -47,6 +47,10 @@ FIXED_IDENTITY = {
 }
 FIXED_DATE = "2000-01-01T00:00:00+0000"
 
+# Repos dfbuild creates keep files byte for byte on every OS (no CRLF conversion
+# on Windows), so blob ids, patches and imported commit ids match everywhere.
+KEEP_BYTES = ("core.autocrlf", "false")
+
 # The files that make a directory a llama.cpp tree.
 LLAMA_MARKERS = ("CMakeLists.txt", "common/speculative.cpp")
 
@@ -307,6 +311,7 @@ def _materialise(cache: git.Repo, commit: str, dest: Path, branch: str, force: b
             dest.rmdir()
         repo = git.Repo.clone_from(str(Path(cache.git_dir)), dest, no_checkout=True, local=True,
                                    multi_options=["--quiet"])
+        repo.git.config(*KEEP_BYTES)  # before the first checkout writes any file
         repo.remote("origin").set_url(origin)
         repo.git.checkout("--quiet", "-B", branch, commit)
         return
@@ -479,6 +484,7 @@ def import_archive(archive: Path, tag: str, dest: Path, *, date: str = FIXED_DAT
         shutil.move(str(root), str(dest))
 
     repo = git.Repo.init(dest)
+    repo.git.config(*KEEP_BYTES)
     repo.git.add("-A", "-f")  # the tree's own .gitignore hides a few real files
     commit = commit_fixed(repo, message or f"Import llama.cpp from {archive.name}", date)
     repo.git.tag(tag, commit)
