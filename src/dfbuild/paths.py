@@ -33,5 +33,5 @@ def locked(path: Path, timeout: float = 600):
     except Timeout:
         raise DfbuildError(
             f"another dfbuild holds the cache lock {lock.lock_file}",
-            "wait for it to finish, or remove the lock file if no dfbuild is running",
+            "wait for it to finish; the lock is released when that process ends",
         ) from None
