@@ -59,10 +59,16 @@ def default_patches_dir() -> Path:
 # --- the series file ---------------------------------------------------------------
 
 
+# A variant's status: "patch" (apply FILE), "upstream" (the base already has the
+# change: nothing to apply) or "partial-upstream" (the base has part of it: FILE,
+# when given, adds what is still missing).
+VARIANT_STATUSES = ("patch", "upstream", "partial-upstream")
+
+
 @dataclass
 class Variant:
     base: str
-    status: str                 # "patch" | "upstream" | "partial-upstream"
+    status: str                 # one of VARIANT_STATUSES
     file: str | None = None     # relative to the patches dir
     sha256: str | None = None
     note: str = ""
@@ -96,14 +102,38 @@ class Series:
                               f"known concerns: {', '.join(c.id for c in self.concerns)}")
 
     def base_for_blob(self, blob: str | None) -> str | None:
+        if not blob:
+            return None
         for name, info in self.bases.items():
             if info.get("blob") == blob:
                 return name
         return None
 
 
+class _Malformed(Exception):
+    """A schema problem in series.toml, said in words (becomes a SeriesFileError)."""
+
+
+def _variant(concern_id: str, base: str, raw) -> Variant:
+    where = f"variant {concern_id}/{base}"
+    if not isinstance(raw, dict):
+        raise _Malformed(f"{where} must be a table like {{file = ..., sha256 = ...}}")
+    variant = Variant(base=base, status=raw.get("status", "patch"), file=raw.get("file"),
+                      sha256=raw.get("sha256"), note=raw.get("note", ""))
+    if variant.status not in VARIANT_STATUSES:
+        raise _Malformed(f"{where} has status '{variant.status}' (use one of {', '.join(VARIANT_STATUSES)})")
+    if variant.status == "patch" and not variant.file:
+        raise _Malformed(f"{where} needs a file")
+    if variant.status == "upstream" and variant.file:
+        raise _Malformed(f"{where} is upstream and so has no file")
+    if variant.file and not variant.sha256:
+        raise _Malformed(f"{where} needs the sha256 of {variant.file}")
+    return variant
+
+
 def load_series(patches_dir: Path | None = None) -> Series:
-    patches_dir = Path(patches_dir or default_patches_dir())
+    # absolute, because git runs in the tree and would read a relative patch path from there
+    patches_dir = Path(patches_dir or default_patches_dir()).resolve()
     path = patches_dir / "series.toml"
     try:
         doc = tomlkit.parse(path.read_text(encoding="utf-8")).unwrap()
@@ -111,22 +141,18 @@ def load_series(patches_dir: Path | None = None) -> Series:
         raise SeriesFileError(f"no series file at {path}", f"set ${SERIES_ENV} to a patches directory") from None
     except tomlkit.exceptions.ParseError as exc:
         raise SeriesFileError(f"{path} is not valid TOML: {exc}", "fix the file or restore it from git") from None
+    hint = "compare it with the documented schema"
     try:
         concerns = []
         for raw in doc["concern"]:
-            variants = {
-                base: Variant(base=base, status=v.get("status", "patch"), file=v.get("file"),
-                              sha256=v.get("sha256"), note=v.get("note", ""))
-                for base, v in raw.get("variants", {}).items()
-            }
-            for v in variants.values():
-                if v.status == "patch" and not (v.file and v.sha256):
-                    raise KeyError(f"variant {raw['id']}/{v.base} needs file and sha256")
+            variants = {base: _variant(raw["id"], base, v) for base, v in raw.get("variants", {}).items()}
             concerns.append(Concern(id=raw["id"], title=raw["title"], rationale=raw["rationale"].strip(),
                                     dep3=dict(raw.get("dep3", {})), variants=variants))
         return Series(path=path, bug=doc["bug"], bases=dict(doc["bases"]), concerns=concerns)
-    except (KeyError, TypeError) as exc:
-        raise SeriesFileError(f"{path} is malformed: missing or wrong {exc}", "compare it with the documented schema") from None
+    except _Malformed as exc:
+        raise SeriesFileError(f"{path} is malformed: {exc}", hint) from None
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise SeriesFileError(f"{path} is malformed: missing or wrong {exc}", hint) from None
 
 
 # --- recognising the base ------------------------------------------------------------
@@ -259,8 +285,11 @@ def _try_apply(tree: Path, patch: Path, index_env: dict, *args: str) -> subproce
 def plan(series: Series, tree: Path, base: str | None = None, *, skip: tuple[str, ...] = ()) -> tuple[str | None, list[Step]]:
     """Check every concern in order against TREE without changing it.
 
-    The trial runs on a scratch copy of the index, so later patches are checked
-    on top of earlier ones exactly as `apply` would apply them.
+    Trials run on scratch copies of the index, never on the tree itself. A patch
+    is already present when it reverse-applies; the patches are undone from the
+    last to the first, because neighbouring concerns share context lines (patch 1
+    alone does not reverse-apply on a tree that also has patch 2). The missing
+    ones are then applied in order, exactly as `apply` will apply them.
     """
     tree = Path(tree)
     if not source.is_llama_tree(tree) or not (tree / ".git").exists():
@@ -268,35 +297,42 @@ def plan(series: Series, tree: Path, base: str | None = None, *, skip: tuple[str
                                 "run `dfbuild checkout` or `dfbuild import` first")
     base = base or identify_base(series, tree)
     steps: list[Step] = []
+    patches: dict[str, Path] = {}
+    for concern in series.concerns:
+        variant = concern.variants.get(base) if base else None
+        if concern.id in skip:
+            steps.append(Step(concern, variant, "skipped", "left out on request"))
+        elif variant is None:
+            steps.append(Step(concern, None, "no-variant",
+                              f"no variant for base {base}" if base else "base not recognised"))
+        elif variant.file is None:
+            steps.append(Step(concern, variant, "upstream", variant.note))
+        else:
+            patches[concern.id] = verify_patch(series, concern, variant)
+            steps.append(Step(concern, variant, "pending"))
+    pending = [step for step in steps if step.status == "pending"]
+
     with tempfile.TemporaryDirectory(prefix="dfbuild-index-") as tmp:
-        scratch_index = Path(tmp) / "index"
-        _git(tree, "read-tree", "HEAD", env={"GIT_INDEX_FILE": str(scratch_index)})
-        index_env = {"GIT_INDEX_FILE": str(scratch_index)}
-        for concern in series.concerns:
-            variant = concern.variants.get(base) if base else None
-            if concern.id in skip:
-                steps.append(Step(concern, variant, "skipped", "left out on request"))
-            elif variant is None:
-                steps.append(Step(concern, None, "no-variant",
-                                  f"no variant for base {base}" if base else "base not recognised"))
-            elif variant.status != "patch":
-                steps.append(Step(concern, variant, "upstream", variant.note))
+        undo_env = {"GIT_INDEX_FILE": str(Path(tmp) / "undo")}
+        apply_env = {"GIT_INDEX_FILE": str(Path(tmp) / "apply")}
+        for env in (undo_env, apply_env):
+            _git(tree, "read-tree", "HEAD", env=env)
+        for step in reversed(pending):
+            if _try_apply(tree, patches[step.concern.id], undo_env, "--reverse").returncode == 0:
+                step.status, step.detail = "applied", "already present"
+        for step in pending:
+            if step.status != "pending":
+                continue
+            patch = patches[step.concern.id]
+            forward = _try_apply(tree, patch, apply_env)
+            offsets = re.findall(r"Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)", forward.stderr)
+            if forward.returncode != 0:
+                step.status, step.detail = "conflict", f"{step.variant.file}: {describe_failure(patch, forward.stderr)}"
+            elif offsets:
+                step.status = "offset"
+                step.detail = "; ".join(f"hunk #{n} at {at} (offset {off})" for n, at, off in offsets)
             else:
-                patch = verify_patch(series, concern, variant)
-                if _try_apply(tree, patch, index_env, "--reverse", "--check").returncode == 0:
-                    steps.append(Step(concern, variant, "applied", "already present"))
-                    continue
-                forward = _try_apply(tree, patch, index_env)
-                if forward.returncode != 0:
-                    steps.append(Step(concern, variant, "conflict",
-                                      f"{variant.file}: {describe_failure(patch, forward.stderr)}"))
-                    continue
-                offsets = re.findall(r"Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)", forward.stderr)
-                if offsets:
-                    steps.append(Step(concern, variant, "offset",
-                                      "; ".join(f"hunk #{n} at {at} (offset {off})" for n, at, off in offsets)))
-                else:
-                    steps.append(Step(concern, variant, "clean"))
+                step.status = "clean"
     return base, steps
 
 
@@ -364,8 +400,10 @@ CONCERN_TRAILER = "Dfbuild-Concern"
 def refresh(series: Series, tree: Path, onto: str) -> dict:
     """Regenerate the variants for base ONTO from the concern commits on top of it in TREE.
 
-    Each commit in ONTO..HEAD must carry a `Dfbuild-Concern: <id>` trailer. The
-    new patch files are checked on ONTO with zero fuzz before anything is written.
+    Each commit in ONTO..HEAD must carry a `Dfbuild-Concern: <id>` trailer, one
+    commit per concern. The new patch files are checked on ONTO, in the order of
+    series.toml (the order `apply` uses), with zero fuzz and no offset, before
+    anything is written.
     """
     tree = Path(tree)
     repo = git.Repo(tree)
@@ -375,41 +413,53 @@ def refresh(series: Series, tree: Path, onto: str) -> dict:
         raise SeriesFileError(f"no commits between {onto} and HEAD in {tree}",
                               "commit one change per concern on top of the base first")
     blob = _git(tree, "rev-parse", f"{onto_commit}:{SPECULATIVE}").stdout.strip()
-    base = series.base_for_blob(blob) or onto
+    # a new base is named after ONTO when that is a plain name (a tag like b11312), else its short id
+    plain_name = re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", onto) and not onto.endswith(".lock")
+    base = series.base_for_blob(blob) or (onto if plain_name else onto_commit[:7])
     out_dir = series.root / base
 
     with tempfile.TemporaryDirectory(prefix="dfbuild-refresh-") as tmp:
-        generated = []
+        generated, made_by = [], {}
         for commit in commits:
             body = _git(tree, "log", "-1", "--format=%B", commit).stdout
-            match = re.search(rf"^{CONCERN_TRAILER}:\s*(\S+)", body, re.M)
+            match = re.search(rf"^{CONCERN_TRAILER}:[ \t]*(\S+)", body, re.M)
             if not match:
                 raise SeriesFileError(f"commit {commit[:12]} has no '{CONCERN_TRAILER}: <id>' trailer",
                                       "add the trailer naming the concern it implements")
             concern = series.concern(match.group(1))
+            if concern.id in made_by:
+                raise SeriesFileError(
+                    f"commits {made_by[concern.id][:12]} and {commit[:12]} are both for concern {concern.id}",
+                    "squash them: each concern is one patch")
+            made_by[concern.id] = commit
             number = series.concerns.index(concern) + 1
-            name = f"{number:04d}-{concern.id}.patch"
-            text = _git(tree, "format-patch", "-1", commit, "--zero-commit", "--no-signature",
-                        "--no-numbered", "--full-index", "--stdout").stdout
-            path = Path(tmp) / name
-            path.write_text(text, encoding="utf-8")
+            path = Path(tmp) / f"{number:04d}-{concern.id}.patch"
+            # bytes, exactly as git wrote them: no newline or encoding translation
+            patch = subprocess.run(["git", "-C", str(tree), "format-patch", "-1", commit, "--zero-commit",
+                                    "--no-signature", "--no-numbered", "--full-index", "--stdout"],
+                                   capture_output=True, check=True)
+            path.write_bytes(patch.stdout)
             generated.append((concern, path))
+        generated.sort(key=lambda item: series.concerns.index(item[0]))
 
-        # prove the new variant applies in order on the base itself, with zero fuzz
+        # prove the new variant applies in series order on the base itself, with zero fuzz
         scratch_index = Path(tmp) / "index"
         index_env = {"GIT_INDEX_FILE": str(scratch_index)}
         _git(tree, "read-tree", onto_commit, env=index_env)
         for concern, path in generated:
             trial = _try_apply(tree, path, index_env)
-            if trial.returncode != 0 or "offset" in trial.stderr or "fuzz" in trial.stderr:
+            moved = re.search(r"Hunk #(\d+) succeeded at \d+ \(offset", trial.stderr)
+            if trial.returncode != 0 or moved:
+                reason = (f"hunk #{moved.group(1)} only applies at an offset" if trial.returncode == 0
+                          else describe_failure(path, trial.stderr))
                 raise PatchConflictError(
-                    f"regenerated {path.name} does not apply cleanly on {onto}: "
-                    f"{describe_failure(path, trial.stderr)}; nothing was written",
-                    "rebase the concern commits onto the base and try again",
+                    f"regenerated {path.name} does not apply cleanly on {onto} in series order: "
+                    f"{reason}; nothing was written",
+                    "rebase the concern commits onto the base, in the order of series.toml, and try again",
                 )
 
         out_dir.mkdir(parents=True, exist_ok=True)
-        doc = tomlkit.parse(series.path.read_text(encoding="utf-8"))
+        doc = tomlkit.parse(series.path.read_bytes().decode("utf-8"))
         doc["bases"].setdefault(base, tomlkit.table())
         doc["bases"][base]["blob"] = blob
         written = []
@@ -423,5 +473,5 @@ def refresh(series: Series, tree: Path, onto: str) -> dict:
                     entry.update({"file": f"{base}/{path.name}", "sha256": sha256_of(dest)})
                     variants[base] = entry
             written.append({"id": concern.id, "file": f"{base}/{path.name}", "sha256": sha256_of(dest)})
-        series.path.write_text(tomlkit.dumps(doc), encoding="utf-8")
+        series.path.write_bytes(tomlkit.dumps(doc).encode("utf-8"))
     return {"base": base, "blob": blob, "onto": onto_commit, "variants": written}
