@@ -300,3 +300,13 @@ def test_cli_smoke_exit_codes_and_json(build_dir, fixtures_dir, tmp_path, monkey
     bad = runner.invoke(main, args)
     assert bad.exit_code == errors.SmokeFailedError.exit_code
     assert "smoke failed: image/qwen35-mlp-plain-agree" in bad.output
+
+
+def test_the_plain_baseline_runs_once_per_target_and_mmproj(build_dir, fixtures_dir, tmp_path):
+    sets = ["qwen35-mlp-plain-agree", "qwen35-mlp-sections-agree", "llama-mlp-agree"]
+    section = smoke.run_smoke(build_dir, fixtures_dir, sets=sets, scenarios=["text"], log_dir=tmp_path / "logs",
+                              env=fake_env("ok"))
+    assert section["passed"], section["failed"]
+    baselines = sorted(p.name for p in (tmp_path / "logs").glob("*--nospec.log"))
+    assert baselines == ["text--llama-mlp-agree--nospec.log", "text--qwen35-mlp-plain-agree--nospec.log"]
+    assert all(r["identical_to_no_spec"] for r in section["results"]["text"].values())

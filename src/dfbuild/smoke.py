@@ -511,6 +511,20 @@ def judge(fixture_set: dict, spec_steps: list[dict], base_steps: list[dict] | No
     }
 
 
+UPSTREAM_PATTERNS = ("draft decode failed", "inconsistent positions", "mtmd chunk failed", "speculative batch failed")
+
+
+def upstream_symptom(result: dict) -> bool:
+    """Did this scenario fail the way the upstream bug fails (a 5xx, or a draft-side
+    decode failure in the log), rather than some other way?"""
+    server_error = any(
+        (r["status"] or 0) >= 500 or (r["error"] or "").startswith("stream error event")
+        for r in result["requests"]
+    )
+    decode_failure = any(f["pattern"] in UPSTREAM_PATTERNS for f in result["log_findings"])
+    return server_error or decode_failure
+
+
 def _excerpt(log_text: str, findings: list[dict], steps: list[dict], context: int = 3) -> str:
     """The log lines around the first failure line, or the tail after the first failed request."""
     lines = log_text.splitlines()
@@ -540,7 +554,13 @@ def _run_server_scenario(binary: Path, args: list[str], log_path: Path, scenario
 
 
 def run_scenario(binary: Path, fixture_set_name: str, fixture_set: dict, scenario: Scenario, images: dict[str, str],
-                 log_dir: Path, *, extra_server_args=(), env=None, compare_no_spec: bool = True) -> dict:
+                 log_dir: Path, *, extra_server_args=(), env=None, compare_no_spec: bool = True,
+                 baseline_cache: dict | None = None) -> dict:
+    """One scenario on one fixture set: the speculative run, then (unless cached) the plain one.
+
+    The plain run does not involve the draft, so sets that share a target and an
+    mmproj share it: `baseline_cache` keeps it per (target, mmproj, scenario, args).
+    """
     started = time.monotonic()
     spec_args = _merge_args(base_server_args(fixture_set, speculative=True), [*scenario.server_args, *extra_server_args])
     spec_log = log_dir / f"{scenario.name}--{fixture_set_name}--spec.log"
@@ -550,8 +570,12 @@ def run_scenario(binary: Path, fixture_set_name: str, fixture_set: dict, scenari
     base_steps = None
     if compare_no_spec:
         base_args = _merge_args(base_server_args(fixture_set, speculative=False), [*scenario.server_args, *extra_server_args])
-        base_log = log_dir / f"{scenario.name}--{fixture_set_name}--nospec.log"
-        base_steps, _, _ = _run_server_scenario(binary, base_args, base_log, scenario, images, env)
+        key = (scenario.name, *base_args)
+        cache = baseline_cache if baseline_cache is not None else {}
+        if key not in cache:
+            base_log = log_dir / f"{scenario.name}--{fixture_set_name}--nospec.log"
+            cache[key] = _run_server_scenario(binary, base_args, base_log, scenario, images, env)[0]
+        base_steps = cache[key]
 
     result = judge(fixture_set, spec_steps, base_steps, alive=alive, log_findings=findings)
     result.update({
@@ -593,11 +617,12 @@ def run_smoke(build_dir: Path, fixtures_dir: Path, *, sets=None, scenarios=None,
     log_dir.mkdir(parents=True, exist_ok=True)
 
     results: dict[str, dict[str, dict]] = {}
+    baseline_cache: dict = {}
     for scenario_name in scenario_names:
         for set_name in set_names:
             result = run_scenario(binary, set_name, section_fixtures["sets"][set_name], SCENARIOS[scenario_name],
                                   section_fixtures["images"], log_dir, extra_server_args=extra_server_args, env=env,
-                                  compare_no_spec=compare_no_spec)
+                                  compare_no_spec=compare_no_spec, baseline_cache=baseline_cache)
             results.setdefault(scenario_name, {})[set_name] = result
             if on_result:
                 on_result(result)
