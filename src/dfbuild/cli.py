@@ -355,6 +355,84 @@ def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, server_args, no_com
 
 # --- release ------------------------------------------------------------------
 
+def _human_size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return str(n)  # pragma: no cover
+
+
+@main.command("release")
+@click.option("--base", required=True, help="Base revision: a known base (5ecbe1a, b10359, b11312) or any rev with --repo.")
+@click.option("--pr", type=int, default=None, help="Pull request whose refs/pull/N/head must contain the base.")
+@click.option("--repo", default=None, help="Repository URL or path (default: implied by a known base).")
+@click.option("--backend", required=True, help="cpu, cuda, vulkan, hip or metal (see `dfbuild doctor`).")
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=Path("dist"), show_default=True,
+              help="Where the artifacts, SHA256SUMS and manifest.json go.")
+@click.option("--work", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Working dir: checkout, build dirs, fixtures, smoke logs (default: ./dfbuild-BASE). Reruns resume here.")
+@click.option("--skip-smoke", is_flag=True, help="Package without smoke tests (recorded in the manifest as skipped).")
+@click.option("--target", "targets", multiple=True, help="CMake target to build and ship (repeatable; default: llama-server).")
+@click.option("--cuda-arch", default=None, help="CUDA architectures, e.g. 86 or '86;90' (cuda only).")
+@click.option("--gpu-targets", default=None, help="AMD GPU targets or families, e.g. rdna4 (hip only).")
+@click.option("--vulkan-include-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Use these Vulkan headers instead of the system's (vulkan only).")
+@click.option("--cmake-arg", "cmake_args", multiple=True, help="Extra argument for CMake configure (repeatable).")
+@click.option("-j", "--jobs", type=int, default=None, help="Parallel compile jobs (default: ninja's).")
+@json_option
+@handle_errors
+def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cuda_arch, gpu_targets, vulkan_include_dir,
+                cmake_args, jobs, as_json):
+    """Checkout, apply, build, smoke and package BASE: archive, wheel, SHA256SUMS, manifest.json."""
+    from . import build as build_stage
+    from . import release as release_stage
+
+    options = {"cuda_arch": cuda_arch, "gpu_targets": gpu_targets, "vulkan_include_dir": vulkan_include_dir,
+               "extra_cmake_args": cmake_args, "jobs": jobs}
+    full = release_stage.release(base, backend=backend, pr=pr, repo=repo, out=out, work=work, skip_smoke=skip_smoke,
+                                 targets=targets or build_stage.DEFAULT_TARGETS, build_options=options)
+    if as_json:
+        ui.emit_json(full)
+        return
+    rel = full["release"]
+    ui.info(f"\n[bold]release {rel['tag']}[/bold] ({rel['os']} {rel['arch']} {rel['backend']}), "
+            f"patched commit {full['series']['head'][:12]}")
+    if full["smoke"].get("skipped"):
+        ui.warn("not smoke-tested (--skip-smoke)")
+    out_dir = Path(out).resolve()
+    for artifact in rel["artifacts"]:
+        ui.info(f"  {out_dir / artifact['name']}  {_human_size(artifact['size'])}  sha256 {artifact['sha256'][:16]}")
+    ui.info(f"  {out_dir / release_stage.SUMS_NAME}\n  {out_dir / release_stage.MANIFEST_NAME}")
+    times = ", ".join(f"{name} {s['wall_s']:.1f}s" + (" (reused)" if s["reused"] else "")
+                      for name, s in rel["stages"].items())
+    ui.info(f"stages: {times}")
+
+
+@main.command()
+@click.argument("directory", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--no-run", is_flag=True, help="Do not unpack and run the archived llama-server --version.")
+@json_option
+@handle_errors
+def verify(directory, no_run, as_json):
+    """Check a release dir: SHA256SUMS, archives against their manifest, the wheel, and --version's commit."""
+    from . import release as release_stage
+
+    report = release_stage.verify(directory, run_binaries=not no_run)
+    if as_json:
+        ui.emit_json(report)
+    else:
+        for note in report["checked"]:
+            ui.info(f"  [green]ok[/green]   {note}")
+        for problem in report["problems"]:
+            ui.info(f"  [red]FAIL[/red] {problem}")
+    if not report["ok"]:
+        count = len(report["problems"])
+        raise errors.VerifyError(f"{directory}: {count} problem(s); first: {report['problems'][0]}",
+                                 "do not publish these files; rebuild them with `dfbuild release`")
+    if not as_json:
+        ui.info(f"{directory}: all checks passed")
+
 # --- matrix -------------------------------------------------------------------
 
 @main.command()

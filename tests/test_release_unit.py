@@ -1,0 +1,549 @@
+"""`dfbuild release` / `dfbuild verify` on a fake build (fast).
+
+The fake build dir looks like llama.cpp's: bin/llama-server (a shell script that
+prints the version stamp) and a shared library with CMake's version links. The
+tree is a small git repo with a LICENSE, and the series section names the real
+b10359 patch files. The wheel is really built through builder/ with pip and
+scikit-build-core, and really installed into a fresh venv.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dfbuild import backends, build, fixtures, release, series, source
+from dfbuild.cli import main
+from dfbuild.errors import ReleaseError, SmokeFailedError
+
+posix_only = pytest.mark.skipif(os.name == "nt", reason="the fake llama-server is a shell script")
+
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "-c", "commit.gpgsign=false"]
+HOST = backends.current_host()
+
+
+def _git(tree: Path, *args: str) -> str:
+    return subprocess.run([*GIT, "-C", str(tree), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def make_tree(root: Path) -> tuple[Path, str]:
+    tree = root / "src"
+    (tree / "licenses").mkdir(parents=True)
+    (tree / "LICENSE").write_text("MIT License\n\nCopyright (c) llama.cpp authors\n")
+    (tree / "licenses" / "LICENSE-jsonhpp").write_text("MIT (json.hpp)\n")
+    _git(tree.parent, "init", "-q", str(tree))
+    _git(tree, "add", "-A")
+    env = dict(os.environ, GIT_AUTHOR_DATE="2000-01-01T00:00:00+0000", GIT_COMMITTER_DATE="2000-01-01T00:00:00+0000")
+    subprocess.run([*GIT, "-C", str(tree), "commit", "-q", "-m", "base"], check=True, env=env)
+    return tree, _git(tree, "rev-parse", "HEAD")
+
+
+def make_build_dir(build_dir: Path, commit: str) -> dict:
+    bin_dir = build_dir / "bin"
+    bin_dir.mkdir(parents=True)
+    server = bin_dir / "llama-server"
+    server.write_text(f'#!/bin/sh\necho "version: 10359 (build 10359, commit {commit})"\necho "built with fake" >&2\n')
+    server.chmod(0o755)
+    (bin_dir / "libllama.so.0.2.0").write_bytes(b"\x7fELF fake libllama " * 50)
+    (bin_dir / "libllama.so.0.2.0").chmod(0o755)
+    (bin_dir / "libimpl.so").write_bytes(b"\x7fELF fake impl")
+    os.symlink("libllama.so.0.2.0", bin_dir / "libllama.so.0")
+    os.symlink("libllama.so.0", bin_dir / "libllama.so")
+    return {
+        "backend": "cpu",
+        "host": {"os": HOST.os, "arch": HOST.arch},
+        "source_commit": commit,
+        "build_number": 10359,
+        "build_dir": str(build_dir),
+        "flags": {"GGML_NATIVE": "OFF", "LLAMA_BUILD_COMMIT": commit},
+        "binaries": ["bin/llama-server"],
+        "libraries": ["bin/libimpl.so", "bin/libllama.so", "bin/libllama.so.0", "bin/libllama.so.0.2.0"],
+        "up_to_date": False,
+        "wall_time_s": 1.0,
+    }
+
+
+def series_section(head: str) -> dict:
+    curated = series.load_series()
+    concerns = []
+    for concern in curated.concerns:
+        variant = concern.variants["b10359"]
+        concerns.append({"id": concern.id, "status": "applied", "file": variant.file, "sha256": variant.sha256,
+                         "detail": "", "commit": head})
+    return {"base": "b10359", "patches_dir": str(curated.root), "concerns": concerns, "head": head, "changed": True}
+
+
+def make_inputs(tmp_path: Path) -> dict:
+    tree, head = make_tree(tmp_path)
+    build_section = make_build_dir(tmp_path / "build-cpu", head)
+    sections = {
+        "source": {"kind": "sdist", "base": "b10359", "commit": head, "dir": str(tree)},
+        "series": series_section(head),
+        "build": build_section,
+        "smoke": {"passed": True, "failed": [], "results": {}},
+    }
+    return {"tree": tree, "head": head, "sections": sections, "patches_root": series.load_series().root,
+            "tmp": tmp_path}
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    return make_inputs(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    """One real package() run (real wheel through builder/), shared by the tests that only read it."""
+    tmp = tmp_path_factory.mktemp("released")
+    made = make_inputs(tmp)
+    out = tmp / "out"
+    rel = write_full_release(made, out)
+    return {**made, "rel": rel, "out": out}
+
+
+@pytest.fixture
+def release_copy(released, tmp_path):
+    """A copy of the shared release output that a test may tamper with."""
+    out = tmp_path / "out"
+    shutil.copytree(released["out"], out, symlinks=True)
+    return {**released, "out": out}
+
+
+def fake_build_wheel(*, bin_dir, version, manifest_bytes, license_path, out_dir, work_dir, epoch):
+    """Stands in for pip + scikit-build-core where a test is not about the wheel: same name and layout."""
+    path = Path(out_dir) / f"llama_dflash-{version}-py3-none-linux_x86_64.whl"
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as zf:
+        for file in sorted(Path(bin_dir).iterdir()):
+            zf.writestr(zipfile.ZipInfo(f"llama_dflash/bin/{file.name}", (2000, 1, 1, 0, 0, 0)), file.read_bytes())
+        zf.writestr(zipfile.ZipInfo("llama_dflash/manifest.json", (2000, 1, 1, 0, 0, 0)), manifest_bytes)
+    return path
+
+
+@pytest.fixture
+def fake_wheel(monkeypatch):
+    monkeypatch.setattr(release, "build_wheel", fake_build_wheel)
+
+
+def run_package(inputs, out: Path, state=None) -> dict:
+    return release.package(inputs["sections"], tree=inputs["tree"], patches_root=inputs["patches_root"], out_dir=out,
+                           work_dir=inputs["tmp"] / "work-package", state=state)
+
+
+def payload(inputs) -> list[release.Entry]:
+    s = inputs["sections"]
+    return release.collect_payload(s["build"], inputs["tree"], inputs["patches_root"], s["series"])
+
+
+# --- names -------------------------------------------------------------------------------
+
+
+def test_tag_and_wheel_version_name_base_and_series():
+    from packaging.version import Version
+
+    section = series_section("0" * 40)
+    digest = release.series_hash(section)
+    assert len(digest) == 8 and int(digest, 16) >= 0
+    assert release.release_tag("b10359", section) == f"b10359-{digest}"
+    assert release.release_tag("5ecbe1ac17ec0484c5b44af0bd580cdc9c428ed4", section) == f"5ecbe1ac17ec-{digest}"
+    version = release.wheel_version(10359, digest, "cpu")
+    assert version == f"0.0.10359+dflash.{digest}.cpu"
+    assert str(Version(version)) == version  # valid, already normalised PEP 440
+    # applied now or already present from an earlier run: the same series
+    again = json.loads(json.dumps(section))
+    for concern in again["concerns"]:
+        concern["status"] = "already-present"
+    assert release.series_hash(again) == digest
+    # a different patch is a different series
+    again["concerns"][0]["sha256"] = "f" * 64
+    assert release.series_hash(again) != digest
+
+
+def test_artifact_name_comes_from_the_matrix_naming_rule(released):
+    rel = released["rel"]
+    from dfbuild import matrix
+
+    assert rel["archive"] == matrix.artifact_name(rel["tag"], HOST.os, "cpu", HOST.arch)
+    assert rel["archive"].startswith(f"llama-{rel['tag']}-dflash-bin-{HOST.os}-cpu-{HOST.arch}")
+
+
+# --- archives ----------------------------------------------------------------------------
+
+
+@posix_only
+def test_archive_is_byte_identical_when_built_twice(released, tmp_path):
+    a = released["rel"]
+    b = run_package(released, tmp_path / "b")
+    archive_a = (released["out"] / a["archive"]).read_bytes()
+    archive_b = (tmp_path / "b" / b["archive"]).read_bytes()
+    assert archive_a == archive_b
+    # gzip header: no mtime, no file name
+    assert archive_a[:3] == b"\x1f\x8b\x08"
+    assert archive_a[4:8] == b"\0\0\0\0"
+    assert not archive_a[3] & 0x08
+    # the wheel is reproducible too
+    wheel = next(x["name"] for x in a["artifacts"] if x["kind"] == "wheel")
+    assert (released["out"] / wheel).read_bytes() == (tmp_path / "b" / wheel).read_bytes()
+
+
+@posix_only
+def test_archive_members_are_sorted_owned_by_root_with_fixed_time_and_modes(inputs, tmp_path):
+    entries = payload(inputs)
+    path = release.write_archive(tmp_path / "x.tar.gz", "x", entries, mtime=946684800)
+    with tarfile.open(path) as tar:
+        members = tar.getmembers()
+    names = [m.name for m in members]
+    assert names == sorted(names)
+    assert all(n == "x" or n.startswith("x/") for n in names)
+    assert all(m.mtime == 946684800 and m.uid == 0 and m.gid == 0 and m.uname == "" and m.gname == "" for m in members)
+    by_name = {m.name: m for m in members}
+    assert by_name["x/bin/llama-server"].mode == 0o755
+    assert by_name["x/LICENSE"].mode == 0o644
+    assert by_name["x/bin"].isdir()
+    assert by_name["x/bin/libllama.so.0"].issym() and by_name["x/bin/libllama.so.0"].linkname == "libllama.so.0.2.0"
+    assert {"x/patches/0001-embedding-skip.patch", "x/patches/series.toml", "x/licenses/LICENSE-jsonhpp"} <= set(names)
+
+
+@posix_only
+def test_a_different_mtime_or_file_changes_the_archive(inputs, tmp_path):
+    entries = payload(inputs)
+    one = release.write_archive(tmp_path / "1.tar.gz", "x", entries, mtime=946684800).read_bytes()
+    two = release.write_archive(tmp_path / "2.tar.gz", "x", entries, mtime=946684801).read_bytes()
+    assert one != two
+
+
+@posix_only
+def test_zip_is_reproducible_with_modes_and_links_resolved(inputs, tmp_path):
+    entries = payload(inputs)
+    one = release.write_archive(tmp_path / "a" / "x.zip", "x", entries, mtime=946684800)
+    two = release.write_archive(tmp_path / "b" / "x.zip", "x", entries, mtime=946684800)
+    assert one.read_bytes() == two.read_bytes()
+    with zipfile.ZipFile(one) as zf:
+        infos = {i.filename: i for i in zf.infolist()}
+        assert list(infos) == sorted(infos)
+        assert (infos["x/bin/llama-server"].external_attr >> 16) & 0o777 == 0o755
+        assert zf.read("x/bin/libllama.so.0") == zf.read("x/bin/libllama.so.0.2.0")
+        assert infos["x/LICENSE"].date_time == (2000, 1, 1, 0, 0, 0)
+
+
+def test_unsafe_member_names_are_recognised():
+    for bad in ("/etc/passwd", "../x", "a/../../x", "a/..", "C:/x", "c:\\x", "..\\x", ""):
+        assert release.unsafe_member(bad), bad
+    for good in ("a", "a/b", "llama-b1-dflash-bin-linux-cpu-x64/bin/llama-server", "a/..b", "a/b..c"):
+        assert release.unsafe_member(good) is None, good
+
+
+def test_archiving_refuses_unsafe_names(tmp_path):
+    with pytest.raises(ReleaseError, match="'..'"):
+        release.write_archive(tmp_path / "x.tar.gz", "x", [release.Entry("../evil", data=b"x")], mtime=0)
+    with pytest.raises(ReleaseError, match="absolute"):
+        release.write_archive(tmp_path / "x.zip", "x", [release.Entry("/evil", data=b"x")], mtime=0)
+
+
+@posix_only
+def test_released_archive_members_are_all_safe(released):
+    rel = released["rel"]
+    with tarfile.open(released["out"] / rel["archive"]) as tar:
+        for member in tar.getmembers():
+            assert release.unsafe_member(member.name) is None
+            assert member.name.split("/")[0] == rel["root"]
+            if member.issym():
+                assert "/" not in member.linkname and ".." not in member.linkname
+
+
+# --- SHA256SUMS, manifest, verify -----------------------------------------------------------
+
+
+@posix_only
+def test_sha256sums_passes_sha256sum_check(release_copy):
+    out = release_copy["out"]
+    rel = release_copy["rel"]
+    text = (out / "SHA256SUMS").read_text()
+    names = sorted(a["name"] for a in rel["artifacts"])
+    assert [line.split("  ", 1)[1] for line in text.splitlines()] == names
+    for artifact in rel["artifacts"]:
+        assert f"{artifact['sha256']}  {artifact['name']}\n" in text
+        assert hashlib.sha256((out / artifact["name"]).read_bytes()).hexdigest() == artifact["sha256"]
+    if shutil.which("sha256sum"):
+        check = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=out, capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+        (out / rel["archive"]).write_bytes(b"tampered")
+        assert subprocess.run(["sha256sum", "-c", "--quiet", "SHA256SUMS"], cwd=out, capture_output=True).returncode != 0
+
+
+@posix_only
+def test_archive_manifest_holds_every_section_and_the_file_list(released):
+    inputs, rel = released, released["rel"]
+    with tarfile.open(released["out"] / rel["archive"]) as tar:
+        embedded = json.load(tar.extractfile(f"{rel['root']}/manifest.json"))
+        files = {m.name[len(rel["root"]) + 1:] for m in tar.getmembers() if not m.isdir()}
+    assert set(embedded) == {"source", "series", "build", "smoke", "release"}
+    assert embedded["series"]["head"] == inputs["head"]
+    listed = {f["path"] for f in embedded["release"]["files"]}
+    assert listed | {"manifest.json"} == files
+    server = next(f for f in embedded["release"]["files"] if f["path"] == "bin/llama-server")
+    assert server["sha256"] == release.sha256_file(Path(inputs["sections"]["build"]["build_dir"]) / "bin/llama-server")
+    assert embedded["release"]["source_date_epoch"] == 946684800  # the commit's date
+    assert rel["artifacts"][0]["kind"] == "archive" and rel["artifacts"][1]["kind"] == "wheel"
+    assert all(a["size"] > 0 and len(a["sha256"]) == 64 for a in rel["artifacts"])
+
+
+def write_full_release(inputs, out: Path) -> dict:
+    rel = run_package(inputs, out)
+    full = {**inputs["sections"], "release": {**rel, "stages": {}}}
+    full["release"].pop("reused")
+    (out / "manifest.json").write_text(json.dumps(full, indent=2, sort_keys=True))
+    return rel
+
+
+@posix_only
+def test_verify_passes_on_good_output_and_runs_the_unpacked_binary(released):
+    out = released["out"]
+    report = release.verify(out)
+    assert report["ok"], report["problems"]
+    assert any("names the patched commit" in note for note in report["checked"])
+    result = CliRunner().invoke(main, ["verify", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["ok"] is True
+
+
+@posix_only
+@pytest.mark.parametrize("which", ["archive", "wheel"])
+def test_verify_fails_on_a_one_byte_tamper(release_copy, which):
+    out, rel = release_copy["out"], release_copy["rel"]
+    name = next(a["name"] for a in rel["artifacts"] if a["kind"] == which)
+    data = bytearray((out / name).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (out / name).write_bytes(bytes(data))
+    report = release.verify(out, run_binaries=False)
+    assert not report["ok"]
+    assert any(name in p and "sha256" in p for p in report["problems"]), report["problems"]
+    result = CliRunner().invoke(main, ["verify", str(out)])
+    assert result.exit_code == 51, result.output
+
+
+@posix_only
+def test_verify_catches_a_rebuilt_archive_whose_contents_differ_from_its_manifest(release_copy, tmp_path):
+    """Tamper inside the archive and regenerate SHA256SUMS: the file list still catches it."""
+    out, rel = release_copy["out"], release_copy["rel"]
+    archive = out / rel["archive"]
+    root = rel["root"]
+    unpacked = tmp_path / "unpacked"
+    with tarfile.open(archive) as tar:
+        tar.extractall(unpacked, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(unpacked)
+    server = unpacked / root / "bin" / "llama-server"
+    server.write_text(server.read_text().replace("commit", "commit  "))
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(unpacked / root, arcname=root)
+    release.write_sha256sums(out, [rel["archive"]])
+    problems = release.verify(out, run_binaries=False)["problems"]
+    assert any("bin/llama-server does not match its sha256 in the manifest" in p for p in problems), problems
+    assert any("sha256 or size does not match manifest.json" in p for p in problems), problems
+
+
+@posix_only
+def test_verify_checks_the_commit_named_by_the_unpacked_binary(inputs, fake_wheel, tmp_path):
+    out = tmp_path / "out"
+    inputs["sections"]["series"]["head"] = "1" * 40  # the binary says another commit
+    write_full_release(inputs, out)
+    report = release.verify(out)
+    assert any("not the patched commit" in p for p in report["problems"]), report["problems"]
+
+
+@posix_only
+def test_verify_rejects_unsafe_members_and_unlisted_artifacts(release_copy, tmp_path):
+    out = release_copy["out"]
+    evil = out / "llama-evil-dflash-bin-linux-cpu-x64.tar.gz"
+    with tarfile.open(evil, "w:gz") as tar:
+        info = tarfile.TarInfo("../escape")
+        data = b"x"
+        info.size = len(data)
+        import io
+
+        tar.addfile(info, io.BytesIO(data))
+    problems = release.verify(out, run_binaries=False)["problems"]
+    assert any("not listed in SHA256SUMS" in p for p in problems)
+    release.write_sha256sums(out, [evil.name])
+    problems = release.verify(out, run_binaries=False)["problems"]
+    assert any("unsafe member" in p and "'..'" in p for p in problems), problems
+    assert not (tmp_path / "escape").exists()
+
+
+def test_verify_without_sha256sums_fails(tmp_path):
+    report = release.verify(tmp_path)
+    assert not report["ok"] and "no SHA256SUMS" in report["problems"][0]
+    assert CliRunner().invoke(main, ["verify", str(tmp_path)]).exit_code == 51
+
+
+# --- the wheel ---------------------------------------------------------------------------
+
+
+@posix_only
+def test_wheel_tags_version_and_contents(released):
+    inputs, rel = released, released["rel"]
+    wheel = next(a["name"] for a in rel["artifacts"] if a["kind"] == "wheel")
+    fields = release.parse_wheel_name(wheel)
+    assert fields["dist"] == "llama_dflash"
+    assert fields["version"] == rel["wheel_version"] == f"0.0.10359+dflash.{release.series_hash(inputs['sections']['series'])}.cpu"
+    assert (fields["python"], fields["abi"]) == ("py3", "none")
+    assert fields["platform"] != "any" and HOST.os in ("linux", "macos", "windows")
+    if HOST.os == "linux":
+        assert fields["platform"].startswith(("linux_", "manylinux")) and fields["platform"].endswith(
+            {"x64": "x86_64", "arm64": "aarch64"}[HOST.arch])
+    with zipfile.ZipFile(released["out"] / wheel) as zf:
+        names = set(zf.namelist())
+        info = zf.getinfo("llama_dflash/bin/llama-server")
+        assert (info.external_attr >> 16) & 0o111
+        wheel_meta = zf.read(f"llama_dflash-{fields['version']}.dist-info/WHEEL").decode()
+        entry_points = zf.read(f"llama_dflash-{fields['version']}.dist-info/entry_points.txt").decode()
+        embedded = json.loads(zf.read("llama_dflash/manifest.json"))
+        soname = zf.read("llama_dflash/bin/libllama.so.0")
+    assert f"Tag: py3-none-{fields['platform']}" in wheel_meta and "Root-Is-Purelib: false" in wheel_meta
+    assert "llama-server = llama_dflash:main" in entry_points
+    # symlinks resolved: the loader's name (soname) holds the library; no dev link, no duplicate
+    bins = {n for n in names if n.startswith("llama_dflash/bin/")}
+    assert bins == {"llama_dflash/bin/llama-server", "llama_dflash/bin/libimpl.so", "llama_dflash/bin/libllama.so.0"}
+    assert soname == b"\x7fELF fake libllama " * 50
+    assert embedded["series"]["head"] == inputs["head"]
+
+
+@posix_only
+def test_wheel_installs_into_a_fresh_venv_and_runs_llama_server(released, tmp_path):
+    inputs, rel = released, released["rel"]
+    wheel = released["out"] / next(a["name"] for a in rel["artifacts"] if a["kind"] == "wheel")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index", "--no-deps",
+                    "--disable-pip-version-check", "--quiet", str(wheel)], check=True)
+    result = subprocess.run([str(venv / "bin" / "llama-server"), "--version"], capture_output=True, text=True,
+                            env={"PATH": str(venv / "bin") + os.pathsep + os.environ["PATH"]})
+    assert result.returncode == 0, result.stderr
+    assert f"commit {inputs['head']}" in result.stdout
+
+
+def test_stage_wheel_bin_keeps_regular_files_under_loader_names(tmp_path):
+    entries = [
+        release.Entry("bin/llama-server", 0o755, data=b"exe"),
+        release.Entry("bin/libggml.so", 0o777, link="libggml.so.0"),
+        release.Entry("bin/libggml.so.0", 0o777, link="libggml.so.0.21.0"),
+        release.Entry("bin/libggml.so.0.21.0", 0o755, data=b"ggml"),
+        release.Entry("bin/libggml-cpu-haswell.so", 0o755, data=b"module"),
+        release.Entry("LICENSE", data=b"MIT"),
+    ]
+    staged = release.stage_wheel_bin(entries, tmp_path / "bin")
+    assert sorted(p.name for p in staged.iterdir()) == ["libggml-cpu-haswell.so", "libggml.so.0", "llama-server"]
+    assert (staged / "libggml.so.0").read_bytes() == b"ggml" and not (staged / "libggml.so.0").is_symlink()
+
+
+# --- the pipeline, with the stages stood in for -----------------------------------------------
+
+
+@pytest.fixture
+def stub_stages(inputs, fake_wheel, monkeypatch):
+    """checkout/apply/build/smoke replaced by fakes that return the fake build's sections."""
+    calls = {"smoke": 0}
+    s = inputs["sections"]
+
+    def fake_checkout(base, *, pr=None, repo=None, dest=None, force=False, keep_descendants=False):
+        assert keep_descendants, "release must keep the applied series"
+        return {**s["source"], "dir": str(inputs["tree"])}
+
+    def fake_apply(curated, tree, **kwargs):
+        return s["series"]
+
+    def fake_build(tree, backend, build_dir, **kwargs):
+        return s["build"]
+
+    def fake_smoke(build_dir, fixtures_dir, log_dir):
+        calls["smoke"] += 1
+        return {"passed": calls.get("smoke_passes", True), "failed": [] if calls.get("smoke_passes", True) else ["image/x"],
+                "log_dir": str(log_dir), "results": {}}
+
+    monkeypatch.setattr(source, "checkout", fake_checkout)
+    monkeypatch.setattr(series, "apply_series", fake_apply)
+    monkeypatch.setattr(build, "build_tree", fake_build)
+    monkeypatch.setattr(release, "run_smoke_stage", fake_smoke)
+    monkeypatch.setattr(fixtures, "ensure_fixtures", lambda d, seed=0: {"seed": 0, "files": {"t.gguf": {"sha256": "0" * 64}}})
+    return calls
+
+
+@posix_only
+def test_skip_smoke_is_recorded_in_every_manifest(inputs, stub_stages, tmp_path):
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["release", "--base", "b10359", "--backend", "cpu", "--out", str(out),
+                                       "--work", str(tmp_path / "work"), "--skip-smoke", "--json"])
+    assert result.exit_code == 0, result.output
+    full = json.loads(result.stdout)
+    assert full["smoke"] == {"skipped": True}
+    assert stub_stages["smoke"] == 0
+    assert json.loads((out / "manifest.json").read_text())["smoke"] == {"skipped": True}
+    with tarfile.open(out / full["release"]["archive"]) as tar:
+        embedded = json.load(tar.extractfile(f"{full['release']['root']}/manifest.json"))
+    assert embedded["smoke"] == {"skipped": True}
+    assert "NOT smoke-tested" in result.stderr
+
+
+@posix_only
+def test_pipeline_records_stage_times_and_a_rerun_reuses_smoke_and_artifacts(inputs, stub_stages, tmp_path):
+    out, work = tmp_path / "out", tmp_path / "work"
+    first = release.release("b10359", backend="cpu", out=out, work=work)
+    assert set(first["release"]["stages"]) == set(release.STAGES)
+    assert all(isinstance(s["wall_s"], float) for s in first["release"]["stages"].values())
+    assert first["smoke"]["passed"] is True and stub_stages["smoke"] == 1
+    archive = out / first["release"]["archive"]
+    before = archive.read_bytes()
+    mtime = archive.stat().st_mtime_ns
+
+    second = release.release("b10359", backend="cpu", out=out, work=work)
+    assert stub_stages["smoke"] == 1, "unchanged binaries and fixtures: smoke must not run again"
+    assert second["release"]["stages"]["smoke"]["reused"] and second["release"]["stages"]["package"]["reused"]
+    assert archive.read_bytes() == before and archive.stat().st_mtime_ns == mtime
+    assert second["release"]["artifacts"] == first["release"]["artifacts"]
+    assert release.verify(out)["ok"]
+
+    # a changed library (the fix lives in one) means new smoke and new artifacts
+    lib = Path(inputs["sections"]["build"]["build_dir"]) / "bin" / "libimpl.so"
+    lib.write_bytes(b"\x7fELF changed")
+    third = release.release("b10359", backend="cpu", out=out, work=work)
+    assert stub_stages["smoke"] == 2
+    assert not third["release"]["stages"]["package"]["reused"]
+    assert third["release"]["artifacts"][0]["sha256"] != first["release"]["artifacts"][0]["sha256"]
+    assert release.verify(out)["ok"]
+
+
+@posix_only
+def test_failing_smoke_stops_before_packaging(inputs, stub_stages, tmp_path):
+    stub_stages["smoke_passes"] = False
+    out = tmp_path / "out"
+    with pytest.raises(SmokeFailedError, match="image/x"):
+        release.release("b10359", backend="cpu", out=out, work=tmp_path / "work")
+    assert not out.exists()
+    result = CliRunner().invoke(main, ["release", "--base", "b10359", "--backend", "cpu", "--out", str(out),
+                                       "--work", str(tmp_path / "work")])
+    assert result.exit_code == SmokeFailedError.exit_code
+
+
+def test_a_failing_stage_stops_the_pipeline_with_its_own_error(inputs, stub_stages, monkeypatch, tmp_path):
+    from dfbuild.errors import BuildError
+
+    def broken_build(*args, **kwargs):
+        raise BuildError("build failed: x.cpp:1: error: boom", "full log: x")
+
+    monkeypatch.setattr(build, "build_tree", broken_build)
+    result = CliRunner().invoke(main, ["release", "--base", "b10359", "--backend", "cpu",
+                                       "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")])
+    assert result.exit_code == BuildError.exit_code
+    assert "boom" in result.stderr
+    assert stub_stages["smoke"] == 0 and not (tmp_path / "out").exists()
