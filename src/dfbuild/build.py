@@ -35,6 +35,10 @@ DEFAULT_TARGETS = ("llama-server",)
 
 # ninja's status line, e.g. "[12/311] Building CXX object ..." (NINJA_STATUS is pinned below)
 _NINJA_STATUS = re.compile(r"^\[(\d+)/(\d+)\] ?(.*)$")
+# Steps that mean real work. llama.cpp re-runs an always-out-of-date "Provisioning UI
+# assets" step on every build (it then changes nothing), so "ninja: no work to do."
+# alone cannot tell an unchanged rebuild.
+_WORK_STEP = re.compile(r"^(Building|Linking) ")
 
 # The first line that names a compile error, best pattern first.
 _ERROR_PATTERNS = (
@@ -263,16 +267,17 @@ def first_error(lines: Iterable[str]) -> str | None:
     return None
 
 
-def _run_logged(args: list[str], *, cwd: Path, env: dict, log, progress_title: str | None = None) -> tuple[int, int]:
+def _run_logged(args: list[str], *, cwd: Path, env: dict, log,
+                progress_title: str | None = None) -> tuple[int, int, int]:
     """Run ARGS, copying its output to LOG; show ninja's [n/N] as a progress bar.
 
-    Returns (exit code, total steps ninja announced).
+    Returns (exit code, total steps ninja announced, compile/link steps it ran).
     """
     log.write("$ " + " ".join(args) + "\n")
     log.flush()
     proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace", bufsize=1)
-    total = 0
+    total = work = 0
     interactive = ui.console.is_terminal and progress_title is not None
     progress = Progress(TextColumn("    {task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=ui.console, transient=True, disable=not interactive)
@@ -286,13 +291,14 @@ def _run_logged(args: list[str], *, cwd: Path, env: dict, log, progress_title: s
                 if not match or progress_title is None:
                     continue
                 done, total = int(match.group(1)), int(match.group(2))
+                work += bool(_WORK_STEP.match(match.group(3)))
                 if task is None:
                     task = progress.add_task(progress_title, total=total)
                 progress.update(task, completed=done, total=total)
                 if not interactive and total and done * 10 // total != reported:  # CI logs: every 10%
                     reported = done * 10 // total
                     ui.info(f"    [{done}/{total}]")
-        return proc.wait(), total
+        return proc.wait(), total, work
     except KeyboardInterrupt:
         # ninja got the same SIGINT; let it stop cleanly so the next run resumes.
         try:
@@ -371,7 +377,7 @@ def build_tree(source_dir: Path, backend: str, build_dir: Path | None = None, *,
             with ui.step(f"configure {backend} build in {build_dir}"):
                 t0 = time.monotonic()
                 args = configure_args + (["--fresh"] if from_scratch else [])
-                code, _ = _run_logged(args, cwd=build_dir, env=env, log=log)
+                code, _, _ = _run_logged(args, cwd=build_dir, env=env, log=log)
                 configure_s = time.monotonic() - t0
             if code != 0:
                 log.close()
@@ -384,14 +390,13 @@ def build_tree(source_dir: Path, backend: str, build_dir: Path | None = None, *,
         with ui.step(f"build {', '.join(targets)} ({backend})"):
             t0 = time.monotonic()
             build_args = [ninja, "-C", str(build_dir), *(["-j", str(jobs)] if jobs else []), *targets]
-            code, steps = _run_logged(build_args, cwd=build_dir, env=env, log=log,
+            code, steps, work = _run_logged(build_args, cwd=build_dir, env=env, log=log,
                                       progress_title=f"{backend}: compiling")
             compile_s = time.monotonic() - t0
         if code != 0:
             log.close()
             raise _fail(log_path, "build")
 
-    up_to_date = "ninja: no work to do." in log_path.read_text(encoding="utf-8", errors="replace")
     binaries, libraries = _binaries(build_dir, targets, host)
     missing = [t for t in targets if t.startswith("llama-") and not any(Path(b).stem == t for b in binaries)]
     if missing:
@@ -413,8 +418,9 @@ def build_tree(source_dir: Path, backend: str, build_dir: Path | None = None, *,
         "binaries": binaries,
         "libraries": libraries,
         "configured": needs_configure,
-        "up_to_date": up_to_date,
+        "up_to_date": work == 0,  # nothing compiled or linked
         "steps": steps,
+        "compiled_steps": work,
         "configure_s": round(configure_s, 2),
         "compile_s": round(compile_s, 2),
         "wall_time_s": round(time.monotonic() - start, 2),

@@ -261,6 +261,8 @@ def build(tree, backend, build_dir, targets, cuda_arch, gpu_targets, vulkan_incl
 @handle_errors
 def doctor(backend, as_json):
     """Say per backend what is installed here and exactly what to install for what is missing."""
+    from rich.markup import escape as esc
+
     from . import doctor as doctor_stage
 
     report = doctor_stage.doctor(backend)
@@ -275,18 +277,18 @@ def doctor(backend, as_json):
     ui.info(f"host: {host['os']} {host['arch']}{distro}")
     for name, entry in report["backends"].items():
         verdict = "[green]can build[/green]" if entry["can_build"] else "[red]cannot build here[/red]"
-        ui.info(f"\n[bold]{name}[/bold] - {entry['summary']}: {verdict}")
+        ui.info(f"\n[bold]{name}[/bold] - {esc(entry['summary'])}: {verdict}")
         for probe in entry["toolchain"] + entry["runtime"]:
             if probe["ok"]:
-                mark, detail = "[green]ok[/green]  ", probe["version"] or probe["path"]
+                mark, detail = "[green]ok[/green]  ", esc(probe["version"] or probe["path"])
             else:
                 mark = "[yellow]--[/yellow]  " if probe["optional"] else "[red]!![/red]  "
-                detail = probe["problem"] or "not found"
-            ui.info(f"  {mark}{probe['what']}: {detail}")
+                detail = esc(probe["problem"] or "not found")
+            ui.info(f"  {mark}{esc(probe['what'])}: {detail}")
             if not probe["ok"] and probe["install"]:
-                ui.info(f"        [dim]install:[/dim] {probe['install']}")
+                ui.info(f"        [dim]install:[/dim] {esc(probe['install'])}")
         if not entry["toolchain"] and entry["reason"]:
-            ui.info(f"  {entry['reason']}")
+            ui.info(f"  {esc(entry['reason'])}")
     if backend and not report["backends"][backend]["can_build"]:
         # one backend asked for: the exit code answers "can I build it here?" (30 or 33, as `build` would)
         doctor_stage.require(backend)
