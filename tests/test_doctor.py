@@ -184,13 +184,15 @@ def test_msvc_environment_reads_back_set(monkeypatch):
         stdout = "INCLUDE=C:\\VS\\include\nPATH=C:\\VS\\bin;C:\\Windows\nnot a variable\n"
 
     def fake_run(args, **kwargs):
-        calls.append(args)
+        calls.append((args, Path(args[3]).read_text()))
         return Result()
 
     monkeypatch.setattr(doctor.subprocess, "run", fake_run)
-    env = doctor.msvc_environment(r"C:\VS\vcvars64.bat")
+    env = doctor.msvc_environment(r"C:\Program Files\VS\vcvars64.bat")
     assert env == {"INCLUDE": "C:\\VS\\include", "PATH": "C:\\VS\\bin;C:\\Windows"}
-    assert calls[0][:3] == ["cmd", "/d", "/c"] and "vcvars64.bat" in calls[0][3]
+    args, script = calls[0]
+    assert args[:3] == ["cmd", "/d", "/c"] and args[3].endswith(".bat")
+    assert 'call "C:\\Program Files\\VS\\vcvars64.bat"' in script and "\nset" in script
 
 
 # --- the command ---------------------------------------------------------------------

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -248,9 +249,15 @@ MSVC_HINT = ("open the 'x64 Native Tools Command Prompt for VS 2022' (or run vcv
 
 
 def msvc_environment(vcvars: str) -> dict[str, str]:
-    """The environment a developer prompt would have: run vcvars in cmd and read back `set`."""
-    result = subprocess.run(["cmd", "/d", "/c", f'call "{vcvars}" >nul && set'],
-                            capture_output=True, text=True, errors="replace")
+    """The environment a developer prompt would have: run vcvars in cmd and read back `set`.
+
+    The two commands go through a small .bat file: Python's list quoting (\\") is not
+    cmd's, so a vcvars path with spaces could not be passed inline.
+    """
+    with tempfile.TemporaryDirectory(prefix="dfbuild-msvc-") as tmp:
+        script = Path(tmp) / "msvc-env.bat"
+        script.write_text(f'@echo off\r\ncall "{vcvars}" >nul || exit /b 1\r\nset\r\n', encoding="utf-8")
+        result = subprocess.run(["cmd", "/d", "/c", str(script)], capture_output=True, text=True, errors="replace")
     if result.returncode != 0:
         raise ToolchainMissingError(f"{vcvars} failed (exit {result.returncode})", MSVC_HINT)
     env = {}
