@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import stat
 import sys
 from pathlib import Path
@@ -235,3 +236,38 @@ def test_doctor_unknown_backend():
     result = CliRunner().invoke(main, ["doctor", "--backend", "opencl"])
     assert result.exit_code == 33
     assert "unknown backend 'opencl'" in result.output
+
+
+# --- Vulkan headers on Debian 12 ------------------------------------------------------------
+
+
+def test_debian_mirror_from_deb822_and_one_line_sources(tmp_path):
+    deb822 = tmp_path / "a"
+    (deb822 / "sources.list.d").mkdir(parents=True)
+    (deb822 / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm\n\n"
+        "Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\n")
+    assert doctor.debian_mirror(deb822) == "http://mirror.example/debian"
+
+    one_line = tmp_path / "b"
+    one_line.mkdir()
+    (one_line / "sources.list").write_text("# comment\ndeb [arch=amd64] http://other.example/debian/ bookworm main\n")
+    assert doctor.debian_mirror(one_line) == "http://other.example/debian"
+    assert doctor.debian_mirror(tmp_path / "none") is None
+
+
+def test_the_debian_12_hint_is_one_command():
+    hint = doctor._install_hint(backends.table()["probes"]["vulkan-headers"], LINUX)
+    assert "--vulkan-include-dir" in hint and "dfbuild doctor --fetch-vulkan-headers" in hint
+
+
+@pytest.mark.integration
+def test_fetch_debian_13_vulkan_headers_passes_the_probe():
+    if not (shutil.which("apt-get") and doctor.debian_mirror()):
+        pytest.skip("not a Debian/Ubuntu machine")
+    include = doctor.fetch_debian_vulkan_headers()
+    probe = doctor.probe("vulkan-headers", LINUX, extra_include_dirs=[include])
+    assert probe.ok, probe
+    assert doctor.version_tuple(probe.version) >= (1, 3, 272)
+    result = CliRunner().invoke(main, ["doctor", "--fetch-vulkan-headers"])
+    assert result.exit_code == 0 and result.stdout.strip() == str(include)

@@ -257,14 +257,19 @@ def build(tree, backend, build_dir, targets, cuda_arch, gpu_targets, vulkan_incl
 
 @main.command()
 @click.option("--backend", default=None, help="Check one backend only (default: all).")
+@click.option("--fetch-vulkan-headers", "fetch_vulkan", is_flag=True,
+              help="(Debian 12) Unpack Debian 13's Vulkan headers into the cache and print their include dir.")
 @json_option
 @handle_errors
-def doctor(backend, as_json):
+def doctor(backend, fetch_vulkan, as_json):
     """Say per backend what is installed here and exactly what to install for what is missing."""
     from rich.markup import escape as esc
 
     from . import doctor as doctor_stage
 
+    if fetch_vulkan:  # for: dfbuild build --backend vulkan --vulkan-include-dir "$(dfbuild doctor --fetch-vulkan-headers)"
+        click.echo(doctor_stage.fetch_debian_vulkan_headers())
+        return
     report = doctor_stage.doctor(backend)
     if as_json:
         ui.emit_json(report)

@@ -394,3 +394,68 @@ def require(backend: str, host: Host | None = None, *, extra_include_dirs: list[
 def toolchain_versions(entry: dict) -> dict[str, str | None]:
     """{probe name: version or path} of what a build used, for the manifest."""
     return {p["name"]: (p["version"] or p["path"]) for p in entry["toolchain"] if p["found"]}
+
+
+# --- Vulkan headers for Debian 12 ----------------------------------------------------------
+# Debian 12's libvulkan-dev (1.3.239) predates VK_EXT_layer_settings, which
+# ggml-vulkan uses. Debian 13's package (1.4.309) has it and its headers work
+# with Debian 12's loader and glslc, so dfbuild can unpack just those headers
+# into its cache (through apt, with a private state dir: the system's apt setup
+# is not touched) and pass them as Vulkan_INCLUDE_DIR.
+
+
+def debian_mirror(sources_dir: Path = Path("/etc/apt")) -> str | None:
+    """The Debian archive URI this machine's apt already uses (deb822 or one-line sources)."""
+    files = sorted((sources_dir / "sources.list.d").glob("*.sources")) if (sources_dir / "sources.list.d").is_dir() else []
+    for path in files:
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("URIs:"):
+                for uri in line.split()[1:]:
+                    if uri.rstrip("/").endswith("/debian"):
+                        return uri.rstrip("/")
+    lists = [sources_dir / "sources.list"]
+    if (sources_dir / "sources.list.d").is_dir():
+        lists += sorted((sources_dir / "sources.list.d").glob("*.list"))
+    for path in lists:
+        if not path.is_file():
+            continue
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            match = re.match(r"^deb\s+(?:\[[^\]]*\]\s+)?(\S+/debian)/?\s", line)
+            if match:
+                return match.group(1)
+    return None
+
+
+def fetch_debian_vulkan_headers(suite: str = "trixie") -> Path:
+    """Unpack SUITE's libvulkan-dev headers into the cache; returns the include dir to pass."""
+    from .paths import cache_dir, locked
+
+    root = cache_dir() / "vulkan-headers" / suite
+    include = root / "usr" / "include"
+    if (include / "vulkan" / "vulkan_core.h").is_file():
+        return include
+    mirror = debian_mirror()
+    if not (shutil.which("apt-get") and shutil.which("dpkg-deb") and mirror):
+        raise ToolchainMissingError("fetching Debian's Vulkan headers needs apt-get, dpkg-deb and a Debian mirror",
+                                    "on other systems install Vulkan headers >= 1.3.272 (or the LunarG SDK)")
+    with locked(root):
+        apt = root / "apt"
+        for sub in ("lists/partial", "cache/archives/partial", "parts"):
+            (apt / sub).mkdir(parents=True, exist_ok=True)
+        (apt / "sources.list").write_text(
+            f"deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] {mirror} {suite} main\n")
+        options = ["-o", f"Dir::Etc::SourceList={apt / 'sources.list'}", "-o", f"Dir::Etc::SourceParts={apt / 'parts'}",
+                   "-o", f"Dir::State::Lists={apt / 'lists'}", "-o", f"Dir::Cache={apt / 'cache'}",
+                   "-o", "Debug::NoLocking=1"]
+        for args in (["update"], ["download", "libvulkan-dev"]):
+            result = subprocess.run(["apt-get", "-q", *options, *args], cwd=apt, capture_output=True, text=True,
+                                    errors="replace")
+            if result.returncode != 0:
+                last = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:]
+                raise ToolchainMissingError(f"apt-get {args[0]} for Debian {suite} failed: {' '.join(last)}",
+                                            "check apt's access to the Debian mirror")
+        debs = sorted(apt.glob("libvulkan-dev_*.deb"))
+        if not debs:
+            raise ToolchainMissingError(f"apt-get download gave no libvulkan-dev package for {suite}")
+        subprocess.run(["dpkg-deb", "-x", str(debs[-1]), str(root)], check=True)
+    return include
