@@ -590,9 +590,13 @@ def test_identify_base_by_content_and_through_history(syn, tree, tmp_path):
 
 
 def check(tree: Path, patches: Path) -> dict:
+    """`series check --json`; its exit code says whether apply would succeed."""
     result = dfbuild("series", "check", "--dir", tree, "--patches", patches, "--json")
-    assert result.exit_code == 0, said(result)
-    return json.loads(result.stdout)
+    report = json.loads(result.stdout)
+    found = set(statuses(report))
+    expected = 21 if "conflict" in found else 22 if "no-variant" in found else 0
+    assert result.exit_code == expected, said(result)
+    return report
 
 
 def statuses(report: dict) -> list[str]:

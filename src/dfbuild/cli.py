@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import click
+from rich.markup import escape
 
 from . import __version__, errors, ui
 
@@ -21,9 +22,9 @@ def handle_errors(func):
         try:
             return func(*args, **kwargs)
         except errors.DfbuildError as exc:
-            ui.console.print(f"[red]error:[/red] {exc.message}")
+            ui.console.print(f"[red]error:[/red] {escape(exc.message)}", soft_wrap=True)
             if exc.hint:
-                ui.console.print(f"  [dim]hint:[/dim] {exc.hint}")
+                ui.console.print(f"  [dim]hint:[/dim] {escape(exc.hint)}", soft_wrap=True)
             sys.exit(exc.exit_code)
 
     return wrapper
@@ -182,7 +183,10 @@ def series_list(patches_dir, as_json):
 @json_option
 @handle_errors
 def series_check(tree, patches_dir, as_json):
-    """Report per concern: clean, offset, applied, upstream, conflict or no-variant. Changes nothing."""
+    """Report per concern: clean, offset, applied, upstream, conflict or no-variant. Changes nothing.
+
+    Exits 21 when a patch would conflict and 22 when a concern has no variant.
+    """
     from . import series
 
     curated = series.load_series(patches_dir)
@@ -190,9 +194,15 @@ def series_check(tree, patches_dir, as_json):
     rows = [s.to_dict() for s in steps]
     if as_json:
         ui.emit_json({"dir": str(tree), "base": base, "concerns": rows})
-        return
-    ui.info(f"{tree}: base {base or 'not recognised'}")
-    _render_concerns(rows)
+    else:
+        ui.info(f"{tree}: base {base or 'not recognised'}")
+        _render_concerns(rows)
+    # scripts can gate on the result: the same codes apply would fail with
+    statuses = {row["status"] for row in rows}
+    if "conflict" in statuses:
+        sys.exit(errors.PatchConflictError.exit_code)
+    if "no-variant" in statuses:
+        sys.exit(errors.NoVariantError.exit_code)
 
 
 @series_group.command("refresh")

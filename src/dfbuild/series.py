@@ -167,7 +167,12 @@ def _git(tree: Path, *args: str, check: bool = True, env: dict | None = None) ->
 
 
 def identify_base(series: Series, tree: Path) -> str | None:
-    """Name the base whose speculative.cpp this tree holds, or held before commits on top."""
+    """Name the base whose speculative.cpp this tree holds, or held before commits on top.
+
+    Walking history on purpose: a tree that moved on from a known base (user
+    commits, a newer upstream) is checked against that base's variant, which
+    is how `series check` can say which patch and hunk no longer apply.
+    """
     blob = source.speculative_blob(tree)
     if series.base_for_blob(blob):
         return series.base_for_blob(blob)
