@@ -458,23 +458,13 @@ def test_build_command_unknown_backend(tree):
 # --- the real thing -------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def b10359_buildtest(test_cache) -> Path:
-    """A b10359 checkout in X/src (X/build-cpu next to it: the layout the warm ccache knows)."""
-    from dfbuild import source
-
-    src = test_cache / "trees" / "b10359-buildtest" / "src"
-    if not (src / ".git").exists():
-        if src.exists():
-            shutil.rmtree(src)
-        source.checkout("b10359", dest=src)
-    return src
-
-
 @pytest.mark.integration
 @pytest.mark.slow
-def test_real_b10359_cpu_build(b10359_buildtest):
-    src = b10359_buildtest
+def test_real_b10359_cpu_build():
+    """The unpatched b10359 tree the other integration tests use (X/src + X/build-cpu, warm ccache)."""
+    from realtrees import checkout_tree
+
+    src = checkout_tree("b10359", patched=False)
     head = git(src, "rev-parse", "HEAD")
     first = build.build_tree(src, "cpu")
     build_dir = Path(first["build_dir"])
@@ -489,3 +479,4 @@ def test_real_b10359_cpu_build(b10359_buildtest):
 
     second = build.build_tree(src, "cpu")
     assert not second["configured"] and second["up_to_date"]
+    assert second["compiled_steps"] == 0
