@@ -362,6 +362,30 @@ def test_verify_checks_the_commit_named_by_the_unpacked_binary(inputs, fake_whee
 
 
 @posix_only
+def test_verify_checks_the_stamp_when_the_binary_cannot_run_here(inputs, fake_wheel, tmp_path):
+    """A CUDA build on a machine without the driver, or a Windows zip on Linux: the commit must be stamped in."""
+    server = Path(inputs["sections"]["build"]["build_dir"]) / "bin" / "llama-server"
+    server.write_text("#!/bin/sh\n# LLAMA_COMMIT = %s\n" % inputs["head"] +
+                      "echo 'llama-server: error while loading shared libraries: libcuda.so.1: cannot open' >&2\n"
+                      "exit 127\n")
+    out = tmp_path / "out"
+    write_full_release(inputs, out)
+    report = release.verify(out)
+    assert report["ok"], report["problems"]
+    assert any("needs libcuda.so.1 from the system" in n and "stamped into bin/llama-server" in n
+               for n in report["checked"]), report["checked"]
+    foreign = backends.Host("windows" if HOST.os != "windows" else "linux", HOST.arch)
+    assert any("not run on" in n for n in release.verify(out, host=foreign)["checked"])
+
+    # no file holds the commit: a problem, whether or not it can run
+    server.write_text("#!/bin/sh\necho 'x: error while loading shared libraries: libcuda.so.1: no' >&2\nexit 127\n")
+    write_full_release(inputs, tmp_path / "out2")
+    problems = release.verify(tmp_path / "out2")["problems"]
+    assert any("no shipped file holds the patched commit" in p for p in problems), problems
+    assert not release.verify(tmp_path / "out2", run_binaries=False)["ok"]
+
+
+@posix_only
 def test_verify_rejects_unsafe_members_and_unlisted_artifacts(release_copy, tmp_path):
     out = release_copy["out"]
     evil = out / "llama-evil-dflash-bin-linux-cpu-x64.tar.gz"

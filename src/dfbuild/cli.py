@@ -418,12 +418,14 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cuda_ar
     if full["smoke"].get("skipped"):
         ui.warn("not smoke-tested (--skip-smoke)")
     out_dir = Path(out).resolve()
-    for artifact in rel["artifacts"]:
-        ui.info(f"  {out_dir / artifact['name']}  {_human_size(artifact['size'])}  sha256 {artifact['sha256'][:16]}")
-    ui.info(f"  {out_dir / release_stage.SUMS_NAME}\n  {out_dir / release_stage.MANIFEST_NAME}")
+    for artifact in rel["artifacts"]:  # soft_wrap: paths stay whole, to copy and paste
+        ui.console.print(f"  {out_dir / artifact['name']}  {_human_size(artifact['size'])}  "
+                         f"sha256 {artifact['sha256'][:16]}", soft_wrap=True, markup=False)
+    ui.console.print(f"  {out_dir / release_stage.SUMS_NAME}\n  {out_dir / release_stage.MANIFEST_NAME}",
+                     soft_wrap=True, markup=False)
     times = ", ".join(f"{name} {s['wall_s']:.1f}s" + (" (reused)" if s["reused"] else "")
                       for name, s in rel["stages"].items())
-    ui.info(f"stages: {times}")
+    ui.console.print(f"stages: {times}", soft_wrap=True)
 
 
 @main.command()
@@ -439,10 +441,12 @@ def verify(directory, no_run, as_json):
     if as_json:
         ui.emit_json(report)
     else:
+        from rich.markup import escape
+
         for note in report["checked"]:
-            ui.info(f"  [green]ok[/green]   {note}")
+            ui.console.print(f"  [green]ok[/green]   {escape(note)}", soft_wrap=True)
         for problem in report["problems"]:
-            ui.info(f"  [red]FAIL[/red] {problem}")
+            ui.console.print(f"  [red]FAIL[/red] {escape(problem)}", soft_wrap=True)
     if not report["ok"]:
         count = len(report["problems"])
         raise errors.VerifyError(f"{directory}: {count} problem(s); first: {report['problems'][0]}",

@@ -527,6 +527,12 @@ def payload_digest(build_section: dict) -> str:
     return _digest(parts)
 
 
+def _blob_at(tree: Path, commit: str) -> str | None:
+    result = subprocess.run(["git", "-C", str(tree), "rev-parse", "--verify", "--quiet",
+                             f"{commit}:{series.SPECULATIVE}"], capture_output=True, text=True)
+    return result.stdout.strip() or None
+
+
 class _State:
     """WORK/release-<backend>.json: each stage's key and section from the last successful run."""
 
@@ -582,6 +588,9 @@ def release(base: str, *, backend: str, pr: int | None = None, repo: str | None 
         with _timed(stages, "checkout", f"checkout {base}"):
             src = source.checkout(base, pr=pr, repo=repo, dest=tree, keep_descendants=True)
             tree = Path(src["dir"])
+            # checkout reads the blob from the working tree, which a rerun finds patched;
+            # the section describes the base, so take the blob from the base commit.
+            src["speculative_blob"] = _blob_at(tree, src["commit"]) or src.get("speculative_blob")
             manifest.update_tree_manifest(tree, "source", src)
 
         with _timed(stages, "apply", "apply the patch series") as record:
@@ -758,34 +767,59 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
             problems.append(f"{path.name}: {name_} has mode {member.mode & 0o777:04o}, not {record.get('mode')}")
     notes.append(f"{path.name}: {len(actual)} files match its manifest")
 
-    if not run_binaries:
-        return embedded
-    if (packed.get("os"), packed.get("arch")) != (host.os, host.arch):
-        notes.append(f"{path.name}: built for {packed.get('os')}/{packed.get('arch')}, not run on {host.os}/{host.arch}")
+    patched = (embedded.get("series") or {}).get("head") or (embedded.get("build") or {}).get("source_commit")
+    if not patched:
+        problems.append(f"{path.name}: the manifest names no patched commit")
         return embedded
     exe = "bin/llama-server" + (".exe" if packed.get("os") == "windows" else "")
-    patched = (embedded.get("series") or {}).get("head") or (embedded.get("build") or {}).get("source_commit")
+    if not run_binaries:
+        why = "not run (--no-run)"
+    elif (packed.get("os"), packed.get("arch")) != (host.os, host.arch):
+        why = f"built for {packed.get('os')}/{packed.get('arch')}, not run on {host.os}/{host.arch}"
+    else:
+        why = _run_version(path, members, root, exe, patched, problems, notes)
+    if why:
+        # Cannot run it here: the version stamp must at least be compiled into the shipped files.
+        holders = sorted(n for n, m in actual.items() if m.kind == "file" and patched.encode() in m.data)
+        if holders:
+            notes.append(f"{path.name}: {exe} {why}; the patched commit {patched[:12]} is stamped into "
+                         f"{', '.join(holders)}")
+        else:
+            problems.append(f"{path.name}: {exe} {why}, and no shipped file holds the patched commit {patched[:12]}")
+    return embedded
+
+
+_MISSING_LIBRARY = re.compile(r"error while loading shared libraries: ([^:\s]+)")
+
+
+def _run_version(path: Path, members: list[Member], root: str, exe: str, patched: str,
+                 problems: list[str], notes: list[str]) -> str | None:
+    """Unpack and run `llama-server --version`. Returns why it could not run here, else None."""
     with tempfile.TemporaryDirectory(prefix="dfbuild-verify-") as tmp:
         extract_members(members, Path(tmp))
         binary = Path(tmp) / root / exe
+        env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH")}
         try:
             result = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=120,
-                                    cwd=tmp, errors="replace")
-            output = result.stdout + result.stderr
+                                    cwd=tmp, env=env, errors="replace")
         except (OSError, subprocess.TimeoutExpired) as exc:
             problems.append(f"{path.name}: the unpacked {exe} does not run: {exc}")
-            return embedded
+            return None
+    output = result.stdout + result.stderr
+    missing = _MISSING_LIBRARY.search(output)
+    shipped = {PurePosixPath(m.name).name for m in members}
+    if result.returncode != 0 and missing and missing.group(1) not in shipped:
+        # e.g. libcuda.so.1 comes with the GPU driver, which this machine lacks
+        return f"needs {missing.group(1)} from the system, which is missing here"
     found = _COMMIT_IN_VERSION.search(output)
     if result.returncode != 0:
         problems.append(f"{path.name}: the unpacked {exe} --version exited {result.returncode}: {output.strip()[-300:]}")
-    elif not patched:
-        problems.append(f"{path.name}: the manifest names no patched commit")
     elif not found or not _commit_matches(found.group(1), patched):
         problems.append(f"{path.name}: {exe} --version says {found.group(1) if found else 'no commit'}, "
                         f"not the patched commit {patched[:12]}")
     else:
         notes.append(f"{path.name}: unpacked {exe} --version names the patched commit {found.group(1)[:12]}")
-    return embedded
+    return None
 
 
 def _check_wheel(path: Path, embedded_by_version: dict[str, dict], problems: list[str], notes: list[str]) -> None:
