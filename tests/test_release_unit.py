@@ -404,6 +404,22 @@ def test_verify_rejects_unsafe_members_and_unlisted_artifacts(release_copy, tmp_
     assert not (tmp_path / "escape").exists()
 
 
+@posix_only
+def test_two_backends_share_one_out_dir_and_verify(inputs, fake_wheel, tmp_path):
+    """As in CI's merge job: each entry's artifacts side by side, one SHA256SUMS over all of them."""
+    out = tmp_path / "out"
+    first = run_package(inputs, out)
+    inputs["sections"]["build"] = {**inputs["sections"]["build"], "backend": "vulkan"}
+    second = write_full_release(inputs, out)
+    names = {a["name"] for a in first["artifacts"] + second["artifacts"]}
+    assert len(names) == 4  # the backend is in both the archive name and the wheel version
+    assert set(release.read_sha256sums(out / "SHA256SUMS")) == names
+    report = release.verify(out)
+    assert report["ok"], report["problems"]
+    (out / "manifest.json").unlink()  # a merged dir may hold no top-level manifest
+    assert release.verify(out)["ok"]
+
+
 def test_verify_without_sha256sums_fails(tmp_path):
     report = release.verify(tmp_path)
     assert not report["ok"] and "no SHA256SUMS" in report["problems"][0]
@@ -455,6 +471,13 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_llama_server(released, tmp_pa
                             env={"PATH": str(venv / "bin") + os.pathsep + os.environ["PATH"]})
     assert result.returncode == 0, result.stderr
     assert f"commit {inputs['head']}" in result.stdout
+
+
+def test_wheel_platform_tags_map_to_release_hosts():
+    assert release.wheel_platform("linux_x86_64") == ("linux", "x64")
+    assert release.wheel_platform("manylinux_2_28_aarch64") == ("linux", "arm64")
+    assert release.wheel_platform("win_amd64") == ("windows", "x64")
+    assert release.wheel_platform("macosx_14_0_arm64") == ("macos", "arm64")
 
 
 def test_stage_wheel_bin_keeps_regular_files_under_loader_names(tmp_path):

@@ -822,7 +822,16 @@ def _run_version(path: Path, members: list[Member], root: str, exe: str, patched
     return None
 
 
-def _check_wheel(path: Path, embedded_by_version: dict[str, dict], problems: list[str], notes: list[str]) -> None:
+def wheel_platform(platform_tag: str) -> tuple[str | None, str | None]:
+    """(os, arch) in dfbuild's names for a wheel platform tag: linux_x86_64 -> (linux, x64)."""
+    os_name = ("linux" if "linux" in platform_tag else "macos" if platform_tag.startswith("macosx")
+               else "windows" if platform_tag.startswith("win") else None)
+    arch = ("x64" if platform_tag.endswith(("x86_64", "amd64")) else
+            "arm64" if platform_tag.endswith(("aarch64", "arm64")) else None)
+    return os_name, arch
+
+
+def _check_wheel(path: Path, embedded_by_version: dict[tuple, dict], problems: list[str], notes: list[str]) -> None:
     fields = parse_wheel_name(path.name)
     if not fields:
         problems.append(f"{path.name}: not a wheel file name")
@@ -830,9 +839,10 @@ def _check_wheel(path: Path, embedded_by_version: dict[str, dict], problems: lis
     if fields["platform"] == "any" or fields["abi"] != "none" or fields["python"] != "py3":
         problems.append(f"{path.name}: tags {fields['python']}-{fields['abi']}-{fields['platform']} "
                         "are not py3-none-<platform>")
-    embedded = embedded_by_version.get(fields["version"])
+    os_name, arch = wheel_platform(fields["platform"])
+    embedded = embedded_by_version.get((fields["version"], os_name, arch))
     if embedded is None:
-        problems.append(f"{path.name}: no archive here has wheel version {fields['version']}")
+        problems.append(f"{path.name}: no archive here has wheel version {fields['version']} for {os_name}/{arch}")
         return
     files = {f["path"]: f for f in embedded["release"]["files"]}
     try:
@@ -900,7 +910,9 @@ def verify(directory: Path, *, run_binaries: bool = True, host: backends.Host | 
                 embedded = None
             if embedded:
                 embedded_by_archive[name] = embedded
-    by_version = {e.get("release", {}).get("wheel_version"): e for e in embedded_by_archive.values()}
+    # a wheel belongs to the archive of its version (base, series, backend) and platform
+    by_version = {(e["release"].get("wheel_version"), e["release"].get("os"), e["release"].get("arch")): e
+                  for e in embedded_by_archive.values() if isinstance(e.get("release"), dict)}
     for name in present:
         if name.endswith(".whl"):
             _check_wheel(directory / name, by_version, problems, notes)
