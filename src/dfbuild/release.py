@@ -527,12 +527,6 @@ def payload_digest(build_section: dict) -> str:
     return _digest(parts)
 
 
-def _blob_at(tree: Path, commit: str) -> str | None:
-    result = subprocess.run(["git", "-C", str(tree), "rev-parse", "--verify", "--quiet",
-                             f"{commit}:{series.SPECULATIVE}"], capture_output=True, text=True)
-    return result.stdout.strip() or None
-
-
 class _State:
     """WORK/release-<backend>.json: each stage's key and section from the last successful run."""
 
@@ -588,9 +582,6 @@ def release(base: str, *, backend: str, pr: int | None = None, repo: str | None 
         with _timed(stages, "checkout", f"checkout {base}"):
             src = source.checkout(base, pr=pr, repo=repo, dest=tree, keep_descendants=True)
             tree = Path(src["dir"])
-            # checkout reads the blob from the working tree, which a rerun finds patched;
-            # the section describes the base, so take the blob from the base commit.
-            src["speculative_blob"] = _blob_at(tree, src["commit"]) or src.get("speculative_blob")
             manifest.update_tree_manifest(tree, "source", src)
 
         with _timed(stages, "apply", "apply the patch series") as record:

@@ -134,6 +134,13 @@ def is_llama_tree(path: Path) -> bool:
     return all((Path(path) / marker).is_file() for marker in LLAMA_MARKERS)
 
 
+def committed_blob(tree: Path, commit: str) -> str | None:
+    """The blob id of common/speculative.cpp at COMMIT (what the base was, whatever sits on top now)."""
+    result = subprocess.run(["git", "-C", str(tree), "rev-parse", "--verify", "--quiet",
+                             f"{commit}:{LLAMA_MARKERS[1]}"], capture_output=True, text=True)
+    return result.stdout.strip() or None
+
+
 def speculative_blob(tree: Path) -> str | None:
     """The git blob id of common/speculative.cpp: how a base is recognised by content."""
     path = Path(tree) / "common" / "speculative.cpp"
@@ -381,7 +388,7 @@ def checkout(base: str, *, pr: int | None = None, repo: str | None = None,
         "upstream_commit": known.commit if known else commit,
         "branch": branch_for(base),
         "dir": str(dest),
-        "speculative_blob": speculative_blob(dest),
+        "speculative_blob": committed_blob(dest, commit),
         "state": "clean",
     }
 
