@@ -11,7 +11,8 @@ DFlash draft. The sets:
 * ``llama-mlp-random`` / ``llama-mlp-agree``: a llama target with an `mlp`
   projector. Image rows get linear positions there, so the bug never shows; it
   is the control.
-* ``qwen35-{mlp,grid}-{plain,sections}-{agree,disagree}``: a tiny `qwen35`
+* ``qwen35-{mlp,grid}-{plain,sections}-{agree,disagree}`` and
+  ``qwen35-grid-plain-random``: a tiny `qwen35`
   target (hybrid gated-delta-net + attention, M-RoPE). mtmd picks the M-RoPE
   image layout from the decoder's rope type, so every projector gives image rows
   one shared temporal position and the text after an image resumes further on.
@@ -139,6 +140,7 @@ class FixtureSet:
 FILES = {
     "llama-random": "target-llama-random.gguf",
     "llama-agree": "target-llama-agree.gguf",
+    "qwen35-random": "target-qwen35-random.gguf",
     "qwen35-agree": "target-qwen35-agree.gguf",
     "mmproj-mlp": "mmproj-mlp.gguf",
     "mmproj-grid": "mmproj-qwen2vl-merger.gguf",
@@ -157,6 +159,10 @@ def _fixture_sets() -> list[FixtureSet]:
         FixtureSet("llama-mlp-agree", FILES["llama-agree"], FILES["mmproj-mlp"], FILES["draft-plain-agree"],
                    "llama", "mlp", "plain", True, False),
     ]
+    # random weights on the bug's path: greedy output is not trivially one letter,
+    # so "identical to --spec-type none" checks something
+    sets.append(FixtureSet("qwen35-grid-plain-random", FILES["qwen35-random"], FILES["mmproj-grid"],
+                           FILES["draft-random"], "qwen35", "qwen2vl_merger", "plain", None, True))
     for projector_key, projector in (("mlp", "mlp"), ("grid", "qwen2vl_merger")):
         for rope in ("plain", "sections"):
             for agree in (True, False):
@@ -526,6 +532,7 @@ def write_fixtures(out: Path, seed: int = 0) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         _llama_target(out / FILES["llama-random"], seed, agree=False)
         _llama_target(out / FILES["llama-agree"], seed, agree=True)
+        _qwen35_target(out / FILES["qwen35-random"], seed, agree=False)
         _qwen35_target(out / FILES["qwen35-agree"], seed, agree=True)
         _mmproj_mlp(out / FILES["mmproj-mlp"], seed)
         _mmproj_qwen2vl(out / FILES["mmproj-grid"], seed)

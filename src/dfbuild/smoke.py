@@ -328,7 +328,9 @@ SCENARIOS = {s.name: s for s in (
 DEFAULT_SCENARIOS = tuple(SCENARIOS)
 # The control, then the shapes of the bug: both projectors with the plain-rope draft
 # (fails on b10359 and b11312), and the rope-sections draft that b11312 honours.
-DEFAULT_SETS = ("llama-mlp-agree", "qwen35-mlp-plain-agree", "qwen35-grid-plain-agree", "qwen35-grid-sections-agree")
+# The random set checks greedy equality where the output is not one repeated letter.
+DEFAULT_SETS = ("llama-mlp-agree", "qwen35-mlp-plain-agree", "qwen35-grid-plain-agree", "qwen35-grid-sections-agree",
+                "qwen35-grid-plain-random")
 
 MIN_ACCEPTANCE = 0.9
 MAX_DISAGREE_ACCEPTANCE = 0.1
@@ -582,12 +584,14 @@ def run_scenario(binary: Path, fixture_set_name: str, fixture_set: dict, scenari
         "set": fixture_set_name,
         "scenario": scenario.name,
         "failure_excerpt": _excerpt(log_text, findings, spec_steps) if not result["passed"] else "",
+        "upstream_symptom": None,
         "log_findings": findings[:20],
         "requests": [{k: v for k, v in s.items() if k != "log_offset"} for s in spec_steps],
         "log": str(spec_log),
         "server_args": spec_args,
         "wall_s": round(time.monotonic() - started, 2),
     })
+    result["upstream_symptom"] = upstream_symptom(result)
     return result
 
 
