@@ -337,8 +337,10 @@ MAX_DISAGREE_ACCEPTANCE = 0.1
 
 
 def base_server_args(fixture_set: dict, *, speculative: bool) -> list[str]:
+    """One thread: the models are tiny, and ggml's spinning workers on a busy machine
+    (2 cores, a build next door) turned 15 s runs into 5 minutes with -t 2."""
     args = ["-m", fixture_set["target"], "--mmproj", fixture_set["mmproj"],
-            "-c", "2048", "-np", "1", "-t", "2", "--metrics", "--no-webui"]
+            "-c", "2048", "-np", "1", "-t", "1", "--metrics", "--no-webui"]
     if speculative:
         args += ["-md", fixture_set["draft"], "--spec-type", "draft-dflash"]
     else:
