@@ -8,6 +8,7 @@ behaviour:
   exit-early      exit 3 before listening
   ignore-sigterm  like ok, but survives SIGTERM (the handle must kill it)
   reject-drafts   like ok, but no draft is accepted
+  busy-port-once  the first start fails to bind, like a port taken after the probe
 """
 
 from __future__ import annotations
@@ -101,6 +102,12 @@ def main(argv: list[str]) -> int:
     if MODE == "exit-early":
         log("error: failed to load model")
         return 3
+    if MODE == "busy-port-once":
+        flag = os.environ["FAKE_SERVER_FLAG"]
+        if not os.path.exists(flag):
+            open(flag, "w").close()
+            log("srv         start: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 1")
+            return 1
     if MODE == "ignore-sigterm":
         signal.signal(signal.SIGTERM, lambda *_: log("ignoring SIGTERM"))
     State.speculative = arg_value(argv, "--spec-type", "none") != "none"

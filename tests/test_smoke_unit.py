@@ -310,3 +310,10 @@ def test_the_plain_baseline_runs_once_per_target_and_mmproj(build_dir, fixtures_
     baselines = sorted(p.name for p in (tmp_path / "logs").glob("*--nospec.log"))
     assert baselines == ["text--llama-mlp-agree--nospec.log", "text--qwen35-mlp-plain-agree--nospec.log"]
     assert all(r["identical_to_no_spec"] for r in section["results"]["text"].values())
+
+
+def test_a_port_taken_before_bind_is_retried_on_a_new_port(build_dir, tmp_path):
+    env = {"FAKE_SERVER_MODE": "busy-port-once", "FAKE_SERVER_FLAG": str(tmp_path / "tried")}
+    with smoke.LlamaServer(smoke.server_binary(build_dir), [], tmp_path / "s.log", env=env) as server:
+        assert server.request("GET", "/health").status == 200
+    assert (tmp_path / "tried").exists()

@@ -109,7 +109,19 @@ class LlamaServer:
     def url(self, path: str) -> str:
         return f"http://{self.host}:{self.port}{path}"
 
+    BIND_ATTEMPTS = 3
+
     def start(self) -> LlamaServer:
+        """Start and wait for /health; a port taken between probe and bind gets a new port."""
+        for attempt in range(1, self.BIND_ATTEMPTS + 1):
+            try:
+                return self._start_once()
+            except errors.ServerStartError:
+                if attempt == self.BIND_ATTEMPTS or "couldn't bind" not in self.log_text():
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _start_once(self) -> LlamaServer:
         if not self.binary.is_file():
             raise errors.ServerStartError(f"no llama-server at {self.binary}",
                                           hint="build it first (`dfbuild build`) or pass the right --build-dir")
