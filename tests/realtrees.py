@@ -1,17 +1,19 @@
 """Real llama.cpp trees for integration tests, made through dfbuild's own stages.
 
-Every tree lives under the test cache as NAME/src with its CPU build in
-NAME/build-cpu, so a fresh build dir of the same layout hits the shared ccache.
+Every tree lives under the test cache as NAME/src with its builds beside it in
+NAME/build-<backend> (build-cpu, build-vulkan), so a fresh build dir of the same
+layout hits the shared ccache.
 Reruns are cheap: checkout keeps an applied series, apply is then a no-op, and
 ninja finds nothing to do.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
-from dfbuild import build, series, source
+from dfbuild import backends, build, doctor, series, source
 
 CACHE = Path(os.environ.get("DFBUILD_TEST_CACHE", Path.home() / ".cache" / "dfbuild-tests"))
 
@@ -29,11 +31,34 @@ def checkout_tree(base: str, *, patched: bool, skip: tuple[str, ...] = ()) -> Pa
     return src
 
 
+def vulkan_include_dir() -> Path | None:
+    """The Vulkan headers a vulkan build should use; None means the system's.
+
+    DFBUILD_VULKAN_INCLUDE_DIR wins. Debian 12's own headers are too old, so
+    there it is Debian 13's, as scripts/install-vulkan.sh fetches them (cached:
+    this is a no-op after the first time). Elsewhere the system's are used, and
+    doctor says what is missing.
+    """
+    if os.environ.get("DFBUILD_VULKAN_INCLUDE_DIR"):
+        return Path(os.environ["DFBUILD_VULKAN_INCLUDE_DIR"])
+    host = backends.current_host()
+    if doctor.probe("vulkan-headers", host).ok or (host.distro, host.distro_version) != ("debian", "12"):
+        return None
+    return doctor.fetch_debian_vulkan_headers()
+
+
 def built_tree(base: str, *, patched: bool, skip: tuple[str, ...] = (), backend: str = "cpu") -> dict:
     """Check out, patch and build; returns the build section (build_dir, binaries, ...)."""
     src = checkout_tree(base, patched=patched, skip=skip)
-    return build.build_tree(src, backend, src.parent / f"build-{backend}")
+    include_dir = vulkan_include_dir() if backend == "vulkan" else None
+    return build.build_tree(src, backend, src.parent / f"build-{backend}", vulkan_include_dir=include_dir)
 
 
 def server_binary(build_section: dict) -> Path:
     return Path(build_section["build_dir"]) / "bin" / ("llama-server.exe" if os.name == "nt" else "llama-server")
+
+
+@functools.cache
+def server_for(base: str, *, patched: bool, skip: tuple[str, ...] = (), backend: str = "cpu") -> Path:
+    """llama-server of a built tree, built at most once per test session."""
+    return server_binary(built_tree(base, patched=patched, skip=skip, backend=backend))

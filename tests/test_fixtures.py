@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import struct
 import zlib
 from pathlib import Path
@@ -168,27 +167,18 @@ def test_cli_fixtures(tmp_path):
 # --- integration: every set loads in the real servers ---------------------------------------
 
 
-def server_binary_for(base: str) -> Path | None:
-    """The llama-server built from tree `base`, or None.
+def server_binary_for(base: str) -> Path:
+    """The unpatched llama-server of tree `base`, built (from the shared ccache) on first use."""
+    from realtrees import server_for
 
-    DFBUILD_TEST_SERVER_<BASE> (e.g. DFBUILD_TEST_SERVER_B10359) wins; otherwise the
-    warm CPU build under the test cache, when it exists.
-    """
-    override = os.environ.get(f"DFBUILD_TEST_SERVER_{base.upper()}")
-    if override:
-        return Path(override)
-    from conftest import TEST_CACHE
-
-    candidate = smoke.server_binary(TEST_CACHE / "trees" / f"{base}-warm" / "build-cpu")
-    return candidate if candidate.is_file() else None
+    return server_for(base, patched=False)
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.parametrize("base", ["b10359", "b11312"])
 def test_every_fixture_set_loads_in_llama_server(base, written, tmp_path):
     binary = server_binary_for(base)
-    if binary is None:
-        pytest.skip(f"no llama-server for {base}: set DFBUILD_TEST_SERVER_{base.upper()}")
     problems = []
     for name, entry in written["sets"].items():
         args = smoke.base_server_args(entry, speculative=True)
