@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build a llama.cpp base with CUDA, unpatched and patched, and run the smoke
-# scenarios on the GPU (-ngl 99) for both. Meant for a GPU machine without
+# scenarios on the GPU (-ngl 99) for both. BACKEND=cpu does the same on the CPU
+# (a many-core machine builds a stand-in tree quickly). Meant for a GPU machine without
 # network or ccache: the unpatched build is copied aside, then the series is
 # applied in place and only what it touches is rebuilt.
 #
@@ -15,6 +16,13 @@ scenario_args=()
 for s in "$@"; do scenario_args+=(--scenario "$s"); done
 
 dfbuild() { python3 -m dfbuild.cli "$@"; }
+backend=${BACKEND:-cuda}
+build_args=(--backend "$backend")
+gpu_args=()
+if [ "$backend" = cuda ]; then
+    build_args+=(--cuda-arch "$arch" --cmake-arg=-DGGML_CUDA_NCCL=OFF)
+    gpu_args=(--server-arg=-ngl --server-arg=99 --server-arg=-ngld --server-arg=99)
+fi
 mkdir -p "$work" "$out"
 jobs=$(nproc)
 
@@ -22,20 +30,17 @@ jobs=$(nproc)
 dfbuild checkout --base "$base" --repo "$work/imported" --dir "$work/tree/src"
 
 start=$(date +%s)
-dfbuild build --dir "$work/tree/src" --backend cuda --cuda-arch "$arch" --cmake-arg=-DGGML_CUDA_NCCL=OFF \
-    -j "$jobs" --json > "$out/build-unpatched.json"
-echo "unpatched CUDA build: $(( $(date +%s) - start )) s"
-rm -rf "$work/unpatched" && mkdir -p "$work/unpatched" && cp -a "$work/tree/build-cuda/bin" "$work/unpatched/bin"
+dfbuild build --dir "$work/tree/src" "${build_args[@]}" -j "$jobs" --json > "$out/build-unpatched.json"
+echo "unpatched $backend build: $(( $(date +%s) - start )) s"
+rm -rf "$work/unpatched" && mkdir -p "$work/unpatched" && cp -a "$work/tree/build-$backend/bin" "$work/unpatched/bin"
 
 dfbuild apply --base "$base" --repo "$work/imported" --dir "$work/tree/src" --json > "$out/apply.json"
 start=$(date +%s)
-dfbuild build --dir "$work/tree/src" --backend cuda --cuda-arch "$arch" --cmake-arg=-DGGML_CUDA_NCCL=OFF \
-    -j "$jobs" --json > "$out/build-patched.json"
-echo "patched CUDA rebuild: $(( $(date +%s) - start )) s"
+dfbuild build --dir "$work/tree/src" "${build_args[@]}" -j "$jobs" --json > "$out/build-patched.json"
+echo "patched $backend rebuild: $(( $(date +%s) - start )) s"
 
-gpu_args=(--server-arg=-ngl --server-arg=99 --server-arg=-ngld --server-arg=99)
 for variant in unpatched patched; do
-    dir="$work/unpatched"; [ "$variant" = patched ] && dir="$work/tree/build-cuda"
+    dir="$work/unpatched"; [ "$variant" = patched ] && dir="$work/tree/build-$backend"
     start=$(date +%s)
     set +e
     dfbuild smoke --build-dir "$dir" --fixtures "$fixtures" --log-dir "$work/logs-$variant" \
