@@ -23,26 +23,13 @@ from dfbuild import cli, paths, source, ui
 from dfbuild.errors import ArchiveError, NotLlamaTreeError
 from dfbuild.manifest import tree_manifest_path
 
+from helpers import dfbuild, run_git, said
+
 SPECULATIVE = "// speculative decoding\nvoid common_speculative_impl_draft_dflash();\n"
 STALE_GIT_FILE = "gitdir: ../../.git/modules/vendor/llama.cpp\n"
 
 
 # --- helpers ---------------------------------------------------------------------
-
-
-def run_git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
-
-
-def dfbuild(*args):
-    result = CliRunner().invoke(cli.main, [str(a) for a in args])
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
-
-
-def said(result) -> str:
-    return " ".join(result.stderr.split())
 
 
 def sdist_layout(root: Path) -> Path:

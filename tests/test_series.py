@@ -36,18 +36,11 @@ from dfbuild.errors import (
 )
 from dfbuild.manifest import tree_manifest_path
 
+from helpers import dfbuild, run_git, said, write_fake_llama
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPEC = "common/speculative.cpp"
 FORMAT_PATCH = ["format-patch", "--zero-commit", "--no-signature", "--no-numbered", "--full-index", "--stdout"]
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "Upstream Dev",
-    "GIT_AUTHOR_EMAIL": "dev@example.org",
-    "GIT_COMMITTER_NAME": "Upstream Dev",
-    "GIT_COMMITTER_EMAIL": "dev@example.org",
-    "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000",
-    "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000",
-    "GIT_CONFIG_NOSYSTEM": "1",
-}
 
 # --- the synthetic llama.cpp ---------------------------------------------------------
 
@@ -128,18 +121,6 @@ def sha256(path: Path) -> str:
 # --- git and CLI helpers ---------------------------------------------------------------
 
 
-def run_git(cwd: Path, *args: str) -> str:
-    result = subprocess.run(["git", *args], cwd=cwd, env={**os.environ, **GIT_ENV},
-                            capture_output=True, text=True, check=True)
-    return result.stdout.strip()
-
-
-def write_tree(tree: Path, speculative: str) -> None:
-    (tree / "common").mkdir(parents=True, exist_ok=True)
-    (tree / "CMakeLists.txt").write_text("cmake_minimum_required(VERSION 3.14)\nproject(llama.cpp)\n")
-    (tree / SPEC).write_text(speculative)
-
-
 def commit_all(tree: Path, message: str) -> str:
     run_git(tree, "add", "-A")
     run_git(tree, "commit", "-q", "-m", message)
@@ -149,7 +130,7 @@ def commit_all(tree: Path, message: str) -> str:
 def new_repo(path: Path, speculative: str, message: str = "llama : base") -> str:
     path.mkdir(parents=True)
     run_git(path, "init", "-q", "-b", "master")
-    write_tree(path, speculative)
+    write_fake_llama(path, speculative)
     return commit_all(path, message)
 
 
@@ -174,17 +155,6 @@ def snapshot(tree: Path) -> dict:
         "status": run_git(tree, "status", "--porcelain", "--untracked-files=all", "--ignored"),
         "files": files,
     }
-
-
-def dfbuild(*args) -> object:
-    result = CliRunner().invoke(cli.main, [str(a) for a in args])
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
-
-
-def said(result) -> str:
-    return " ".join(result.stderr.split())
 
 
 # --- the synthetic series ----------------------------------------------------------------

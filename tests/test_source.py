@@ -28,51 +28,18 @@ from dfbuild import cli, paths, source, ui
 from dfbuild.errors import DirtyTreeError, NotLlamaTreeError, SourceError, UnknownBaseError
 from dfbuild.manifest import tree_manifest_path
 
+from helpers import dfbuild, run_git, said, write_fake_llama
+
 PR = 27342
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "Upstream Dev",
-    "GIT_AUTHOR_EMAIL": "dev@example.org",
-    "GIT_COMMITTER_NAME": "Upstream Dev",
-    "GIT_COMMITTER_EMAIL": "dev@example.org",
-    "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000",
-    "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000",
-    "GIT_CONFIG_NOSYSTEM": "1",
-}
 
 
 # --- helpers -------------------------------------------------------------------
-
-
-def run_git(cwd: Path, *args: str, input: str | None = None) -> str:
-    result = subprocess.run(["git", *args], cwd=cwd, env={**os.environ, **GIT_ENV},
-                            capture_output=True, text=True, input=input, check=True)
-    return result.stdout.strip()
-
-
-def write_fake_llama(tree: Path, speculative: str = "// speculative decoding\n") -> None:
-    """The smallest tree dfbuild accepts as llama.cpp."""
-    (tree / "common").mkdir(parents=True, exist_ok=True)
-    (tree / "CMakeLists.txt").write_text("cmake_minimum_required(VERSION 3.14)\nproject(llama.cpp)\n")
-    (tree / "common" / "speculative.cpp").write_text(speculative)
 
 
 def commit_all(work: Path, message: str) -> str:
     run_git(work, "add", "-A")
     run_git(work, "commit", "-q", "-m", message)
     return run_git(work, "rev-parse", "HEAD")
-
-
-def dfbuild(*args: str):
-    """Run the CLI as a user would; stdout (JSON) and stderr (messages) stay apart."""
-    result = CliRunner().invoke(cli.main, [str(a) for a in args])
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
-
-
-def said(result) -> str:
-    """What the user read on stderr, with rich's line wrapping undone."""
-    return " ".join(result.stderr.split())
 
 
 def head(tree: Path) -> str:

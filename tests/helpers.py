@@ -1,0 +1,47 @@
+"""What the unit tests share: git with a fixed identity, a minimal llama.cpp tree, the CLI as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from dfbuild import cli
+
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "Upstream Dev",
+    "GIT_AUTHOR_EMAIL": "dev@example.org",
+    "GIT_COMMITTER_NAME": "Upstream Dev",
+    "GIT_COMMITTER_EMAIL": "dev@example.org",
+    "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000",
+    "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000",
+    "GIT_CONFIG_NOSYSTEM": "1",
+}
+
+
+def run_git(cwd: Path, *args: str, input: str | None = None) -> str:
+    result = subprocess.run(["git", *args], cwd=cwd, env={**os.environ, **GIT_ENV},
+                            capture_output=True, text=True, input=input, check=True)
+    return result.stdout.strip()
+
+
+def write_fake_llama(tree: Path, speculative: str = "// speculative decoding\n") -> None:
+    """The smallest tree dfbuild accepts as llama.cpp."""
+    (tree / "common").mkdir(parents=True, exist_ok=True)
+    (tree / "CMakeLists.txt").write_text("cmake_minimum_required(VERSION 3.14)\nproject(llama.cpp)\n")
+    (tree / "common" / "speculative.cpp").write_text(speculative)
+
+
+def dfbuild(*args):
+    """Run the CLI as a user would; stdout (JSON) and stderr (messages) stay apart."""
+    result = CliRunner().invoke(cli.main, [str(a) for a in args])
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+def said(result) -> str:
+    """What the user read on stderr, with rich's line wrapping undone."""
+    return " ".join(result.stderr.split())
