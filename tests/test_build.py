@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import backends, build, doctor
+from dfbuild import build, doctor
 from dfbuild.backends import Host
 from dfbuild.cli import main
 from dfbuild.errors import BuildDirMismatchError, BuildError, SourceError, ToolchainMissingError

@@ -11,15 +11,13 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from dfbuild import cli, paths, source, ui
+from dfbuild import paths, source, ui
 from dfbuild.errors import ArchiveError, NotLlamaTreeError
 from dfbuild.manifest import tree_manifest_path
 

@@ -9,7 +9,6 @@ scikit-build-core, and really installed into a fresh venv.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import os

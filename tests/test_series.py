@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -24,9 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from dfbuild import cli, paths, series, source, ui
+from dfbuild import paths, series, source, ui
 from dfbuild.errors import (
     DirtyTreeError,
     NoVariantError,

@@ -12,19 +12,16 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 import re
-import subprocess
 import tarfile
 from pathlib import Path
 from types import SimpleNamespace
 
 import git
 import pytest
-from click.testing import CliRunner
 from filelock import FileLock
 
-from dfbuild import cli, paths, source, ui
+from dfbuild import paths, source, ui
 from dfbuild.errors import DirtyTreeError, NotLlamaTreeError, SourceError, UnknownBaseError
 from dfbuild.manifest import tree_manifest_path
 

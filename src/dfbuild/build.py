@@ -19,7 +19,6 @@ import re
 import shutil
 import subprocess
 import time
-from collections import deque
 from pathlib import Path
 from typing import Iterable
 
