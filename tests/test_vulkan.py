@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import doctor, smoke
+from dfbuild import backends, doctor, smoke
 from dfbuild.errors import DfbuildError
 
 import realtrees
@@ -41,12 +41,12 @@ BASE = "b10359"
 # the unpatched draft. One scenario (an image, then the same streamed) shows it.
 SETS = ["qwen35-mlp-plain-agree", "qwen35-grid-plain-agree"]
 SCENARIOS = ["image"]
-VULKAN_ARGS = ("-ngl", "99", "-ngld", "99", "--no-spec-draft-backend-sampling", "-lv", "4")
+VULKAN_ARGS = backends.get("vulkan").smoke_server_args  # the backend table's, as release uses them
 COLD_TIMEOUT_S = 1800  # start and first requests with a cold shader cache
 
 
 def vulkan_env(test_cache: Path) -> dict[str, str]:
-    return {"GGML_VK_VISIBLE_DEVICES": "0", "MESA_SHADER_CACHE_DIR": str(test_cache / "mesa-shader-cache")}
+    return {**backends.get("vulkan").smoke_env, "MESA_SHADER_CACHE_DIR": str(test_cache / "mesa-shader-cache")}
 
 
 def _absent(probes: list[dict]) -> list[str]:

@@ -53,6 +53,8 @@ class Backend:
     probes: tuple[str, ...]
     runtime_probes: tuple[str, ...]
     not_here: dict = field(hash=False)
+    smoke_server_args: tuple[str, ...]       # how the smoke stage runs this backend's llama-server
+    smoke_env: dict = field(hash=False)
     raw: dict = field(hash=False, repr=False)
 
     def builds_on(self, host_os: str) -> bool:
@@ -84,6 +86,8 @@ def get(name: str) -> Backend:
         probes=tuple(entry.get("probes", ())),
         runtime_probes=tuple(entry.get("runtime_probes", ())),
         not_here=dict(entry.get("not_here", {})),
+        smoke_server_args=tuple(entry.get("smoke", {}).get("server_args", ())),
+        smoke_env=dict(entry.get("smoke", {}).get("env", {})),
         raw=entry,
     )
 

@@ -339,14 +339,18 @@ def fixtures(out, seed, as_json):
 @click.option("--scenario", "scenarios", multiple=True, help="Scenario to run (repeatable; default: all).")
 @click.option("--log-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Where server logs go (default: FIXTURES/logs).")
+@click.option("--backend", default="cpu", show_default=True,
+              help="Run llama-server the way the backend table says for this backend (offload, device env).")
 @click.option("--server-arg", "server_args", multiple=True, help="Extra llama-server argument (repeatable).")
 @click.option("--no-compare", is_flag=True, help="Skip the --spec-type none baseline runs.")
 @json_option
 @handle_errors
-def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, server_args, no_compare, as_json):
+def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, backend, server_args, no_compare, as_json):
     """Run the smoke scenarios on llama-server; exit non-zero if any fails."""
-    from . import paths
+    from . import backends, paths
     from . import smoke as smoke_stage
+
+    how = backends.get(backend)
 
     def progress(result):
         mark = "[green]pass[/green]" if result["passed"] else "[red]FAIL[/red]"
@@ -356,7 +360,8 @@ def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, server_args, no_com
 
     section = smoke_stage.run_smoke(
         build_dir, fixtures_dir or paths.cache_dir() / "fixtures", sets=sets or None, scenarios=scenarios or None,
-        log_dir=log_dir, extra_server_args=server_args, compare_no_spec=not no_compare,
+        log_dir=log_dir, extra_server_args=(*how.smoke_server_args, *server_args), env=how.smoke_env,
+        compare_no_spec=not no_compare,
         on_result=None if as_json else progress,
     )
     if as_json:

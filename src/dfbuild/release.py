@@ -503,13 +503,16 @@ def default_work_dir(base: str) -> Path:
     return Path.cwd() / f"dfbuild-{re.sub(r'[^A-Za-z0-9._-]+', '-', base)}"
 
 
-def run_smoke_stage(build_dir: Path, fixtures_dir: Path, log_dir: Path) -> dict:
+def run_smoke_stage(build_dir: Path, fixtures_dir: Path, log_dir: Path, backend: str = "cpu") -> dict:
     """The smoke stage as release runs it (one place, so tests can stand in for it)."""
+    how = backends.get(backend)
+
     def progress(result: dict) -> None:
         verdict = "[green]pass[/green]" if result.get("passed") else "[red]FAIL[/red]"
         ui.info(f"    {result.get('scenario')} / {result.get('set')}: {verdict}")
 
-    return smoke.run_smoke(build_dir, fixtures_dir, log_dir=log_dir, on_result=progress)
+    return smoke.run_smoke(build_dir, fixtures_dir, log_dir=log_dir, on_result=progress,
+                           extra_server_args=how.smoke_server_args, env=how.smoke_env)
 
 
 def fixtures_digest(fixtures_section: dict) -> str:
@@ -610,7 +613,7 @@ def release(base: str, *, backend: str, pr: int | None = None, repo: str | None 
                 smk = state.cached("smoke", key)
                 record["reused"] = smk is not None
                 if smk is None:
-                    smk = run_smoke_stage(build_dir, fixtures_dir, work / f"smoke-{backend}")
+                    smk = run_smoke_stage(build_dir, fixtures_dir, work / f"smoke-{backend}", backend)
                     if not smk.get("passed"):
                         failed = smk.get("failed") or ["?"]
                         raise SmokeFailedError(
