@@ -23,6 +23,10 @@ DFlash draft. The sets:
   ``dflash.rope.dimension_sections = [head_dim/2, 0, 0, 0]`` (honoured by b11312,
   ignored by b10359).
 
+``write_bench_fixtures`` writes the qwen35 agree sets again at a larger `Shape`
+(``BENCH_SHAPE``: about 160 M parameters, F16) for bench/spec_images.py, where
+decoding must dominate a request; `write_fixtures` keeps the tiny smoke shape.
+
 "Agree" weights make acceptance a certainty instead of a hope: every target
 token embedding is the same vector ``v``; attention/SSM/FFN output projections
 are zero, so the residual stream at every text position is exactly ``v``; the
@@ -39,7 +43,7 @@ import json
 import string
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -107,7 +111,6 @@ SSM_INNER = SSM_STATE * SSM_DT_RANK
 DRAFT_LAYERS = 1
 DRAFT_BLOCK_SIZE = 4
 DRAFT_TARGET_LAYERS = [1, 3]
-DRAFT_ROPE_SECTIONS = [HEAD_DIM // 2, 0, 0, 0]
 
 # vision towers
 V_EMBD = 32
@@ -119,6 +122,61 @@ MM_HIDDEN = 64
 
 # test images (width, height)
 IMAGES = {"small": (32, 32), "large": (64, 48)}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Sizes of the text models (targets and DFlash drafts) and the projectors' output width.
+
+    The defaults are the tiny smoke shape above; `write_bench_fixtures` writes a
+    larger one. `dtype` "f16" stores the large matrices as F16 (norms, biases,
+    SSM parameters and the conv kernel stay F32, as llama.cpp's converters keep them).
+    """
+
+    n_embd: int = N_EMBD
+    n_head: int = N_HEAD
+    n_head_kv: int = N_HEAD_KV
+    head_dim: int = HEAD_DIM
+    n_ff: int = N_FF
+    n_layer: int = N_LAYER
+    full_attention_interval: int = FULL_ATTENTION_INTERVAL
+    rope_sections: tuple[int, ...] = tuple(ROPE_SECTIONS)
+    ssm_state: int = SSM_STATE
+    ssm_groups: int = SSM_GROUPS
+    ssm_dt_rank: int = SSM_DT_RANK
+    draft_layers: int = DRAFT_LAYERS
+    draft_block_size: int = DRAFT_BLOCK_SIZE
+    draft_target_layers: tuple[int, ...] = tuple(DRAFT_TARGET_LAYERS)
+    dtype: str = "f32"
+
+    def to_dict(self) -> dict:
+        """Plain JSON data (tuples as lists), as the fixtures index records it."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @property
+    def ssm_inner(self) -> int:
+        return self.ssm_state * self.ssm_dt_rank
+
+    def target_params(self) -> int:
+        """Parameters of the qwen35 target (what the benchmark's size claim is about)."""
+        e, hd = self.n_embd, self.head_dim
+        attention = 2 * self.n_head * hd * e + 2 * self.n_head_kv * hd * e + self.n_head * hd * e + 2 * hd
+        key_dim = self.ssm_state * self.ssm_groups
+        conv_dim = 2 * key_dim + self.ssm_inner
+        ssm = (conv_dim * e + 2 * self.ssm_inner * e + 2 * self.ssm_dt_rank * e + conv_dim * SSM_CONV_KERNEL
+               + 2 * self.ssm_dt_rank + self.ssm_state)
+        n_attention = self.n_layer // self.full_attention_interval
+        per_layer_common = 3 * self.n_ff * e + 2 * e
+        return (n_attention * attention + (self.n_layer - n_attention) * ssm + self.n_layer * per_layer_common
+                + 2 * N_VOCAB * e + e)
+
+
+SMOKE_SHAPE = Shape()
+# Matrices written as F16 when Shape.dtype is "f16": those llama.cpp converters store in
+# the model's type. 1-D tensors, ssm_conv1d, ssm_alpha/ssm_beta and ssm_a stay F32.
+_F16_MATRICES = ("token_embd.weight", "output.weight", "fc.weight", "attn_q.weight", "attn_k.weight",
+                 "attn_v.weight", "attn_output.weight", "attn_qkv.weight", "attn_gate.weight", "ssm_out.weight",
+                 "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
 
 
 @dataclass(frozen=True)
@@ -203,14 +261,15 @@ class _Weights:
         return np.zeros(shape, dtype=np.float32)
 
 
-def _write_gguf(path: Path, arch: str, kv: dict, tensors: dict[str, np.ndarray]) -> None:
+def _write_gguf(path: Path, arch: str, kv: dict, tensors: dict[str, np.ndarray], dtype: str = "f32") -> None:
     import gguf
 
     writer = gguf.GGUFWriter(str(path), arch)
     for key, value in kv.items():
         _add_kv(writer, key, value)
     for name, data in tensors.items():
-        writer.add_tensor(name, np.ascontiguousarray(data, dtype=np.float32))
+        f16 = dtype == "f16" and name.endswith(_F16_MATRICES) and data.ndim == 2
+        writer.add_tensor(name, np.ascontiguousarray(data, dtype=np.float16 if f16 else np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -247,62 +306,64 @@ def _tokenizer_kv() -> dict:
     }
 
 
-def _common_llm_kv(arch: str, n_layer: int) -> dict:
+def _common_llm_kv(arch: str, n_layer: int, shape: Shape = SMOKE_SHAPE) -> dict:
     return {
         "general.name": f"dfbuild fixture {arch}",
         f"{arch}.context_length": N_CTX_TRAIN,
-        f"{arch}.embedding_length": N_EMBD,
+        f"{arch}.embedding_length": shape.n_embd,
         f"{arch}.block_count": n_layer,
-        f"{arch}.feed_forward_length": N_FF,
-        f"{arch}.attention.head_count": N_HEAD,
-        f"{arch}.attention.head_count_kv": N_HEAD_KV,
-        f"{arch}.attention.key_length": HEAD_DIM,
-        f"{arch}.attention.value_length": HEAD_DIM,
+        f"{arch}.feed_forward_length": shape.n_ff,
+        f"{arch}.attention.head_count": shape.n_head,
+        f"{arch}.attention.head_count_kv": shape.n_head_kv,
+        f"{arch}.attention.key_length": shape.head_dim,
+        f"{arch}.attention.value_length": shape.head_dim,
         f"{arch}.attention.layer_norm_rms_epsilon": RMS_EPS,
-        f"{arch}.rope.dimension_count": HEAD_DIM,
+        f"{arch}.rope.dimension_count": shape.head_dim,
         f"{arch}.rope.freq_base": ROPE_BASE,
     }
 
 
-def _agree_vector(w: _Weights) -> np.ndarray:
-    v = w.rng.standard_normal(N_EMBD).astype(np.float32)
+def _agree_vector(w: _Weights, n_embd: int = N_EMBD) -> np.ndarray:
+    v = w.rng.standard_normal(n_embd).astype(np.float32)
     return v / np.sqrt(np.mean(v * v))  # RMS 1, so rms_norm(v) == v
 
 
-def _embeddings_and_head(w: _Weights, agree: bool, letter: str) -> dict[str, np.ndarray]:
+def _embeddings_and_head(w: _Weights, agree: bool, letter: str, shape: Shape = SMOKE_SHAPE) -> dict[str, np.ndarray]:
+    n_embd = shape.n_embd
     if not agree:
         # Only ASCII letters get non-zero head rows: their best logit is positive
         # almost surely, so random models still write printable text. Raw random
         # bytes (invalid UTF-8, control tokens) make b10359's output parser answer
         # HTTP 500 ("does not match the expected Content-only format"), on
         # /completion too, which would hide the bug under test.
-        head = w.zeros(N_VOCAB, N_EMBD)
+        head = w.zeros(N_VOCAB, n_embd)
         letters = [letter_token(c) for c in string.ascii_letters]
-        head[letters] = w.normal(len(letters), N_EMBD, scale=0.5)
+        head[letters] = w.normal(len(letters), n_embd, scale=0.5)
         return {
-            "token_embd.weight": w.normal(N_VOCAB, N_EMBD, scale=1.0),
-            "output_norm.weight": w.ones(N_EMBD),
+            "token_embd.weight": w.normal(N_VOCAB, n_embd, scale=1.0),
+            "output_norm.weight": w.ones(n_embd),
             "output.weight": head,
         }
-    v = _agree_vector(_Weights(0, "agree-vector"))  # shared by every agree file, whatever the seed
+    v = _agree_vector(_Weights(0, "agree-vector"), n_embd)  # shared by every agree file, whatever the seed
     return {
         "token_embd.weight": np.tile(v, (N_VOCAB, 1)),
-        "output_norm.weight": w.ones(N_EMBD),
+        "output_norm.weight": w.ones(n_embd),
         "output.weight": _letter_head(w, v, letter),
     }
 
 
 def _letter_head(w: _Weights, v: np.ndarray, letter: str) -> np.ndarray:
-    head = w.normal(N_VOCAB, N_EMBD, scale=0.01)
+    head = w.normal(N_VOCAB, len(v), scale=0.01)
     head[letter_token(letter)] = v
     return head
 
 
-def _ffn(w: _Weights, prefix: str, agree: bool) -> dict[str, np.ndarray]:
+def _ffn(w: _Weights, prefix: str, agree: bool, shape: Shape = SMOKE_SHAPE) -> dict[str, np.ndarray]:
+    n_embd, n_ff = shape.n_embd, shape.n_ff
     return {
-        f"{prefix}.ffn_gate.weight": w.normal(N_FF, N_EMBD),
-        f"{prefix}.ffn_up.weight": w.normal(N_FF, N_EMBD),
-        f"{prefix}.ffn_down.weight": w.zeros(N_EMBD, N_FF) if agree else w.normal(N_EMBD, N_FF),
+        f"{prefix}.ffn_gate.weight": w.normal(n_ff, n_embd),
+        f"{prefix}.ffn_up.weight": w.normal(n_ff, n_embd),
+        f"{prefix}.ffn_down.weight": w.zeros(n_embd, n_ff) if agree else w.normal(n_embd, n_ff),
     }
 
 
@@ -325,54 +386,56 @@ def _llama_target(path: Path, seed: int, agree: bool) -> None:
     _write_gguf(path, "llama", kv, tensors)
 
 
-def _qwen35_target(path: Path, seed: int, agree: bool) -> None:
+def _qwen35_target(path: Path, seed: int, agree: bool, shape: Shape = SMOKE_SHAPE) -> None:
     """src/models/qwen35.cpp: hybrid gated-delta-net / gated attention, IMROPE."""
     w = _Weights(seed, path.name)
-    tensors = _embeddings_and_head(w, agree, AGREE_LETTER)
-    key_dim = SSM_STATE * SSM_GROUPS
-    value_dim = SSM_STATE * SSM_DT_RANK
+    tensors = _embeddings_and_head(w, agree, AGREE_LETTER, shape)
+    n_embd, head_dim = shape.n_embd, shape.head_dim
+    q_dim, kv_dim = shape.n_head * head_dim, shape.n_head_kv * head_dim
+    key_dim = shape.ssm_state * shape.ssm_groups
+    value_dim = shape.ssm_inner
     conv_dim = 2 * key_dim + value_dim
-    for il in range(N_LAYER):
+    for il in range(shape.n_layer):
         p = f"blk.{il}"
-        tensors[f"{p}.attn_norm.weight"] = w.ones(N_EMBD)
-        tensors[f"{p}.post_attention_norm.weight"] = w.ones(N_EMBD)
-        is_attention = (il + 1) % FULL_ATTENTION_INTERVAL == 0
+        tensors[f"{p}.attn_norm.weight"] = w.ones(n_embd)
+        tensors[f"{p}.post_attention_norm.weight"] = w.ones(n_embd)
+        is_attention = (il + 1) % shape.full_attention_interval == 0
         if is_attention:
             tensors.update({
                 # q carries the output gate: twice the head width
-                f"{p}.attn_q.weight": w.normal(2 * N_HEAD * HEAD_DIM, N_EMBD, scale=0.2),
-                f"{p}.attn_k.weight": w.normal(N_HEAD_KV * HEAD_DIM, N_EMBD, scale=0.2),
-                f"{p}.attn_v.weight": w.normal(N_HEAD_KV * HEAD_DIM, N_EMBD, scale=0.2),
-                f"{p}.attn_output.weight": w.zeros(N_EMBD, N_HEAD * HEAD_DIM) if agree else w.normal(N_EMBD, N_HEAD * HEAD_DIM, scale=0.2),
-                f"{p}.attn_q_norm.weight": w.ones(HEAD_DIM),
-                f"{p}.attn_k_norm.weight": w.ones(HEAD_DIM),
+                f"{p}.attn_q.weight": w.normal(2 * q_dim, n_embd, scale=0.2),
+                f"{p}.attn_k.weight": w.normal(kv_dim, n_embd, scale=0.2),
+                f"{p}.attn_v.weight": w.normal(kv_dim, n_embd, scale=0.2),
+                f"{p}.attn_output.weight": w.zeros(n_embd, q_dim) if agree else w.normal(n_embd, q_dim, scale=0.2),
+                f"{p}.attn_q_norm.weight": w.ones(head_dim),
+                f"{p}.attn_k_norm.weight": w.ones(head_dim),
             })
         else:
             tensors.update({
-                f"{p}.attn_qkv.weight": w.normal(conv_dim, N_EMBD, scale=0.2),
-                f"{p}.attn_gate.weight": w.normal(value_dim, N_EMBD, scale=0.2),
+                f"{p}.attn_qkv.weight": w.normal(conv_dim, n_embd, scale=0.2),
+                f"{p}.attn_gate.weight": w.normal(value_dim, n_embd, scale=0.2),
                 f"{p}.ssm_conv1d.weight": w.normal(conv_dim, SSM_CONV_KERNEL, scale=0.2),
-                f"{p}.ssm_dt.bias": w.normal(SSM_DT_RANK, scale=0.1),
-                f"{p}.ssm_a": -np.exp(w.normal(SSM_DT_RANK, scale=0.5)),  # -exp(A_log): decaying state
-                f"{p}.ssm_beta.weight": w.normal(SSM_DT_RANK, N_EMBD, scale=0.2),
-                f"{p}.ssm_alpha.weight": w.normal(SSM_DT_RANK, N_EMBD, scale=0.2),
-                f"{p}.ssm_norm.weight": w.ones(SSM_STATE),
-                f"{p}.ssm_out.weight": w.zeros(N_EMBD, value_dim) if agree else w.normal(N_EMBD, value_dim, scale=0.2),
+                f"{p}.ssm_dt.bias": w.normal(shape.ssm_dt_rank, scale=0.1),
+                f"{p}.ssm_a": -np.exp(w.normal(shape.ssm_dt_rank, scale=0.5)),  # -exp(A_log): decaying state
+                f"{p}.ssm_beta.weight": w.normal(shape.ssm_dt_rank, n_embd, scale=0.2),
+                f"{p}.ssm_alpha.weight": w.normal(shape.ssm_dt_rank, n_embd, scale=0.2),
+                f"{p}.ssm_norm.weight": w.ones(shape.ssm_state),
+                f"{p}.ssm_out.weight": w.zeros(n_embd, value_dim) if agree else w.normal(n_embd, value_dim, scale=0.2),
             })
-        tensors.update(_ffn(w, p, agree))
-    kv = _common_llm_kv("qwen35", N_LAYER) | {
-        "qwen35.rope.dimension_sections": ROPE_SECTIONS,
-        "qwen35.full_attention_interval": FULL_ATTENTION_INTERVAL,
+        tensors.update(_ffn(w, p, agree, shape))
+    kv = _common_llm_kv("qwen35", shape.n_layer, shape) | {
+        "qwen35.rope.dimension_sections": list(shape.rope_sections),
+        "qwen35.full_attention_interval": shape.full_attention_interval,
         "qwen35.ssm.conv_kernel": SSM_CONV_KERNEL,
-        "qwen35.ssm.inner_size": SSM_INNER,
-        "qwen35.ssm.state_size": SSM_STATE,
-        "qwen35.ssm.time_step_rank": SSM_DT_RANK,
-        "qwen35.ssm.group_count": SSM_GROUPS,
+        "qwen35.ssm.inner_size": shape.ssm_inner,
+        "qwen35.ssm.state_size": shape.ssm_state,
+        "qwen35.ssm.time_step_rank": shape.ssm_dt_rank,
+        "qwen35.ssm.group_count": shape.ssm_groups,
     } | _tokenizer_kv()
-    _write_gguf(path, "qwen35", kv, tensors)
+    _write_gguf(path, "qwen35", kv, tensors, shape.dtype)
 
 
-def _dflash_draft(path: Path, seed: int, flavour: str, rope_sections: bool) -> None:
+def _dflash_draft(path: Path, seed: int, flavour: str, rope_sections: bool, shape: Shape = SMOKE_SHAPE) -> None:
     """src/models/dflash.cpp + conversion/qwen.py DFlashModel.
 
     The draft has no token_embd (it borrows the target's through ctx_other). An
@@ -381,34 +444,36 @@ def _dflash_draft(path: Path, seed: int, flavour: str, rope_sections: bool) -> N
     """
     w = _Weights(seed, path.name)
     agree = flavour in ("agree", "disagree")
+    n_embd, head_dim = shape.n_embd, shape.head_dim
+    q_dim, kv_dim = shape.n_head * head_dim, shape.n_head_kv * head_dim
     tensors: dict[str, np.ndarray] = {
-        "fc.weight": w.normal(N_EMBD, len(DRAFT_TARGET_LAYERS) * N_EMBD, scale=0.2),
-        "enc.output_norm.weight": w.ones(N_EMBD),
-        "output_norm.weight": w.ones(N_EMBD),
+        "fc.weight": w.normal(n_embd, len(shape.draft_target_layers) * n_embd, scale=0.2),
+        "enc.output_norm.weight": w.ones(n_embd),
+        "output_norm.weight": w.ones(n_embd),
     }
     if flavour == "disagree":
-        v = _agree_vector(_Weights(0, "agree-vector"))
+        v = _agree_vector(_Weights(0, "agree-vector"), n_embd)
         tensors["output.weight"] = _letter_head(w, v, DISAGREE_LETTER)
-    for il in range(DRAFT_LAYERS):
+    for il in range(shape.draft_layers):
         p = f"blk.{il}"
         tensors.update({
-            f"{p}.attn_norm.weight": w.ones(N_EMBD),
-            f"{p}.attn_q.weight": w.normal(N_HEAD * HEAD_DIM, N_EMBD, scale=0.2),
-            f"{p}.attn_k.weight": w.normal(N_HEAD_KV * HEAD_DIM, N_EMBD, scale=0.2),
-            f"{p}.attn_v.weight": w.normal(N_HEAD_KV * HEAD_DIM, N_EMBD, scale=0.2),
-            f"{p}.attn_output.weight": w.zeros(N_EMBD, N_HEAD * HEAD_DIM) if agree else w.normal(N_EMBD, N_HEAD * HEAD_DIM, scale=0.2),
-            f"{p}.attn_q_norm.weight": w.ones(HEAD_DIM),
-            f"{p}.attn_k_norm.weight": w.ones(HEAD_DIM),
-            f"{p}.ffn_norm.weight": w.ones(N_EMBD),
+            f"{p}.attn_norm.weight": w.ones(n_embd),
+            f"{p}.attn_q.weight": w.normal(q_dim, n_embd, scale=0.2),
+            f"{p}.attn_k.weight": w.normal(kv_dim, n_embd, scale=0.2),
+            f"{p}.attn_v.weight": w.normal(kv_dim, n_embd, scale=0.2),
+            f"{p}.attn_output.weight": w.zeros(n_embd, q_dim) if agree else w.normal(n_embd, q_dim, scale=0.2),
+            f"{p}.attn_q_norm.weight": w.ones(head_dim),
+            f"{p}.attn_k_norm.weight": w.ones(head_dim),
+            f"{p}.ffn_norm.weight": w.ones(n_embd),
         })
-        tensors.update(_ffn(w, p, agree))
-    kv = _common_llm_kv("dflash", DRAFT_LAYERS) | {
-        "dflash.block_size": DRAFT_BLOCK_SIZE,
-        "dflash.target_layers": DRAFT_TARGET_LAYERS,
+        tensors.update(_ffn(w, p, agree, shape))
+    kv = _common_llm_kv("dflash", shape.draft_layers, shape) | {
+        "dflash.block_size": shape.draft_block_size,
+        "dflash.target_layers": list(shape.draft_target_layers),
     } | _tokenizer_kv()
     if rope_sections:
-        kv["dflash.rope.dimension_sections"] = DRAFT_ROPE_SECTIONS
-    _write_gguf(path, "dflash", kv, tensors)
+        kv["dflash.rope.dimension_sections"] = [head_dim // 2, 0, 0, 0]
+    _write_gguf(path, "dflash", kv, tensors, shape.dtype)
 
 
 def _vision_layer(w: _Weights, il: int) -> dict[str, np.ndarray]:
@@ -428,7 +493,7 @@ def _vision_layer(w: _Weights, il: int) -> dict[str, np.ndarray]:
     return t
 
 
-def _clip_kv(projector: str, n_layer: int) -> dict:
+def _clip_kv(projector: str, n_layer: int, n_embd: int = N_EMBD) -> dict:
     return {
         "general.name": f"dfbuild fixture mmproj {projector}",
         "clip.projector_type": projector,
@@ -436,7 +501,7 @@ def _clip_kv(projector: str, n_layer: int) -> dict:
         "clip.vision.embedding_length": V_EMBD,
         "clip.vision.feed_forward_length": V_FF,
         "clip.vision.block_count": n_layer,
-        "clip.vision.projection_dim": N_EMBD,
+        "clip.vision.projection_dim": n_embd,  # the text model's width
         "clip.vision.attention.head_count": V_HEAD,
         "clip.vision.attention.layer_norm_epsilon": 1e-6,
         "clip.vision.image_size": V_IMAGE_SIZE,
@@ -446,7 +511,7 @@ def _clip_kv(projector: str, n_layer: int) -> dict:
     }
 
 
-def _mmproj_mlp(path: Path, seed: int) -> None:
+def _mmproj_mlp(path: Path, seed: int, n_embd: int = N_EMBD) -> None:
     """LLaVA-style: CLIP ViT + mm.0/mm.2; one row per patch (16 for 32x32, patch 8).
 
     The llava graph runs layers up to the second-to-last, so two layers run one.
@@ -464,13 +529,13 @@ def _mmproj_mlp(path: Path, seed: int) -> None:
     tensors.update({
         "mm.0.weight": w.normal(MM_HIDDEN, V_EMBD, scale=0.2),
         "mm.0.bias": w.zeros(MM_HIDDEN),
-        "mm.2.weight": w.normal(N_EMBD, MM_HIDDEN, scale=0.2),
-        "mm.2.bias": w.zeros(N_EMBD),
+        "mm.2.weight": w.normal(n_embd, MM_HIDDEN, scale=0.2),
+        "mm.2.bias": w.zeros(n_embd),
     })
-    _write_gguf(path, "clip", _clip_kv("mlp", n_layer), tensors)
+    _write_gguf(path, "clip", _clip_kv("mlp", n_layer, n_embd), tensors)
 
 
-def _mmproj_qwen2vl(path: Path, seed: int) -> None:
+def _mmproj_qwen2vl(path: Path, seed: int, n_embd: int = N_EMBD) -> None:
     """tools/mtmd/models/qwen2vl.cpp: two patch convs (temporal pair), 2x2 merge, M-RoPE vision."""
     w = _Weights(seed, path.name)
     n_layer = 1
@@ -485,10 +550,10 @@ def _mmproj_qwen2vl(path: Path, seed: int) -> None:
         "v.post_ln.bias": w.zeros(V_EMBD),
         "mm.0.weight": w.normal(MM_HIDDEN, 4 * V_EMBD, scale=0.2),
         "mm.0.bias": w.zeros(MM_HIDDEN),
-        "mm.2.weight": w.normal(N_EMBD, MM_HIDDEN, scale=0.2),
-        "mm.2.bias": w.zeros(N_EMBD),
+        "mm.2.weight": w.normal(n_embd, MM_HIDDEN, scale=0.2),
+        "mm.2.bias": w.zeros(n_embd),
     })
-    kv = _clip_kv("qwen2vl_merger", n_layer) | {"clip.vision.spatial_merge_size": 2}
+    kv = _clip_kv("qwen2vl_merger", n_layer, n_embd) | {"clip.vision.spatial_merge_size": 2}
     _write_gguf(path, "clip", kv, tensors)
 
 
@@ -569,6 +634,87 @@ def write_fixtures(out: Path, seed: int = 0) -> dict:
                 "reproduces_bug": s.reproduces_bug,
             }
             for s in FIXTURE_SETS.values()
+        },
+    }
+    (out / INDEX_NAME).write_text(json.dumps(section, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return section
+
+
+# A target of about 160 M parameters (F16, ~320 MB): large enough that decoding, not
+# HTTP or the tiny vision tower, dominates a request, small enough that 2 CPU cores
+# generate a few tokens a second. Real Qwen3.5 proportions: 3 gated-delta-net layers
+# per attention layer, 128-wide heads, GQA 4:1, v heads twice the k heads.
+BENCH_SHAPE = Shape(n_embd=1024, n_head=8, n_head_kv=2, head_dim=128, n_ff=3072, n_layer=12,
+                    full_attention_interval=4, rope_sections=(24, 24, 16, 0), ssm_state=128, ssm_groups=4,
+                    ssm_dt_rank=8, draft_layers=1, draft_block_size=16, draft_target_layers=(1, 6, 10), dtype="f16")
+BENCH_SETS = ("qwen35-grid-plain-agree", "qwen35-mlp-plain-agree")
+
+
+def check_shape(shape: Shape) -> None:
+    """Refuse shapes llama.cpp would reject at load time, with the reason in words."""
+    problems = []
+    if 2 * sum(shape.rope_sections) != shape.head_dim:
+        problems.append(f"rope_sections {list(shape.rope_sections)} must sum to head_dim/2 = {shape.head_dim // 2}")
+    if shape.ssm_dt_rank % shape.ssm_groups:
+        problems.append("ssm_dt_rank (v heads) must be a multiple of ssm_groups (k heads)")
+    if shape.n_head % shape.n_head_kv:
+        problems.append("n_head must be a multiple of n_head_kv")
+    if not all(0 <= layer < shape.n_layer for layer in shape.draft_target_layers):
+        problems.append(f"draft_target_layers {list(shape.draft_target_layers)} must lie in 0..{shape.n_layer - 1}")
+    if shape.dtype not in ("f32", "f16"):
+        problems.append(f"dtype {shape.dtype!r} is neither f32 nor f16")
+    if problems:
+        raise errors.FixtureError("invalid fixture shape: " + "; ".join(problems), hint="fix the Shape you passed")
+
+
+def write_bench_fixtures(out: Path, *, shape: Shape = BENCH_SHAPE, seed: int = 0) -> dict:
+    """Write a larger agree qwen35 set for benchmarks into `out`; return its section.
+
+    Only what the speculative benchmark loads: the qwen35 agree target at `shape`,
+    both projectors (output width = the target's), the plain-rope agreeing DFlash
+    draft, and the test images. The section has the layout of `write_fixtures`
+    (sets `BENCH_SETS`), plus the shape and the target's parameter count.
+    """
+    check_shape(shape)
+    out = Path(out)
+    names = [FILES["qwen35-agree"], FILES["mmproj-mlp"], FILES["mmproj-grid"], FILES["draft-plain-agree"]]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        _qwen35_target(out / FILES["qwen35-agree"], seed, agree=True, shape=shape)
+        _mmproj_mlp(out / FILES["mmproj-mlp"], seed, shape.n_embd)
+        _mmproj_qwen2vl(out / FILES["mmproj-grid"], seed, shape.n_embd)
+        _dflash_draft(out / FILES["draft-plain-agree"], seed, "agree", rope_sections=False, shape=shape)
+        images = {}
+        for label, (width, height) in IMAGES.items():
+            path = out / f"image-{label}-{width}x{height}.png"
+            _test_image(path, seed, width, height)
+            images[label] = str(path)
+    except OSError as exc:
+        raise errors.FixtureError(f"cannot write fixtures to {out}: {exc}", hint="check the directory is writable") from exc
+
+    sets = [FIXTURE_SETS[name] for name in BENCH_SETS]
+    section = {
+        "schema": FIXTURES_SCHEMA,
+        "dir": str(out),
+        "seed": seed,
+        "agree_letter": AGREE_LETTER,
+        "images": images,
+        "shape": shape.to_dict(),
+        "target_params": shape.target_params(),
+        "files": {name: {"path": str(out / name), "sha256": _sha256(out / name)} for name in sorted(names)},
+        "sets": {
+            s.name: {
+                "target": str(out / s.target),
+                "mmproj": str(out / s.mmproj),
+                "draft": str(out / s.draft),
+                "arch": s.arch,
+                "projector": s.projector,
+                "draft_rope": s.draft_rope,
+                "agree": s.agree,
+                "expected_acceptance": s.expected_acceptance(),
+                "reproduces_bug": s.reproduces_bug,
+            }
+            for s in sets
         },
     }
     (out / INDEX_NAME).write_text(json.dumps(section, indent=2, sort_keys=True) + "\n", encoding="utf-8")
