@@ -1,0 +1,324 @@
+#!/usr/bin/env python3
+"""What does dfbuild cost on top of the build itself?
+
+Four measurements, each through the `dfbuild` command line as a user runs it:
+
+* cold: `dfbuild build` against plain `cmake` + `ninja` with the very same
+  configure arguments (taken from the dfbuild run's stamp: flags, version stamp,
+  ccache launcher) and the same targets. Every run gets a fresh build dir and
+  its own empty CCACHE_DIR, so both start cold; the order alternates per
+  repetition. Goal: dfbuild / cmake <= 1.05.
+  The default target is `ggml` (ggml-base + ggml-cpu: the whole CPU compute
+  backend, 32 ninja steps, about 2 minutes cold on 2 cores); it has the same
+  configure step as the full build and the least compile time to hide dfbuild's
+  own work behind, so it is the strict case. `--targets llama-server` measures
+  the full build (332 steps, ~7 minutes per run on 2 cores).
+* apply: `dfbuild checkout` back to the base, then `dfbuild apply` of the series.
+* rebuild: in a llama-server build dir filled from the shared ccache: an
+  unchanged rebuild, a rebuild after `touch` of the patched file, and a rebuild
+  after a changed patch (a real code change to common/speculative.cpp,
+  committed the way `dfbuild apply` commits a concern, so the version stamp
+  changes too and CMake re-runs).
+* release: `dfbuild release` in a fresh work dir (shared ccache), then a rerun
+  that resumes; the time per stage from the manifest's `release.stages`.
+
+One command (all parts; about 20 minutes on 2 shared cores):
+
+    python bench/build_cost.py
+
+The full cold comparison: `python bench/build_cost.py --parts cold --targets llama-server --reps 1`.
+Results merge into bench/results.json under "build_cost".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import benchlib
+from benchlib import log
+
+from dfbuild import doctor
+
+PARTS = ("apply", "cold", "rebuild", "release")
+GOAL_RATIO = 1.05
+
+
+def dfbuild_command() -> list[str]:
+    exe = shutil.which("dfbuild")
+    return [exe] if exe else [sys.executable, "-c", "from dfbuild.cli import main; main()"]
+
+
+class Runner:
+    """Runs commands niced, with one environment, logging their output, and times them."""
+
+    def __init__(self, log_dir: Path, nice: int, env: dict):
+        self.log_dir = log_dir
+        self.nice = nice
+        self.env = env
+        log_dir.mkdir(parents=True, exist_ok=True)
+
+    def run(self, name: str, args: list[str], *, env_extra: dict | None = None, cwd: Path | None = None) -> tuple[float, str]:
+        """Run ARGS; return (wall seconds, stdout). Raise with the log's tail when it fails."""
+        prefix = ["nice", "-n", str(self.nice)] if self.nice and shutil.which("nice") else []
+        log_path = self.log_dir / f"{name}.log"
+        env = self.env | (env_extra or {})
+        with open(log_path, "w", encoding="utf-8") as err:
+            err.write("$ " + " ".join(args) + "\n")
+            err.flush()
+            started = time.monotonic()
+            proc = subprocess.run(prefix + args, stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=cwd)
+            wall = time.monotonic() - started
+        if proc.returncode != 0:
+            tail = "\n".join(log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-15:])
+            raise SystemExit(f"{name} failed ({proc.returncode}); log {log_path}:\n{tail}")
+        log(f"  {name}: {wall:.1f}s")
+        return wall, proc.stdout
+
+
+def git(tree: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(tree), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+# --- parts ------------------------------------------------------------------------------
+
+
+def measure_apply(runner: Runner, tree: Path, base: str, reps: int) -> dict:
+    dfb = dfbuild_command()
+    first = not (tree / ".git").exists()
+    checkout_s, _ = runner.run("checkout-initial", [*dfb, "checkout", "--base", base, "--dir", str(tree)])
+    resets, applies = [], []
+    for rep in range(reps):
+        if rep or not first:
+            wall, _ = runner.run(f"checkout-reset-{rep}", [*dfb, "checkout", "--base", base, "--dir", str(tree)])
+            resets.append(wall)
+        wall, out = runner.run(f"apply-{rep}", [*dfb, "apply", "--base", base, "--dir", str(tree), "--json"])
+        applied = json.loads(out)["series"]
+        if not applied["changed"]:
+            raise SystemExit("dfbuild apply found the series already applied: the reset did not work")
+        applies.append(wall)
+    return {
+        "base": base,
+        "concerns": len(applied["concerns"]),
+        "checkout_initial_s": round(checkout_s, 2),
+        "checkout_initial_was_fresh": first,
+        "checkout_reset_s": benchlib.summary(resets),
+        "apply_s": benchlib.summary(applies),
+    }
+
+
+def cold_pair(runner: Runner, tree: Path, work: Path, targets: list[str], reps: int, jobs: int | None) -> dict:
+    dfb = dfbuild_command()
+    ninja = doctor.find_pypi_program("ninja")
+    configure_args: list[str] | None = None
+    runs = {"dfbuild": [], "cmake": []}
+    details = {"dfbuild": [], "cmake": []}
+
+    def run_dfbuild(rep: int) -> None:
+        nonlocal configure_args
+        build_dir, ccache = work / f"cold-dfbuild-{rep}", work / f"ccache-dfbuild-{rep}"
+        _fresh(build_dir, ccache)
+        args = [*dfb, "build", "--dir", str(tree), "--backend", "cpu", "--build-dir", str(build_dir), "--json",
+                *[a for t in targets for a in ("--target", t)], *(["-j", str(jobs)] if jobs else [])]
+        wall, out = runner.run(f"cold-dfbuild-{rep}", args, env_extra={"CCACHE_DIR": str(ccache)})
+        section = json.loads(out)
+        stamp = json.loads((build_dir / "dfbuild-stamp.json").read_text(encoding="utf-8"))
+        configure_args = stamp["configured_args"]
+        runs["dfbuild"].append(wall)
+        details["dfbuild"].append({"wall_s": round(wall, 2), "configure_s": section["configure_s"],
+                                   "compile_s": section["compile_s"], "steps": section["steps"],
+                                   "compiled_steps": section["compiled_steps"]})
+        _cleanup(build_dir, ccache)
+
+    def run_cmake(rep: int) -> None:
+        build_dir, ccache = work / f"cold-cmake-{rep}", work / f"ccache-cmake-{rep}"
+        _fresh(build_dir, ccache)
+        args = list(configure_args)
+        args[args.index("-B") + 1] = str(build_dir)
+        env = {"CCACHE_DIR": str(ccache)}
+        configure_s, _ = runner.run(f"cold-cmake-configure-{rep}", [doctor.find_pypi_program("cmake"), *args],
+                                    env_extra=env)
+        compile_s, _ = runner.run(f"cold-cmake-ninja-{rep}",
+                                  [ninja, "-C", str(build_dir), *(["-j", str(jobs)] if jobs else []), *targets],
+                                  env_extra=env)
+        runs["cmake"].append(configure_s + compile_s)
+        details["cmake"].append({"wall_s": round(configure_s + compile_s, 2), "configure_s": round(configure_s, 2),
+                                 "compile_s": round(compile_s, 2)})
+        _cleanup(build_dir, ccache)
+
+    for rep in range(reps):
+        # dfbuild first on even repetitions; the first run must be dfbuild's (its stamp gives the flags)
+        order = (run_dfbuild, run_cmake) if rep % 2 == 0 else (run_cmake, run_dfbuild)
+        for step in order:
+            step(rep)
+    ratios = [d / c for d, c in zip(runs["dfbuild"], runs["cmake"])]
+    ratio = benchlib.summary(ratios)
+    return {
+        "targets": targets,
+        "jobs": jobs or "ninja default",
+        "reps": reps,
+        "configure_args": configure_args[4:],  # the flags; -S/-B/-G differ only by path
+        "dfbuild_s": benchlib.summary(runs["dfbuild"]),
+        "cmake_ninja_s": benchlib.summary(runs["cmake"]),
+        "dfbuild_over_cmake": ratio["median"],
+        "dfbuild_over_cmake_range": [ratio["min"], ratio["max"]],
+        "goal": GOAL_RATIO,
+        "goal_met": ratio["median"] <= GOAL_RATIO,
+        "runs": details,
+    }
+
+
+def measure_rebuild(runner: Runner, tree: Path, reps: int) -> dict:
+    """Rebuilds of llama-server after nothing, a touch, and a changed patch (committed)."""
+    dfb = dfbuild_command()
+    build_dir = tree.parent / "build-cpu"
+    build_args = [*dfb, "build", "--dir", str(tree), "--backend", "cpu", "--build-dir", str(build_dir), "--json"]
+    speculative = tree / "common" / "speculative.cpp"
+    original_head = git(tree, "rev-parse", "HEAD")
+
+    def build(name: str) -> dict:
+        wall, out = runner.run(name, build_args)
+        s = json.loads(out)
+        return {"wall_s": round(wall, 2), "configured": s["configured"], "compiled_steps": s["compiled_steps"],
+                "compile_s": s["compile_s"], "configure_s": s["configure_s"]}
+
+    initial = build("rebuild-initial")  # from the shared ccache: fills this build dir
+    unchanged, touched, changed = [], [], []
+    try:
+        for rep in range(reps):
+            unchanged.append(build(f"rebuild-unchanged-{rep}"))
+            os.utime(speculative)
+            touched.append(build(f"rebuild-touch-{rep}"))
+            # a changed concern: new code in the patched file, committed like `dfbuild apply` does
+            marker = f"dfbuild_bench_edit_{time.time_ns()}"
+            with open(speculative, "a", encoding="utf-8") as f:
+                f.write(f"\n// dfbuild bench: a changed patch\nnamespace {{ [[maybe_unused]] const int {marker} = 1; }}\n")
+            git(tree, "-c", "user.name=dfbuild bench", "-c", "user.email=bench@dfbuild.invalid",
+                "commit", "-q", "--no-verify", "-am", "bench: a changed patch")
+            changed.append(build(f"rebuild-changed-patch-{rep}"))
+            git(tree, "reset", "-q", "--hard", original_head)
+    finally:
+        git(tree, "reset", "-q", "--hard", original_head)
+    build("rebuild-restore")  # leave the build dir matching the tree
+
+    def walls(rows):
+        return benchlib.summary([r["wall_s"] for r in rows])
+
+    return {
+        "target": "llama-server",
+        "initial_from_shared_ccache": initial,
+        "unchanged_s": walls(unchanged),
+        "touch_s": walls(touched),
+        "changed_patch_s": walls(changed),
+        "changed_patch_runs": changed,
+        "touch_runs": touched,
+    }
+
+
+def measure_release(runner: Runner, work: Path, base: str) -> dict:
+    dfb = dfbuild_command()
+    release_work, out = work / "release", work / "release-dist"
+    _fresh(release_work, out)
+    args = [*dfb, "release", "--base", base, "--backend", "cpu", "--work", str(release_work), "--out", str(out),
+            "--json"]
+    first_s, first = runner.run("release-fresh", args)
+    rerun_s, rerun = runner.run("release-rerun", args)
+    stages = json.loads(first)["release"]["stages"]
+    again = json.loads(rerun)["release"]["stages"]
+    result = {
+        "base": base,
+        "fresh": {"wall_s": round(first_s, 2), "stages": stages},
+        "rerun": {"wall_s": round(rerun_s, 2), "stages": again},
+        "manifest": str(out / "manifest.json"),
+    }
+    return result
+
+
+def _fresh(*dirs: Path) -> None:
+    _cleanup(*dirs)
+    for d in dirs:
+        d.mkdir(parents=True)
+
+
+def _cleanup(*dirs: Path) -> None:
+    for d in dirs:
+        if d.exists():
+            shutil.rmtree(d)
+
+
+# --- driver -------------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
+    p.add_argument("--base", default="b10359", help="base to check out and patch (default b10359, offline)")
+    p.add_argument("--targets", default="ggml", help="comma-separated CMake targets of the cold comparison "
+                                                      "(default ggml; llama-server for the full build)")
+    p.add_argument("--reps", type=int, default=3, help="repetitions of the cold pair (default 3)")
+    p.add_argument("--apply-reps", type=int, default=3)
+    p.add_argument("--rebuild-reps", type=int, default=3)
+    p.add_argument("--jobs", "-j", type=int, default=None, help="ninja -j for both (default: ninja's)")
+    p.add_argument("--nice", type=int, default=10, help="run every build under nice -n N (0: not niced)")
+    p.add_argument("--work-dir", type=Path, default=benchlib.DEFAULT_CACHE / "build-cost",
+                   help="trees, build dirs and private ccaches (build dirs are deleted after each run)")
+    p.add_argument("--results", type=Path, default=benchlib.RESULTS_JSON)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    opts = parse_args(argv)
+    parts = [p for p in opts.parts.split(",") if p]
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        log(f"unknown parts: {', '.join(sorted(unknown))}; choose from {', '.join(PARTS)}")
+        return 2
+    targets = [t for t in opts.targets.split(",") if t]
+    work = opts.work_dir.resolve()
+    tree = work / "tree" / "src"  # NAME/src + NAME/build-cpu: the layout whose ccache entries are shared
+    env = dict(os.environ)
+    runner = Runner(work / "logs", opts.nice, env)
+
+    section = benchlib.load_results(opts.results).get("build_cost", {})
+    machine = benchlib.machine_info()
+    started = time.monotonic()
+    if "apply" in parts or not (tree / ".git").exists():
+        log("apply: dfbuild checkout + dfbuild apply")
+        section["apply"] = measure_apply(runner, tree, opts.base, opts.apply_reps)
+    if "cold" in parts:
+        log(f"cold: dfbuild build vs cmake + ninja, targets {','.join(targets)}, private empty ccache per run")
+        section.setdefault("cold", {})[",".join(targets)] = cold_pair(runner, tree, work, targets, opts.reps, opts.jobs)
+    if "rebuild" in parts:
+        log("rebuild: llama-server after nothing, a touch, a changed patch")
+        section["rebuild"] = measure_rebuild(runner, tree, opts.rebuild_reps)
+    if "release" in parts:
+        log("release: fresh work dir, then a rerun")
+        section["release"] = measure_release(runner, work, opts.base)
+    machine["load_average_at_end"] = benchlib.load_average()
+
+    # the headline ratio: the full llama-server build when it was measured, else the cheaper target's
+    cold = section.get("cold", {})
+    headline = cold.get("llama-server") or next(iter(cold.values()), None)
+    if headline:
+        section["dfbuild_over_cmake"] = headline["dfbuild_over_cmake"]
+        section["dfbuild_over_cmake_targets"] = headline["targets"]
+    section.setdefault("runs_by_part", {})
+    for part in parts:
+        section["runs_by_part"][part] = {"date": benchlib.now_iso(), "command": benchlib.command_line(),
+                                         "machine": machine}
+    section["wall_s_last_run"] = round(time.monotonic() - started, 1)
+    benchlib.merge_results("build_cost", None, section, opts.results)
+    print(json.dumps({k: v for k, v in section.items() if k != "runs_by_part"}, indent=2)[:6000])
+    log(f"merged into {opts.results} under build_cost")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""The benchmark's pieces that can be checked without timing anything: the larger
+fixture set (dfbuild.fixtures.write_bench_fixtures) and how bench/spec_images.py
+turns server figures into speed-ups, acceptance and the goals' verdicts."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dfbuild import errors, fixtures
+
+gguf = pytest.importorskip("gguf")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import spec_images  # noqa: E402  (bench/ is scripts, not a package)
+
+# a mid-size shape: every dimension differs from the smoke shape, small enough to write in a blink
+SHAPE = fixtures.Shape(n_embd=96, n_head=4, n_head_kv=2, head_dim=24, n_ff=160, n_layer=8,
+                       full_attention_interval=4, rope_sections=(4, 4, 4, 0), ssm_state=24, ssm_groups=2,
+                       ssm_dt_rank=4, draft_layers=1, draft_block_size=16, draft_target_layers=(1, 4, 6),
+                       dtype="f16")
+
+
+@pytest.fixture(scope="module")
+def bench_set(tmp_path_factory) -> dict:
+    return fixtures.write_bench_fixtures(tmp_path_factory.mktemp("bench-fixtures"), shape=SHAPE)
+
+
+def _reader(path):
+    return gguf.GGUFReader(str(path))
+
+
+def _tensor(r, name):
+    return next(t for t in r.tensors if t.name == name)
+
+
+def _kv(r, key):
+    field = r.fields[key]
+    if field.types[0] == gguf.GGUFValueType.ARRAY:
+        return [field.parts[i][0].item() for i in field.data]
+    return field.parts[field.data[0]][0].item()
+
+
+def test_bench_fixtures_follow_the_shape(bench_set):
+    assert set(bench_set["sets"]) == set(fixtures.BENCH_SETS)
+    assert bench_set["shape"] == SHAPE.to_dict()
+    target = _reader(bench_set["sets"]["qwen35-grid-plain-agree"]["target"])
+    assert _kv(target, "qwen35.embedding_length") == 96
+    assert _kv(target, "qwen35.block_count") == 8
+    assert _kv(target, "qwen35.full_attention_interval") == 4
+    assert _kv(target, "qwen35.rope.dimension_sections") == [4, 4, 4, 0]
+    assert [int(n) for n in _tensor(target, "blk.3.attn_q.weight").shape] == [96, 2 * 4 * 24]
+    assert [int(n) for n in _tensor(target, "blk.0.attn_qkv.weight").shape] == [96, 2 * 24 * 2 + 24 * 4]
+    assert sum(int(np.prod(t.shape)) for t in target.tensors) == SHAPE.target_params() == bench_set["target_params"]
+    # big matrices in F16, what llama.cpp converters keep in F32 stays F32
+    assert _tensor(target, "blk.0.ffn_up.weight").tensor_type == gguf.GGMLQuantizationType.F16
+    assert _tensor(target, "token_embd.weight").tensor_type == gguf.GGMLQuantizationType.F16
+    for name in ("blk.0.ssm_conv1d.weight", "blk.0.ssm_a", "blk.0.attn_norm.weight", "blk.0.ssm_beta.weight"):
+        assert _tensor(target, name).tensor_type == gguf.GGMLQuantizationType.F32, name
+
+    draft = _reader(bench_set["sets"]["qwen35-grid-plain-agree"]["draft"])
+    assert _kv(draft, "dflash.block_size") == 16
+    assert _kv(draft, "dflash.target_layers") == [1, 4, 6]
+    assert [int(n) for n in _tensor(draft, "fc.weight").shape] == [3 * 96, 96]
+    for projector in ("qwen35-grid-plain-agree", "qwen35-mlp-plain-agree"):
+        mmproj = _reader(bench_set["sets"][projector]["mmproj"])
+        assert _kv(mmproj, "clip.vision.projection_dim") == 96
+
+
+def test_bench_target_still_agrees_in_f16(bench_set):
+    target = _reader(bench_set["sets"]["qwen35-mlp-plain-agree"]["target"])
+    embd = np.asarray(_tensor(target, "token_embd.weight").data, dtype=np.float32).reshape(fixtures.N_VOCAB, 96)
+    head = np.asarray(_tensor(target, "output.weight").data, dtype=np.float32).reshape(fixtures.N_VOCAB, 96)
+    assert np.all(embd == embd[0])
+    assert int(np.argmax(head @ embd[0])) == fixtures.letter_token(fixtures.AGREE_LETTER)
+    assert not np.asarray(_tensor(target, "blk.7.ffn_down.weight").data).any()
+
+
+def test_bad_shapes_are_refused_before_writing(tmp_path):
+    with pytest.raises(errors.FixtureError, match="rope_sections"):
+        fixtures.write_bench_fixtures(tmp_path / "x", shape=fixtures.Shape(head_dim=32))
+    with pytest.raises(errors.FixtureError, match="draft_target_layers"):
+        fixtures.check_shape(fixtures.Shape(n_layer=2))
+    assert not (tmp_path / "x").exists()
+
+
+def test_default_bench_shape_is_in_the_size_the_benchmark_claims():
+    assert 100e6 <= fixtures.BENCH_SHAPE.target_params() <= 300e6
+    fixtures.check_shape(fixtures.BENCH_SHAPE)
+
+
+# --- bench/spec_images.py: from server figures to speed-ups -------------------------------
+
+
+def _record(rep, build, mode, kind, tps, *, status=200, drafted=0, accepted=0, steps=None, content="aaa"):
+    error = None if status == 200 else f"HTTP {status}: boom"
+    return {"rep": rep, "build": build, "mode": mode, "kind": kind, "status": status, "error": error,
+            "tokens_per_s": tps if status == 200 else None, "draft_n": drafted, "draft_n_accepted": accepted,
+            "verification_steps": steps, "content_sha256": content if status == 200 else None}
+
+
+def _records():
+    rows = []
+    for rep, (spec_text, none_text, spec_image, none_image) in enumerate([(30, 10, 27, 10), (40, 10, 36, 12)]):
+        rows += [
+            _record(rep, "patched", "spec", "text", spec_text, drafted=90, accepted=90, steps=30),
+            _record(rep, "patched", "none", "text", none_text),
+            _record(rep, "patched", "spec", "image", spec_image, drafted=90, accepted=45, steps=30),
+            _record(rep, "patched", "none", "image", none_image),
+            _record(rep, "unpatched", "spec", "text", spec_text, drafted=90, accepted=90, steps=30),
+            _record(rep, "unpatched", "none", "text", none_text * 1.25),
+            _record(rep, "unpatched", "spec", "image", None, status=500),
+            _record(rep, "unpatched", "none", "image", none_image),
+        ]
+    return rows
+
+
+def test_speedups_are_paired_per_repetition_and_failures_are_named():
+    records = _records()
+    patched = spec_images.summarize_build(records, "patched")
+    unpatched = spec_images.summarize_build(records, "unpatched")
+    assert patched["text_speedup"] == pytest.approx(3.5)  # median of 3.0 and 4.0
+    assert patched["text_speedup_range"] == [3.0, 4.0]
+    assert patched["image_speedup"] == pytest.approx((2.7 + 3.0) / 2)
+    assert patched["text_acceptance"] == 1.0 and patched["image_acceptance"] == 0.5
+    assert patched["text_mean_accepted_length"] == 4.0 and patched["image_mean_accepted_length"] == 2.5
+    assert patched["text_output_identical_to_none"] is True
+    assert unpatched["image_speedup"] is None
+    assert unpatched["image_status"] == "fails (HTTP 500)"
+    assert unpatched["text_speedup"] == pytest.approx(2.8)
+
+    verdict = spec_images.goals(patched, unpatched)
+    assert verdict["patched_image_over_text"] == pytest.approx(2.85 / 3.5, abs=1e-4)
+    assert verdict["patched_image_over_text_met"] is False
+    assert verdict["patched_text_over_unpatched_text"] == pytest.approx(3.5 / 2.8, abs=1e-4)
+    assert verdict["patched_text_over_unpatched_text_met"] is True
+
+
+def test_a_draft_that_changes_the_output_is_reported():
+    records = _records()
+    records[0]["content_sha256"] = "bbb"  # rep 0, patched spec text
+    assert spec_images.summarize_build(records, "patched")["text_output_identical_to_none"] is False
+
+
+def test_cross_build_ratios_pair_repetitions_and_pool_the_baseline():
+    x = spec_images.cross_build(_records())
+    assert x["spec_text"]["median"] == pytest.approx(1.0)
+    assert x["none_text"]["median"] == pytest.approx(0.8)  # 10 / 12.5: identical code, so this is noise
+    assert x["spec_image"] is None  # the unpatched image requests failed: nothing to pair
+    # pooled none baseline per rep: (10 + 12.5) / 2 = 11.25 -> 30/11.25 and 40/11.25, same spec on both builds
+    assert x["text_speedup_vs_pooled_none"]["patched"]["median"] == pytest.approx(35 / 11.25, abs=1e-3)
+    assert x["patched_over_unpatched_text_speedup_pooled"] == pytest.approx(1.0)
