@@ -107,7 +107,7 @@ def spec_tables(spec: dict) -> str:
             f"- fixture: {s['fixture']['set']} at {s['fixture']['target_params_m']} M parameters "
             f"({s['fixture']['dtype'].upper()}, n_embd {s['fixture']['n_embd']}, {s['fixture']['n_layer']} layers), "
             f"{s['fixture']['draft_layers']}-layer DFlash draft, {s['projector']} projector; "
-            f"`-t {s['threads']}`{(' ' + ' '.join(s['server_args'])) if s['server_args'] else ''}, "
+            f"`-t {s['threads']}{(' ' + ' '.join(s['server_args'])) if s['server_args'] else ''}`, "
             f"`--spec-draft-n-max {s['spec_draft_n_max']}`, {s['n_predict']} tokens per request, "
             f"{s['reps']} repetitions",
             f"- builds: patched `{run['builds']['patched']['version']}`, unpatched `{run['builds']['unpatched']['version']}`",
@@ -158,10 +158,13 @@ def spec_tables(spec: dict) -> str:
 
 def build_cost_tables(cost: dict) -> str:
     out = []
+    runs: dict[tuple, list[str]] = {}  # parts measured by the same run share one line
     for part, info in cost.get("runs_by_part", {}).items():
         m = info["machine"]
-        out.append(f"- {part}: {info['date']}, `{info['command']}`; {m['cores']} cores, {m['cpu']}, "
-                   f"load average at start {m.get('load_average_at_start')}")
+        key = (info["date"], info["command"], m["cores"], m["cpu"], str(m.get("load_average_at_start")))
+        runs.setdefault(key, []).append(part)
+    for (date, command, cores, cpu, load), parts in runs.items():
+        out.append(f"- {', '.join(parts)}: {date}, `{command}`; {cores} cores, {cpu}, load average at start {load}")
     out.append("")
     if cost.get("cold"):
         out += ["**Cold build, fresh build dir, empty private ccache per run** (seconds, median (min–max)):", "",
@@ -183,17 +186,20 @@ def build_cost_tables(cost: dict) -> str:
         r = cost["rebuild"]
         i = r["initial_from_shared_ccache"]
         changed = r["changed_patch_runs"][0] if r["changed_patch_runs"] else {}
+        touched = r["touch_runs"][0] if r["touch_runs"] else {}
         out += ["**Rebuild of llama-server** (`dfbuild build`, seconds, median (min–max)):", "",
                 "| change | wall | notes |", "| --- | --- | --- |",
                 f"| new build dir, shared warm ccache | {i['wall_s']:.1f} | {i['compiled_steps']} compile/link steps |",
                 f"| nothing | {_spread(r['unchanged_s'])} | no compile, no link |",
-                f"| `touch common/speculative.cpp` | {_spread(r['touch_s'])} | ccache hit, relinks |",
+                f"| `touch common/speculative.cpp` | {_spread(r['touch_s'])} | "
+                f"{touched.get('compiled_steps')} compile/link steps (a ccache hit, then relinks) |",
                 f"| one patch changed (new code, new commit) | {_spread(r['changed_patch_s'])} | "
-                f"CMake re-runs (version stamp): {changed.get('configured')}, "
+                f"{'CMake re-runs (the version stamp changed), ' if changed.get('configured') else ''}"
                 f"{changed.get('compiled_steps')} compile/link steps |", ""]
     if cost.get("release"):
         rel = cost["release"]
-        names = list(rel["fresh"]["stages"])
+        order = ["checkout", "apply", "build", "smoke", "package"]
+        names = sorted(rel["fresh"]["stages"], key=lambda n: order.index(n) if n in order else len(order))
         out += ["**`dfbuild release --base b10359 --backend cpu`** (seconds per stage; fresh work dir with the "
                 "shared ccache, then a rerun that resumes):", "",
                 "| run | " + " | ".join(names) + " | total |", "| --- |" + " --- |" * (len(names) + 1)]
