@@ -586,6 +586,21 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _set_entry(out: Path, fixture_set: FixtureSet) -> dict:
+    """One set as the index lists it: its files in OUT and what a smoke run should expect."""
+    return {
+        "target": str(out / fixture_set.target),
+        "mmproj": str(out / fixture_set.mmproj),
+        "draft": str(out / fixture_set.draft),
+        "arch": fixture_set.arch,
+        "projector": fixture_set.projector,
+        "draft_rope": fixture_set.draft_rope,
+        "agree": fixture_set.agree,
+        "expected_acceptance": fixture_set.expected_acceptance(),
+        "reproduces_bug": fixture_set.reproduces_bug,
+    }
+
+
 def write_fixtures(out: Path, seed: int = 0) -> dict:
     """Write every fixture file and test image into `out`; return the fixtures section.
 
@@ -621,20 +636,7 @@ def write_fixtures(out: Path, seed: int = 0) -> dict:
         "disagree_letter": DISAGREE_LETTER,
         "images": images,
         "files": {name: {"path": str(out / name), "sha256": _sha256(out / name)} for name in sorted(FILES.values())},
-        "sets": {
-            s.name: {
-                "target": str(out / s.target),
-                "mmproj": str(out / s.mmproj),
-                "draft": str(out / s.draft),
-                "arch": s.arch,
-                "projector": s.projector,
-                "draft_rope": s.draft_rope,
-                "agree": s.agree,
-                "expected_acceptance": s.expected_acceptance(),
-                "reproduces_bug": s.reproduces_bug,
-            }
-            for s in FIXTURE_SETS.values()
-        },
+        "sets": {s.name: _set_entry(out, s) for s in FIXTURE_SETS.values()},
     }
     (out / INDEX_NAME).write_text(json.dumps(section, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return section
@@ -702,20 +704,7 @@ def write_bench_fixtures(out: Path, *, shape: Shape = BENCH_SHAPE, seed: int = 0
         "shape": shape.to_dict(),
         "target_params": shape.target_params(),
         "files": {name: {"path": str(out / name), "sha256": _sha256(out / name)} for name in sorted(names)},
-        "sets": {
-            s.name: {
-                "target": str(out / s.target),
-                "mmproj": str(out / s.mmproj),
-                "draft": str(out / s.draft),
-                "arch": s.arch,
-                "projector": s.projector,
-                "draft_rope": s.draft_rope,
-                "agree": s.agree,
-                "expected_acceptance": s.expected_acceptance(),
-                "reproduces_bug": s.reproduces_bug,
-            }
-            for s in sets
-        },
+        "sets": {s.name: _set_entry(out, s) for s in sets},
     }
     (out / INDEX_NAME).write_text(json.dumps(section, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return section
