@@ -112,22 +112,13 @@ def ensure_bench_fixtures(directory: Path, shape: fixtures.Shape) -> dict:
     wanted = shape.to_dict()
     try:
         section = fixtures.load_fixtures(directory)
-        intact = section.get("shape") == wanted and all(
-            Path(f["path"]).is_file() and _sha256(Path(f["path"])) == f["sha256"] for f in section["files"].values())
+        intact = section.get("shape") == wanted and fixtures.files_intact(section)
         if intact:
             return section
     except errors.FixtureError:
         pass
     log(f"writing the bench fixtures ({shape.target_params() / 1e6:.0f} M-parameter target) into {directory}")
     return fixtures.write_bench_fixtures(directory, shape=shape)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # --- one measurement ------------------------------------------------------------------

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import fixtures, smoke
+from dfbuild import fixtures, paths, smoke
 from dfbuild.cli import main
 
 gguf = pytest.importorskip("gguf")
@@ -150,7 +150,7 @@ def test_ensure_fixtures_rewrites_a_damaged_dir(tmp_path):
     target = Path(section["sets"]["llama-mlp-agree"]["target"])
     target.write_bytes(b"broken")
     fixtures.ensure_fixtures(tmp_path)
-    assert fixtures._sha256(target) == section["files"][target.name]["sha256"]
+    assert paths.sha256_file(target) == section["files"][target.name]["sha256"]
 
 
 def test_cli_fixtures(tmp_path):

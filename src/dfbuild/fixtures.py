@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from . import errors
+from .paths import sha256_file
 
 FIXTURES_SCHEMA = 1
 INDEX_NAME = "fixtures.json"
@@ -582,8 +583,19 @@ def _test_image(path: Path, seed: int, width: int, height: int) -> None:
 
 # --- public API -------------------------------------------------------------------
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _write_images(out: Path, seed: int) -> dict[str, str]:
+    images = {}
+    for label, (width, height) in IMAGES.items():
+        path = out / f"image-{label}-{width}x{height}.png"
+        _test_image(path, seed, width, height)
+        images[label] = str(path)
+    return images
+
+
+def files_intact(section: dict) -> bool:
+    """Every file a fixtures index lists is there with the content it recorded."""
+    return all(Path(f["path"]).is_file() and sha256_file(Path(f["path"])) == f["sha256"]
+               for f in section["files"].values())
 
 
 def _set_entry(out: Path, fixture_set: FixtureSet) -> dict:
@@ -620,11 +632,7 @@ def write_fixtures(out: Path, seed: int = 0) -> dict:
         for rope in ("plain", "sections"):
             for flavour in ("agree", "disagree"):
                 _dflash_draft(out / FILES[f"draft-{rope}-{flavour}"], seed, flavour, rope_sections=rope == "sections")
-        images = {}
-        for label, (width, height) in IMAGES.items():
-            path = out / f"image-{label}-{width}x{height}.png"
-            _test_image(path, seed, width, height)
-            images[label] = str(path)
+        images = _write_images(out, seed)
     except OSError as exc:
         raise errors.FixtureError(f"cannot write fixtures to {out}: {exc}", hint="check the directory is writable") from exc
 
@@ -635,7 +643,7 @@ def write_fixtures(out: Path, seed: int = 0) -> dict:
         "agree_letter": AGREE_LETTER,
         "disagree_letter": DISAGREE_LETTER,
         "images": images,
-        "files": {name: {"path": str(out / name), "sha256": _sha256(out / name)} for name in sorted(FILES.values())},
+        "files": {name: {"path": str(out / name), "sha256": sha256_file(out / name)} for name in sorted(FILES.values())},
         "sets": {s.name: _set_entry(out, s) for s in FIXTURE_SETS.values()},
     }
     (out / INDEX_NAME).write_text(json.dumps(section, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -686,11 +694,7 @@ def write_bench_fixtures(out: Path, *, shape: Shape = BENCH_SHAPE, seed: int = 0
         _mmproj_mlp(out / FILES["mmproj-mlp"], seed, shape.n_embd)
         _mmproj_qwen2vl(out / FILES["mmproj-grid"], seed, shape.n_embd)
         _dflash_draft(out / FILES["draft-plain-agree"], seed, "agree", rope_sections=False, shape=shape)
-        images = {}
-        for label, (width, height) in IMAGES.items():
-            path = out / f"image-{label}-{width}x{height}.png"
-            _test_image(path, seed, width, height)
-            images[label] = str(path)
+        images = _write_images(out, seed)
     except OSError as exc:
         raise errors.FixtureError(f"cannot write fixtures to {out}: {exc}", hint="check the directory is writable") from exc
 
@@ -703,7 +707,7 @@ def write_bench_fixtures(out: Path, *, shape: Shape = BENCH_SHAPE, seed: int = 0
         "images": images,
         "shape": shape.to_dict(),
         "target_params": shape.target_params(),
-        "files": {name: {"path": str(out / name), "sha256": _sha256(out / name)} for name in sorted(names)},
+        "files": {name: {"path": str(out / name), "sha256": sha256_file(out / name)} for name in sorted(names)},
         "sets": {s.name: _set_entry(out, s) for s in sets},
     }
     (out / INDEX_NAME).write_text(json.dumps(section, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -728,7 +732,5 @@ def ensure_fixtures(directory: Path, seed: int = 0) -> dict:
         section = load_fixtures(directory)
     except errors.FixtureError:
         return write_fixtures(directory, seed)
-    intact = section.get("seed") == seed and all(
-        Path(f["path"]).is_file() and _sha256(Path(f["path"])) == f["sha256"] for f in section["files"].values()
-    )
+    intact = section.get("seed") == seed and files_intact(section)
     return section if intact else write_fixtures(directory, seed)

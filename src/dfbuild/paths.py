@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +21,15 @@ def cache_dir() -> Path:
     root = Path(override) if override else Path(platformdirs.user_cache_dir("dfbuild"))
     root.mkdir(parents=True, exist_ok=True)
     return root
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 of a file, read in blocks (release archives can be large)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 @contextmanager

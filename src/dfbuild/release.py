@@ -57,6 +57,7 @@ from pathlib import Path, PurePosixPath
 
 from . import backends, build, fixtures, manifest, matrix, paths, series, smoke, source, ui
 from .errors import ReleaseError, SmokeFailedError, VerifyError
+from .paths import sha256_file
 
 SUMS_NAME = "SHA256SUMS"
 MANIFEST_NAME = "manifest.json"
@@ -125,14 +126,6 @@ def source_date_epoch(tree: Path) -> int:
 
 
 # --- hashing -----------------------------------------------------------------------
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _digest(data) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import email
 import email.policy
-import hashlib
 import os
 import re
 import shutil
@@ -28,6 +27,7 @@ import git
 import tomlkit
 
 from . import source
+from .paths import sha256_file
 from .errors import (
     DirtyTreeError,
     NoVariantError,
@@ -189,10 +189,6 @@ def identify_base(series: Series, tree: Path) -> str | None:
 # --- patch files ------------------------------------------------------------------------
 
 
-def sha256_of(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def patch_path(series: Series, variant: Variant) -> Path:
     return series.root / variant.file
 
@@ -202,7 +198,7 @@ def verify_patch(series: Series, concern: Concern, variant: Variant) -> Path:
     if not path.is_file():
         raise PatchIntegrityError(f"patch {variant.file} for {concern.id} is missing",
                                   "restore patches/ from git")
-    actual = sha256_of(path)
+    actual = sha256_file(path)
     if actual != variant.sha256:
         raise PatchIntegrityError(
             f"patch {variant.file} does not match its sha256 in series.toml (got {actual[:12]}, "
@@ -475,8 +471,8 @@ def refresh(series: Series, tree: Path, onto: str) -> dict:
                 if table["id"] == concern.id:
                     variants = table.setdefault("variants", tomlkit.table())
                     entry = tomlkit.inline_table()
-                    entry.update({"file": f"{base}/{path.name}", "sha256": sha256_of(dest)})
+                    entry.update({"file": f"{base}/{path.name}", "sha256": sha256_file(dest)})
                     variants[base] = entry
-            written.append({"id": concern.id, "file": f"{base}/{path.name}", "sha256": sha256_of(dest)})
+            written.append({"id": concern.id, "file": f"{base}/{path.name}", "sha256": sha256_file(dest)})
         series.path.write_bytes(tomlkit.dumps(doc).encode("utf-8"))
     return {"base": base, "blob": blob, "onto": onto_commit, "variants": written}
