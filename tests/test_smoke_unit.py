@@ -138,6 +138,12 @@ def test_scan_log_finds_each_upstream_symptom_and_nothing_else():
     assert smoke.scan_log("0.00.1 W find_slot: non-consecutive token position 16 after 15\nall good\n") == []
 
 
+def test_scan_log_knows_the_newer_name_of_the_failing_draft_call():
+    # b11434 renamed the draft's decode: the same failure reads llama_process(ctx_dft)
+    line = "0.01.002.117 E process: llama_process(ctx_dft) failed rc=-1 (n_tokens=9, offset=0)"
+    assert [f["pattern"] for f in smoke.scan_log(line)] == ["draft decode failed"]
+
+
 def test_prometheus_counters():
     text = "# HELP x\nllamacpp:spec_decode_num_draft_tokens_total 12\nllamacpp:n_busy_slots_per_decode 1.5\n"
     assert smoke.prometheus_counters(text) == {"spec_decode_num_draft_tokens_total": 12.0, "n_busy_slots_per_decode": 1.5}

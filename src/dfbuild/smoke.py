@@ -249,7 +249,8 @@ def prometheus_counters(text: str) -> dict[str, float]:
 
 # Lines that mean the speculative path broke, whatever the HTTP status said.
 FAILURE_PATTERNS = {
-    "draft decode failed": re.compile(r"llama_decode\(ctx_dft\) failed"),
+    # llama_decode(ctx_dft) in DFlash v1 trees; llama_process(ctx_dft) from about b11400 on
+    "draft decode failed": re.compile(r"llama_(decode|process)\(ctx_dft\) failed"),
     "inconsistent positions": re.compile(r"inconsistent sequence positions"),
     "mtmd chunk failed": re.compile(r"failed to (process|decode) mtmd chunk"),
     "speculative batch failed": re.compile(r"failed to process speculative batch"),
