@@ -28,6 +28,7 @@ from dfbuild import paths, series, source, ui
 from dfbuild.errors import (
     DirtyTreeError,
     NoVariantError,
+    NotApplicableError,
     PatchConflictError,
     PatchIntegrityError,
     SeriesFileError,
@@ -390,8 +391,11 @@ def test_change_already_in_the_tree_is_skipped_as_already_present(syn, tree):
 
     section = series.apply_series(syn.load(), tree)
 
-    assert section["base"] == "base1"  # found through history: the blob itself changed
+    # a tree that moved on from base1 is a base of its own: the series is carried to it
+    assert section["derived"] is True and section["proven"] is False
+    assert section["base"] == upstream_head[:12]
     assert [c["status"] for c in section["concerns"]] == ["applied"] * 3 + ["already-present"]
+    assert [(c["variant"], c["how"]) for c in section["concerns"]] == [("base1", "exact")] * 3 + [("base1", "upstream")]
     assert run_git(tree, "rev-list", "--reverse", f"{upstream_head}..HEAD").split() == \
         [c["commit"] for c in section["concerns"][:3]]
     assert (tree / SPEC).read_text() == text_of(with_concerns(BASE_LINES, IDS))
@@ -489,17 +493,16 @@ def test_corrupt_patch_with_matching_sha256_is_a_clear_error(syn, tree):
     assert snapshot(tree) == before
 
 
-def test_unknown_base_has_no_variant(syn, tmp_path):
+def test_tree_without_dflash_is_not_applicable_and_untouched(syn, tmp_path):
     other = tmp_path / "other"
-    new_repo(other, "// some other llama.cpp\n")
+    new_repo(other, "// some other llama.cpp, from before speculative drafting\n")
     before = snapshot(other)
     assert series.identify_base(syn.load(), other) is None
 
-    with pytest.raises(NoVariantError) as caught:
+    with pytest.raises(NotApplicableError) as caught:
         series.apply_series(syn.load(), other)
 
-    assert blob_id("// some other llama.cpp\n") in caught.value.message
-    assert "base1" in caught.value.hint
+    assert "no DFlash" in caught.value.message
     assert snapshot(other) == before
 
 
@@ -562,7 +565,8 @@ def check(tree: Path, patches: Path) -> dict:
     result = dfbuild("series", "check", "--dir", tree, "--patches", patches, "--json")
     report = json.loads(result.stdout)
     found = set(statuses(report))
-    expected = 21 if "conflict" in found else 22 if "no-variant" in found else 0
+    expected = (21 if "conflict" in found else 22 if "no-variant" in found
+                else 24 if found == {"not-applicable"} else 0)
     assert result.exit_code == expected, said(result)
     return report
 
@@ -585,9 +589,10 @@ def test_check_offset(syn, tree):
     commit_edit(tree, BASE_LINES[:1] + [f"// moved down {i}" for i in range(5)] + BASE_LINES[1:], "upstream : header")
     before = snapshot(tree)
     report = check(tree, syn.patches)
-    assert report["base"] == "base1"
+    assert report["base"] is None  # moved on from base1: carried from its variants
     assert statuses(report) == ["offset"] * 4
-    assert "offset 5" in report["concerns"][0]["detail"]
+    assert [(c["variant"], c["how"]) for c in report["concerns"]] == [("base1", "offset +5")] * 4
+    assert "offset +5" in report["concerns"][0]["detail"]
     assert snapshot(tree) == before
 
 
@@ -623,13 +628,13 @@ def test_check_upstream(syn, tmp_path):
     assert report["concerns"][3]["detail"] == "upstream since b2"
 
 
-def test_check_no_variant(syn, tmp_path):
+def test_check_tree_without_dflash_is_not_applicable(syn, tmp_path):
     other = tmp_path / "other"
     new_repo(other, "// unknown\n")
     before = snapshot(other)
     report = check(other, syn.patches)
     assert report["base"] is None
-    assert statuses(report) == ["no-variant"] * 4
+    assert statuses(report) == ["not-applicable"] * 4
     assert snapshot(other) == before
 
 

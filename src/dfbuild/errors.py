@@ -61,6 +61,12 @@ class SeriesFileError(DfbuildError):
     exit_code = 23
 
 
+class NotApplicableError(DfbuildError):
+    """The tree has no DFlash, so the series has nothing to fix."""
+
+    exit_code = 24
+
+
 class ToolchainMissingError(DfbuildError):
     exit_code = 30
 
@@ -87,6 +93,17 @@ class SmokeFailedError(DfbuildError):
 
 class ServerStartError(DfbuildError):
     exit_code = 42
+
+
+class StillBrokenError(DfbuildError):
+    """The proof: the patched tree still fails smoke, so nothing is released."""
+
+    exit_code = 43
+
+
+# `dfbuild prove` exits with this when the unpatched tree already passes every
+# scenario ("fixed upstream"): a result, not an error, that a script must notice.
+FIXED_UPSTREAM_EXIT = 44
 
 
 class ReleaseError(DfbuildError):

@@ -1,6 +1,6 @@
 """The manifest: plain data that grows as it flows through the stages.
 
-Sections: source, series, build, smoke, release. Each stage returns its own
+Sections: source, series, build, smoke, proof (both trees smoked), release. Each stage returns its own
 section as a dict of JSON-friendly values; the manifest is just a dict of them.
 A checkout keeps its manifest inside its git dir so the tree never looks dirty.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-SECTIONS = ("source", "series", "build", "smoke", "release")
+SECTIONS = ("source", "series", "build", "smoke", "proof", "release")
 
 
 def tree_manifest_path(tree: Path) -> Path:

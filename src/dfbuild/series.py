@@ -31,6 +31,7 @@ from .paths import sha256_file
 from .errors import (
     DirtyTreeError,
     NoVariantError,
+    NotApplicableError,
     NotLlamaTreeError,
     PatchConflictError,
     PatchIntegrityError,
@@ -40,9 +41,10 @@ from .errors import (
 SPECULATIVE = "common/speculative.cpp"
 SERIES_ENV = "DFBUILD_PATCHES_DIR"
 
-# How far back `identify_base` walks the history of common/speculative.cpp to
-# find the base under commits dfbuild (or a user) added on top.
+# How many concern commits `series_start` looks through to find the commit the series went on.
 MAX_HISTORY = 64
+CONCERN_TRAILER = "Dfbuild-Concern"
+DFBUILD_EMAIL = source.FIXED_IDENTITY["GIT_AUTHOR_EMAIL"]
 
 
 def default_patches_dir() -> Path:
@@ -166,24 +168,33 @@ def _git(tree: Path, *args: str, check: bool = True, env: dict | None = None) ->
     return result
 
 
-def identify_base(series: Series, tree: Path) -> str | None:
-    """Name the base whose speculative.cpp this tree holds, or held before commits on top.
+def series_start(tree: Path) -> str:
+    """The commit the series goes on: HEAD, below the concern commits dfbuild itself put on top."""
+    log = _git(tree, "log", "--first-parent", f"-n{MAX_HISTORY}",
+               f"--format=%H%x09%ae%x09%(trailers:key={CONCERN_TRAILER},valueonly,separator=%x2C)", "HEAD",
+               check=False).stdout
+    start = None
+    for line in log.splitlines():
+        commit, email, concern = (line.split("\t") + ["", ""])[:3]
+        start = commit
+        if email != DFBUILD_EMAIL or not concern.strip():
+            return commit
+    return start or _git(tree, "rev-parse", "HEAD").stdout.strip()
 
-    Walking history on purpose: a tree that moved on from a known base (user
-    commits, a newer upstream) is checked against that base's variant, which
-    is how `series check` can say which patch and hunk no longer apply.
+
+def identify_base(series: Series, tree: Path) -> str | None:
+    """Name the known base this tree holds, as it is or under the concern commits dfbuild added.
+
+    Only dfbuild's own commits are looked through: a tree that moved on from a
+    known base in any other way (a newer upstream, a user's commits) is a base
+    of its own, and the series is carried to it from the nearest known variants.
     """
-    blob = source.speculative_blob(tree)
-    if series.base_for_blob(blob):
-        return series.base_for_blob(blob)
-    history = _git(tree, "rev-list", f"--max-count={MAX_HISTORY}", "HEAD", "--", SPECULATIVE, check=False)
-    for commit in history.stdout.split():
-        for rev in (commit, f"{commit}^"):
-            found = _git(tree, "rev-parse", "--verify", "--quiet", f"{rev}:{SPECULATIVE}", check=False)
-            name = series.base_for_blob(found.stdout.strip())
-            if name:
-                return name
-    return None
+    name = series.base_for_blob(source.speculative_blob(tree))
+    if name:
+        return name
+    head = _git(tree, "rev-parse", "--verify", "--quiet", "HEAD", check=False).stdout.strip()
+    start = series_start(tree) if head else None
+    return series.base_for_blob(source.committed_blob(tree, start)) if start and start != head else None
 
 
 # --- patch files ------------------------------------------------------------------------
@@ -265,17 +276,23 @@ def describe_failure(patch: Path, stderr: str) -> str:
 class Step:
     concern: Concern
     variant: Variant | None
-    status: str             # clean | offset | applied | upstream | conflict | no-variant
+    status: str             # clean | offset | 3-way | applied | upstream | conflict | no-variant | not-applicable
     detail: str = ""
+    how: str | None = None  # carried to an unknown base: exact | offset N | 3-way | upstream
+    blob: str | None = None  # carried: common/speculative.cpp's blob once this concern is in
 
     def to_dict(self) -> dict:
-        return {
+        entry = {
             "id": self.concern.id,
             "status": self.status,
             "file": self.variant.file if self.variant else None,
             "sha256": self.variant.sha256 if self.variant else None,
             "detail": self.detail,
         }
+        if self.how is not None:
+            entry.update({"variant": self.variant.base if self.variant else None, "how": self.how,
+                          "blob": self.blob})
+        return entry
 
 
 def _try_apply(tree: Path, patch: Path, index_env: dict, *args: str) -> subprocess.CompletedProcess:
@@ -283,29 +300,47 @@ def _try_apply(tree: Path, patch: Path, index_env: dict, *args: str) -> subproce
     return _git(tree, "apply", "--cached", "--verbose", *args, str(patch), check=False, env=index_env)
 
 
+def _index_blob(tree: Path, env: dict) -> str | None:
+    listed = _git(tree, "ls-files", "--stage", "--", SPECULATIVE, env=env, check=False).stdout.split()
+    return listed[1] if len(listed) >= 2 else None
+
+
 def plan(series: Series, tree: Path, base: str | None = None, *, skip: tuple[str, ...] = ()) -> tuple[str | None, list[Step]]:
     """Check every concern in order against TREE without changing it.
 
-    Trials run on scratch copies of the index, never on the tree itself. A patch
-    is already present when it reverse-applies; the patches are undone from the
-    last to the first, because neighbouring concerns share context lines (patch 1
-    alone does not reverse-apply on a tree that also has patch 2). The missing
-    ones are then applied in order, exactly as `apply` will apply them.
+    A known base (by blob) gets its own variants. Any other tree gets the
+    series carried from the nearest known variants (`carry`), and the base
+    returned is None.
     """
     tree = Path(tree)
     if not source.is_llama_tree(tree) or not (tree / ".git").exists():
         raise NotLlamaTreeError(f"{tree} is not a llama.cpp git checkout",
                                 "run `dfbuild checkout` or `dfbuild import` first")
+    unknown = [s for s in skip if s not in {c.id for c in series.concerns}]
+    if unknown:
+        raise SeriesFileError(f"--skip {', '.join(unknown)}: no such concern",
+                              f"concerns: {', '.join(c.id for c in series.concerns)}")
     base = base or identify_base(series, tree)
+    if base is None:
+        return None, carry(series, tree, skip=skip)
+    return base, _plan_known(series, tree, base, skip)
+
+
+def _plan_known(series: Series, tree: Path, base: str, skip: tuple[str, ...]) -> list[Step]:
+    """Trials run on scratch copies of the index, never on the tree itself. A patch
+    is already present when it reverse-applies; the patches are undone from the
+    last to the first, because neighbouring concerns share context lines (patch 1
+    alone does not reverse-apply on a tree that also has patch 2). The missing
+    ones are then applied in order, exactly as `apply` will apply them.
+    """
     steps: list[Step] = []
     patches: dict[str, Path] = {}
     for concern in series.concerns:
-        variant = concern.variants.get(base) if base else None
+        variant = concern.variants.get(base)
         if concern.id in skip:
             steps.append(Step(concern, variant, "skipped", "left out on request"))
         elif variant is None:
-            steps.append(Step(concern, None, "no-variant",
-                              f"no variant for base {base}" if base else "base not recognised"))
+            steps.append(Step(concern, None, "no-variant", f"no variant for base {base}"))
         elif variant.file is None:
             steps.append(Step(concern, variant, "upstream", variant.note))
         else:
@@ -326,7 +361,7 @@ def plan(series: Series, tree: Path, base: str | None = None, *, skip: tuple[str
                 continue
             patch = patches[step.concern.id]
             forward = _try_apply(tree, patch, apply_env)
-            offsets = re.findall(r"Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)", forward.stderr)
+            offsets = _OFFSETS.findall(forward.stderr)
             if forward.returncode != 0:
                 step.status, step.detail = "conflict", f"{step.variant.file}: {describe_failure(patch, forward.stderr)}"
             elif offsets:
@@ -334,44 +369,252 @@ def plan(series: Series, tree: Path, base: str | None = None, *, skip: tuple[str
                 step.detail = "; ".join(f"hunk #{n} at {at} (offset {off})" for n, at, off in offsets)
             else:
                 step.status = "clean"
-    return base, steps
+    return steps
+
+
+_OFFSETS = re.compile(r"Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)")
+
+
+# --- carrying the series to a base it has never seen ---------------------------------------------
+
+
+def has_dflash(tree: Path, rev: str) -> bool:
+    shown = _git(tree, "show", f"{rev}:{SPECULATIVE}", check=False)
+    return shown.returncode == 0 and "dflash" in shown.stdout.lower()
+
+
+def base_build(series: Series, name: str) -> int | None:
+    """A known base's llama.cpp build number: recorded in series.toml, or read off a bNNNN name."""
+    recorded = series.bases.get(name, {}).get("build")
+    return int(recorded) if recorded is not None else source.release_build(name)
+
+
+def tree_build(tree: Path, rev: str) -> int | None:
+    """The build number of the tree at REV: from the name it was checked out as, else a bNNNN tag."""
+    from . import manifest  # the tree's record of where it came from
+
+    recorded = manifest.load(manifest.tree_manifest_path(tree)).get("source", {})
+    if recorded.get("commit") == rev and source.release_build(recorded.get("base")) is not None:
+        return source.release_build(recorded.get("base"))
+    described = _git(tree, "describe", "--tags", "--match", "b[0-9]*", rev, check=False).stdout.strip()
+    match = re.match(r"b(\d+)", described)
+    return int(match.group(1)) if match else None
+
+
+def nearest_bases(series: Series, tree: Path, rev: str) -> list[str]:
+    """The known bases, nearest to REV first: by history where the repo holds a base's
+    commit, else by build number, else the newest first."""
+    by_history = {}
+    for name, info in series.bases.items():
+        commit = info.get("commit")
+        found = _git(tree, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}", check=False) if commit else None
+        if found is not None and found.returncode == 0:
+            count = _git(tree, "rev-list", "--count", f"{found.stdout.strip()}...{rev}", check=False).stdout.strip()
+            if count.isdigit():
+                by_history[name] = int(count)
+    build = tree_build(tree, rev)
+
+    def key(name: str) -> tuple:
+        known = base_build(series, name)
+        if name in by_history:
+            return (0, by_history[name], 0)
+        if known is not None and build is not None:
+            return (1, abs(known - build), -known)
+        return (2, 0, -(known or 0))
+
+    return sorted(series.bases, key=key)
+
+
+def _preimages(series: Series, tree: Path, base: str, tmp: Path) -> bool:
+    """Put the blobs a 3-way merge of BASE's variants needs into TREE's object store.
+
+    A variant's patch records the blob it applies to: the base's
+    speculative.cpp with that variant's earlier concerns in. The base's blob
+    comes from TREE itself when its history has it, else from the known base's
+    cached tree (an offline base is fetched once); the later ones are made by
+    applying the variant's patches in order to a scratch index. Nothing but
+    objects is written, and nothing is committed.
+    """
+    blob = series.bases.get(base, {}).get("blob")
+    if not blob:
+        return False
+    if _git(tree, "cat-file", "-e", f"{blob}^{{blob}}", check=False).returncode != 0:
+        data = source.known_base_blob(base, blob)
+        if data is None:
+            return False
+        written = subprocess.run(["git", "-C", str(tree), "hash-object", "-w", "--stdin"], input=data,
+                                 capture_output=True)
+        if written.stdout.decode().strip() != blob:
+            return False
+    env = {"GIT_INDEX_FILE": str(tmp / f"preimage-{base}")}
+    _git(tree, "read-tree", "--empty", env=env)
+    _git(tree, "update-index", "--add", "--cacheinfo", f"100644,{blob},{SPECULATIVE}", env=env)
+    for concern in series.concerns:
+        variant = concern.variants.get(base)
+        if variant is not None and variant.file:
+            _try_apply(tree, verify_patch(series, concern, variant), env)
+    return True
+
+
+def _carry_concern(series: Series, tree: Path, concern: Concern, order: list[str], index: Path,
+                   preimages: dict, tmp: Path) -> Step:
+    """Carry one concern on the scratch INDEX: exact, by offset, by 3-way merge, or a conflict.
+
+    On success INDEX holds the tree with the concern in, as `apply` will make it.
+    """
+    candidates = [concern.variants[name] for name in order if name in concern.variants]
+    patches = {v.base: verify_patch(series, concern, v) for v in candidates if v.file}
+    trial = tmp / "trial"
+    trial_env = {"GIT_INDEX_FILE": str(trial)}
+    tried = []
+    for variant in candidates:
+        if variant.file is None:  # the nearest base records the change as upstream: carry that decision
+            note = f": {variant.note}" if variant.note else ""
+            return Step(concern, variant, "upstream", f"upstream as recorded for {variant.base}{note}",
+                        how=f"upstream (as in {variant.base})")
+        patch = patches[variant.base]
+        shutil.copyfile(index, trial)
+        forward = _try_apply(tree, patch, trial_env)  # git apply never fuzzes: context must match
+        if forward.returncode == 0:
+            os.replace(trial, index)
+            offsets = sorted({int(off) for _, _, off in _OFFSETS.findall(forward.stderr)})
+            if not offsets:
+                return Step(concern, variant, "clean", f"carried from {variant.base}, exact", how="exact")
+            how = "offset " + ", ".join(f"{off:+d}" for off in offsets)
+            return Step(concern, variant, "offset", f"carried from {variant.base}, {how}", how=how)
+        failure = f"{variant.file}: {describe_failure(patch, forward.stderr)}"
+        if variant.base not in preimages:
+            preimages[variant.base] = _preimages(series, tree, variant.base, tmp)
+        if not preimages[variant.base]:
+            tried.append(f"{failure} (no 3-way: {variant.base}'s tree is not available)")
+            continue
+        shutil.copyfile(index, trial)
+        if _try_apply(tree, patch, trial_env, "--3way").returncode == 0:
+            os.replace(trial, index)
+            return Step(concern, variant, "3-way", f"carried from {variant.base}, conflict-free 3-way merge",
+                        how="3-way")
+        tried.append(f"{failure} (and the 3-way merge conflicts)")
+    closest = next((v for v in candidates if v.file), None)
+    detail = ("tried " + "; ".join(tried)) if tried else "no known base has a variant of it"
+    return Step(concern, closest, "conflict", detail)
+
+
+def carry(series: Series, tree: Path, *, skip: tuple[str, ...] = ()) -> list[Step]:
+    """The series decided for a base no variant was made for, concern by concern, in order.
+
+    Planned on the commit the series goes on (`series_start`), so a tree that
+    already carries it plans the same; when HEAD already holds the planned
+    result, the carried concerns say `applied` (already present).
+    """
+    start = series_start(tree)
+    if not has_dflash(tree, start):
+        return [Step(c, None, "not-applicable", "common/speculative.cpp has no DFlash: nothing to fix")
+                for c in series.concerns]
+    order = nearest_bases(series, tree, start)
+    steps = []
+    with tempfile.TemporaryDirectory(prefix="dfbuild-index-") as tmp:
+        tmp = Path(tmp)
+        index = tmp / "carry"
+        env = {"GIT_INDEX_FILE": str(index)}
+        _git(tree, "read-tree", start, env=env)
+        # Already in the tree (upstream made the change, or it was committed by hand): a known
+        # variant reverse-applies. Undone last to first, as for a known base: neighbouring
+        # concerns share context lines.
+        present: dict[str, Variant] = {}
+        undo_env = {"GIT_INDEX_FILE": str(tmp / "undo")}
+        _git(tree, "read-tree", start, env=undo_env)
+        for concern in reversed(series.concerns):
+            for variant in (concern.variants[name] for name in order if name in concern.variants):
+                if variant.file and concern.id not in skip and _try_apply(
+                        tree, verify_patch(series, concern, variant), undo_env, "--reverse").returncode == 0:
+                    present[concern.id] = variant
+                    break
+        preimages: dict[str, bool] = {}
+        for concern in series.concerns:
+            if concern.id in skip:
+                steps.append(Step(concern, None, "skipped", "left out on request"))
+                continue
+            if concern.id in present:
+                variant = present[concern.id]
+                steps.append(Step(concern, variant, "applied",
+                                  f"already in the tree: the {variant.base} variant reverse-applies",
+                                  how="upstream", blob=_index_blob(tree, env)))
+                continue
+            step = _carry_concern(series, tree, concern, order, index, preimages, tmp)
+            if step.status != "conflict":
+                step.blob = _index_blob(tree, env)
+            steps.append(step)
+    head = _git(tree, "rev-parse", "HEAD").stdout.strip()
+    final = next((s.blob for s in reversed(steps) if s.blob), None)
+    if head != start and final and source.committed_blob(tree, head) == final:
+        for step in steps:
+            if step.status in CARRIED:
+                step.status, step.detail = "applied", f"already present ({step.detail})"
+    return steps
+
+
+CARRIED = ("clean", "offset", "3-way")
+
+
+def _conflict_error(steps: list[Step], base: str | None) -> PatchConflictError | None:
+    for step in steps:
+        if step.status != "conflict":
+            continue
+        if base is not None:
+            return PatchConflictError(
+                f"patch {step.detail} does not apply to {base}; nothing was applied",
+                f"regenerate the variant: dfbuild series refresh --dir DIR --onto {base}",
+            )
+        return PatchConflictError(
+            f"concern {step.concern.id} cannot be carried to this base: {step.detail}; nothing was applied",
+            "carry it by hand (one commit per concern with a Dfbuild-Concern trailer), then "
+            "`dfbuild series refresh --dir DIR --onto BASE` records the new variant",
+        )
+    return None
 
 
 def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: tuple[str, ...] = ()) -> dict:
-    """Apply every needed concern as one fixed-identity commit each; all or nothing."""
+    """Apply every needed concern as one fixed-identity commit each; all or nothing.
+
+    A known base gets its variants; any other tree gets the series carried
+    from the nearest known ones, and its section says `derived` and
+    `proven: false` until the smoke proof has run on both trees.
+    """
     tree = Path(tree)
     repo = git.Repo(tree)
     if repo.is_dirty(untracked_files=True):
         raise DirtyTreeError(f"{tree} has local changes; nothing was applied",
                              "commit or stash them first: dfbuild never discards your work")
     base, steps = plan(series, tree, base, skip=skip)
-    if base is None:
-        raise NoVariantError(
-            f"{tree} is not a known base: common/speculative.cpp has blob {source.speculative_blob(tree)}",
-            f"known bases: {', '.join(series.bases)}; a maintainer can add one with `dfbuild series refresh`",
-        )
+    derived = base is None
+    if derived and all(step.status == "not-applicable" for step in steps):
+        raise NotApplicableError(f"{tree} has no DFlash (common/speculative.cpp never mentions it); nothing was applied",
+                                 "the series fixes DFlash speculative decoding; pick a base that has it")
     for step in steps:
         if step.status == "no-variant":
             raise NoVariantError(f"concern {step.concern.id} has no variant for base {base}",
                                  "add one with `dfbuild series refresh --onto` or pass a supported base")
-        if step.status == "conflict":
-            raise PatchConflictError(
-                f"patch {step.detail} does not apply to {base}; nothing was applied",
-                f"regenerate the variant: dfbuild series refresh --dir DIR --onto {base}",
-            )
+    conflict = _conflict_error(steps, base)
+    if conflict:
+        raise conflict
 
     original_head = repo.head.commit.hexsha
+    start = series_start(tree) if derived else None
     results = []
     try:
+        if derived and start != original_head and any(step.status in CARRIED for step in steps):
+            # only dfbuild's own concern commits sit on top: redo the series from where it goes on
+            repo.git.reset("--hard", "--quiet", start)
         for step in steps:
             entry = step.to_dict()
-            if step.status in ("clean", "offset"):
+            if step.status in CARRIED:
                 patch = patch_path(series, step.variant)
-                applied = _git(tree, "apply", "--index", str(patch), check=False)
-                if applied.returncode != 0:
+                args = ["apply", "--index", *(["--3way"] if step.status == "3-way" else []), str(patch)]
+                applied = _git(tree, *args, check=False)
+                if applied.returncode != 0 or (step.blob and _index_blob(tree, {}) != step.blob):
                     raise PatchConflictError(
                         f"patch {step.variant.file} failed: {describe_failure(patch, applied.stderr)}",
-                        f"regenerate the variant: dfbuild series refresh --dir DIR --onto {base}",
+                        f"regenerate the variant: dfbuild series refresh --dir DIR --onto {base or 'BASE'}",
                     )
                 entry["status"] = "applied"
                 entry["commit"] = source.commit_fixed(repo, commit_message(patch))
@@ -384,21 +627,31 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
         repo.git.clean("-fdq")
         raise
 
-    return {
-        "base": base,
+    section = {
+        "base": base or _tree_label(tree, start),
         "patches_dir": str(series.root),
         "concerns": results,
         "head": repo.head.commit.hexsha,
         "changed": any(r["status"] == "applied" for r in results),
     }
+    if derived:
+        section.update({"derived": True, "proven": False, "start": start,
+                        "blob": source.committed_blob(tree, "HEAD")})
+    return section
+
+
+def _tree_label(tree: Path, start: str) -> str:
+    from . import manifest
+
+    recorded = manifest.load(manifest.tree_manifest_path(tree)).get("source", {})
+    return recorded.get("base") if recorded.get("commit") == start and recorded.get("base") else start[:12]
 
 
 # --- refresh (maintainers) --------------------------------------------------------------------
 
-CONCERN_TRAILER = "Dfbuild-Concern"
 
-
-def refresh(series: Series, tree: Path, onto: str) -> dict:
+def refresh(series: Series, tree: Path, onto: str, *, name: str | None = None, base_info: dict | None = None,
+            decisions: dict[str, str] | None = None) -> dict:
     """Regenerate the variants for base ONTO from the concern commits on top of it in TREE.
 
     Each commit in ONTO..HEAD must carry a `Dfbuild-Concern: <id>` trailer, one
@@ -410,13 +663,14 @@ def refresh(series: Series, tree: Path, onto: str) -> dict:
     repo = git.Repo(tree)
     onto_commit = source.resolve_commit(repo, onto)
     commits = _git(tree, "rev-list", "--reverse", f"{onto_commit}..HEAD").stdout.split()
-    if not commits:
+    decisions = decisions or {}
+    if not commits and not decisions:
         raise SeriesFileError(f"no commits between {onto} and HEAD in {tree}",
                               "commit one change per concern on top of the base first")
     blob = _git(tree, "rev-parse", f"{onto_commit}:{SPECULATIVE}").stdout.strip()
     # a new base is named after ONTO when that is a plain name (a tag like b11312), else its short id
     plain_name = re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", onto) and not onto.endswith(".lock")
-    base = series.base_for_blob(blob) or (onto if plain_name else onto_commit[:7])
+    base = name or series.base_for_blob(blob) or (onto if plain_name else onto_commit[:7])
     out_dir = series.root / base
 
     with tempfile.TemporaryDirectory(prefix="dfbuild-refresh-") as tmp:
@@ -459,10 +713,18 @@ def refresh(series: Series, tree: Path, onto: str) -> dict:
                     "rebase the concern commits onto the base, in the order of series.toml, and try again",
                 )
 
-        out_dir.mkdir(parents=True, exist_ok=True)
+        if generated:
+            out_dir.mkdir(parents=True, exist_ok=True)
         doc = tomlkit.parse(series.path.read_bytes().decode("utf-8"))
         doc["bases"].setdefault(base, tomlkit.table())
         doc["bases"][base]["blob"] = blob
+        for key, value in (base_info or {}).items():
+            doc["bases"][base][key] = value
+        for table in doc["concern"]:
+            if table["id"] in decisions:  # a decision, not a patch: e.g. the change is upstream in this base
+                entry = tomlkit.inline_table()
+                entry.update({"status": "upstream", "note": decisions[table["id"]]})
+                table.setdefault("variants", tomlkit.table())[base] = entry
         written = []
         for concern, path in generated:
             dest = out_dir / path.name
@@ -475,4 +737,71 @@ def refresh(series: Series, tree: Path, onto: str) -> dict:
                     variants[base] = entry
             written.append({"id": concern.id, "file": f"{base}/{path.name}", "sha256": sha256_file(dest)})
         series.path.write_bytes(tomlkit.dumps(doc).encode("utf-8"))
-    return {"base": base, "blob": blob, "onto": onto_commit, "variants": written}
+    return {"base": base, "blob": blob, "onto": onto_commit, "variants": written,
+            "decisions": [{"id": cid, "status": "upstream", "note": note} for cid, note in decisions.items()]}
+
+
+def adopt(series: Series, tree: Path) -> dict:
+    """Turn a proven carried result into a recorded variant of its own base.
+
+    The tree's record must say that its series was carried (`derived`) and
+    that the proof ran on exactly this HEAD with the outcome fixed (or fixed
+    upstream). The concern commits become patch files through `refresh`
+    (format-patch, sha256, checked to apply with zero offset); concerns found
+    in the tree or carried as an upstream decision are recorded as upstream;
+    the base gets its blob, build number, where its tree comes from and how
+    each concern was carried and proven.
+    """
+    from . import manifest
+
+    tree = Path(tree)
+    record = manifest.load(manifest.tree_manifest_path(tree))
+    applied, proof, src = record.get("series") or {}, record.get("proof") or {}, record.get("source") or {}
+    head = _git(tree, "rev-parse", "HEAD").stdout.strip()
+    if not applied.get("derived"):
+        raise SeriesFileError(f"{tree}: base {applied.get('base') or '?'} already has its own variants; nothing to adopt",
+                              "adopt trees whose series `dfbuild apply` carried from other bases")
+    if applied.get("head") != head or proof.get("patched_commit") != head:
+        raise SeriesFileError(f"{tree}: HEAD {head[:12]} is not the commit the proof ran on",
+                              "run `dfbuild prove` (or `dfbuild release`) on this tree first")
+    outcome = proof.get("outcome")
+    if outcome not in ("fixed", "fixed-upstream"):
+        raise SeriesFileError(f"{tree}: the proof says {outcome or 'nothing'}; only a proven fix is adopted",
+                              "a still-broken or conflicting base needs a maintainer: see `dfbuild series refresh`")
+    start, base = applied["start"], applied["base"]
+    proven = f"proven {proof.get('proven_at', '?')[:10]} on {proof.get('backend')}"
+    decisions, carried_from = {}, {}
+    for concern in applied.get("concerns", []):
+        carried_from[concern["id"]] = f"{concern.get('variant')} {concern.get('how')}"
+        if outcome == "fixed-upstream":
+            decisions[concern["id"]] = f"fixed upstream: the unpatched tree passes every scenario ({proven})"
+        elif concern.get("how", "").startswith("upstream"):
+            decisions[concern["id"]] = f"{concern.get('detail')} ({proven})"
+    if outcome == "fixed-upstream":
+        onto = head  # no patch files: every concern is a decision
+        if head != start:
+            raise SeriesFileError(f"{tree}: fixed upstream, yet commits sit on top of {start[:12]}",
+                                  "adopt from the unpatched tree: dfbuild prove leaves it in WORK/unpatched/src")
+    else:
+        onto = start
+    patched, unpatched = proof.get("patched") or {}, proof.get("unpatched") or {}
+    info = {
+        "note": f"llama.cpp {base}, adopted from a proven carry",
+        "provenance": {
+            "carried_from": carried_from,
+            "outcome": outcome,
+            "proof": (f"unpatched: {len(unpatched.get('failed', []))} of {unpatched.get('runs')} scenario runs failed"
+                      f"{' with the upstream symptom' if unpatched.get('upstream_symptom') else ''}; "
+                      f"patched: {'all ' + str(patched.get('runs')) + ' passed' if patched.get('passed') else 'not run'}"),
+            "proven": proven,
+        },
+    }
+    build = source.release_build(base)
+    if build is not None:
+        info["build"] = build
+    if src.get("kind") == "sdist" and str(src.get("repo", "")).startswith("pypi:"):
+        info["sdist"] = src["repo"][len("pypi:"):]
+    elif src.get("kind") == "git" and src.get("commit") == start:
+        info["commit"] = start
+    result = refresh(series, tree, onto, name=base, base_info=info, decisions=decisions)
+    return {**result, "outcome": outcome, "provenance": info["provenance"]}
