@@ -100,8 +100,9 @@ def import_(archive, tag, dest, as_json):
 patches_option = click.option("--patches", "patches_dir", type=click.Path(path_type=Path), default=None,
                               help="Patches directory holding series.toml (default: the shipped series).")
 
-STATUS_STYLE = {"clean": "green", "offset": "green", "applied": "cyan", "already-present": "cyan",
-                "upstream": "blue", "skipped": "yellow", "conflict": "red", "no-variant": "red"}
+STATUS_STYLE = {"clean": "green", "offset": "green", "3-way": "green", "applied": "cyan", "already-present": "cyan",
+                "upstream": "blue", "skipped": "yellow", "conflict": "red", "no-variant": "red",
+                "not-applicable": "yellow"}
 
 
 def _render_concerns(rows: list[dict]) -> None:
@@ -142,6 +143,9 @@ def apply(base, pr, repo, dest, force, patches_dir, skip, as_json):
         ui.info(f"{tree}: patched commit {section['head']}")
     else:
         ui.info(f"{tree}: nothing to do, the series is already applied ({section['head']})")
+    if section.get("derived"):
+        ui.warn(f"{section['base']} is a base the series has no variant for: it was carried from the nearest "
+                "known variants and is unproven until `dfbuild prove` (or `dfbuild release`) has smoked both trees")
 
 
 @main.group("series")
@@ -183,9 +187,11 @@ def series_list(patches_dir, as_json):
 @json_option
 @handle_errors
 def series_check(tree, patches_dir, as_json):
-    """Report per concern: clean, offset, applied, upstream, conflict or no-variant. Changes nothing.
+    """Report per concern: clean, offset, 3-way, applied, upstream, conflict or no-variant. Changes nothing.
 
-    Exits 21 when a patch would conflict and 22 when a concern has no variant.
+    A base the series has no variant for gets it carried from the nearest known
+    variants (each row says which and how). Exits 21 when a concern would
+    conflict, 22 when a known base lacks a variant, 24 when the tree has no DFlash.
     """
     from . import series
 
@@ -193,9 +199,15 @@ def series_check(tree, patches_dir, as_json):
     base, steps = series.plan(curated, tree)
     rows = [s.to_dict() for s in steps]
     if as_json:
-        ui.emit_json({"dir": str(tree), "base": base, "concerns": rows})
+        ui.emit_json({"dir": str(tree), "base": base, "derived": base is None, "concerns": rows})
     else:
-        ui.info(f"{tree}: base {base or 'not recognised'}")
+        if base:
+            ui.info(f"{tree}: base {base}")
+        elif {row["status"] for row in rows} == {"not-applicable"}:
+            ui.info(f"{tree}: no DFlash in this tree, so the series does not apply to it")
+        else:
+            ui.info(f"{tree}: a base the series has no variant for: carried from the nearest known variants "
+                    "(unproven until `dfbuild prove` has run)")
         _render_concerns(rows)
     # scripts can gate on the result: the same codes apply would fail with
     statuses = {row["status"] for row in rows}
@@ -203,6 +215,8 @@ def series_check(tree, patches_dir, as_json):
         sys.exit(errors.PatchConflictError.exit_code)
     if "no-variant" in statuses:
         sys.exit(errors.NoVariantError.exit_code)
+    if statuses == {"not-applicable"}:
+        sys.exit(errors.NotApplicableError.exit_code)
 
 
 @series_group.command("refresh")
@@ -222,6 +236,90 @@ def series_refresh(tree, onto, patches_dir, as_json):
         return
     for variant in result["variants"]:
         ui.info(f"wrote {variant['file']} ({variant['sha256'][:12]})")
+
+@series_group.command("adopt")
+@click.option("--dir", "tree", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True,
+              help="A tree whose carried series `dfbuild prove` (or `release`) proved.")
+@patches_option
+@json_option
+@handle_errors
+def series_adopt(tree, patches_dir, as_json):
+    """Record a proven carried series as the variant of its base (patch files, sha256, blob, provenance)."""
+    from . import series
+
+    result = series.adopt(series.load_series(patches_dir), tree)
+    if as_json:
+        ui.emit_json(result)
+        return
+    ui.info(f"base {result['base']} (blob {result['blob'][:12]}) adopted: {result['outcome']}")
+    for variant in result["variants"]:
+        ui.info(f"  wrote {variant['file']} ({variant['sha256'][:12]})")
+    for decision in result["decisions"]:
+        ui.info(f"  {decision['id']}: upstream ({decision['note']})")
+
+
+# --- prove --------------------------------------------------------------------
+
+PROVE_EXIT = {"fixed": 0, "fixed-upstream": errors.FIXED_UPSTREAM_EXIT,
+              "still-broken": errors.StillBrokenError.exit_code,
+              "not-applicable": errors.NotApplicableError.exit_code,
+              "conflict": errors.PatchConflictError.exit_code}
+
+
+@main.command()
+@click.option("--base", required=True, help="Base revision: a known base, any release bNNNNN, or any rev with --repo.")
+@click.option("--pr", type=int, default=None, help="Pull request whose refs/pull/N/head must contain the base.")
+@click.option("--repo", default=None, help="Repository URL or path (default: implied by the base).")
+@click.option("--backend", default="cpu", show_default=True, help="Backend to build and smoke both trees with.")
+@click.option("--work", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Working dir (default: ./dfbuild-BASE, shared with `dfbuild release`). Reruns reuse it.")
+@click.option("--set", "sets", multiple=True, help="Fixture set to smoke (repeatable; default: the standard ones).")
+@click.option("--scenario", "scenarios", multiple=True, help="Scenario to run (repeatable; default: all).")
+@click.option("-j", "--jobs", type=int, default=None, help="Parallel compile jobs (default: ninja's).")
+@patches_option
+@json_option
+@handle_errors
+def prove(base, pr, repo, backend, work, sets, scenarios, jobs, patches_dir, as_json):
+    """Build BASE unpatched and patched, smoke both, and say what the series does for it.
+
+    Exit codes: 0 fixed, 44 fixed upstream, 43 still broken, 24 not applicable, 21 conflict.
+    """
+    from . import prove as prove_stage
+    from . import release as release_stage
+
+    proof = prove_stage.prove(base, backend=backend, work=work or release_stage.default_work_dir(base), repo=repo,
+                              pr=pr, patches_dir=patches_dir, sets=sets or None, scenarios=scenarios or None,
+                              build_options={"jobs": jobs})
+    if as_json:
+        ui.emit_json({k: v for k, v in proof.items() if k != "patched_smoke"})
+    else:
+        _render_proof(proof)
+    sys.exit(PROVE_EXIT[proof["outcome"]])
+
+
+def _render_proof(proof: dict) -> None:
+    outcome = proof["outcome"]
+    style = {"fixed": "green", "fixed-upstream": "blue"}.get(outcome, "red")
+    ui.console.print(f"[bold]{proof['base']}[/bold]: [{style}]{outcome}[/{style}]", soft_wrap=True)
+    if proof.get("reason"):
+        ui.console.print(f"  {escape(proof['reason'])}", soft_wrap=True)
+    for label in ("unpatched", "patched"):
+        summary = proof.get(label)
+        if not summary:
+            continue
+        verdict = "passed" if summary["passed"] else f"{len(summary['failed'])} of {summary['runs']} failed"
+        if summary.get("upstream_symptom"):
+            verdict += " (the upstream symptom)"
+        ui.console.print(f"  {label}: {verdict} in {summary['wall_s']}s", soft_wrap=True)
+        first = summary.get("first_failure")
+        if first and (label == "patched" or outcome == "still-broken"):
+            ui.console.print(f"    first failure: {first['scenario']}: {escape(str(first['log_line']))}", soft_wrap=True)
+    if proof.get("no_longer_needed"):
+        ui.info(f"  no longer needed: {', '.join(proof['no_longer_needed'])}")
+    for concern in proof.get("concerns", []):
+        if concern.get("how"):
+            ui.info(f"  {concern['id']}: {concern.get('variant')} {concern['how']}")
+
 
 # --- build --------------------------------------------------------------------
 
