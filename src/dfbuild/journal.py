@@ -84,6 +84,25 @@ def restore_paths(tree: Path, commit: str, paths: list[str]) -> None:
             target.unlink()
 
 
+def roll_back(tree: Path) -> bool:
+    """Undo the apply in progress in this process (after a failure or Ctrl-C); False if that failed too.
+
+    The journal stays when the rollback could not finish (a second Ctrl-C, a
+    killed git), so the next run finishes it.
+    """
+    record = pending(tree)
+    if not record or record.get("op") != "apply":
+        return True
+    try:
+        # a git child killed along with us leaves its lock file: ours, under our tree lock
+        _clear_git_locks(tree, record.get("branch"))
+        restore_paths(tree, record["original_head"], list(record.get("paths") or []))
+    except (Exception, KeyboardInterrupt):
+        return False
+    end(tree)
+    return True
+
+
 def recover(tree: Path) -> dict | None:
     """Undo (apply) or finish (checkout) what an interrupted dfbuild left in TREE; None if nothing."""
     tree = Path(tree)

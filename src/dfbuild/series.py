@@ -25,7 +25,7 @@ from pathlib import Path
 import git
 import tomlkit
 
-from . import journal, source, state
+from . import journal, source, state, ui
 from .paths import sha256_file
 from .errors import (
     DirtyTreeError,
@@ -428,9 +428,8 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
             results.append(entry)
     except BaseException:
         # restore exactly what the patches touched; the user's other files stay as they are
-        if to_apply:
-            journal.restore_paths(tree, original_head, touched)
-            journal.end(tree)
+        if to_apply and not journal.roll_back(tree):
+            ui.warn(f"the rollback in {tree} did not finish; the next dfbuild run on it finishes it")
         raise
     journal.end(tree)
 

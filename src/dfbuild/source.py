@@ -413,7 +413,9 @@ def _materialise(cache: git.Repo, commit: str, dest: Path, branch: str, force: b
                                        multi_options=["--quiet"])
             made.git.config(*KEEP_BYTES)  # before the first checkout writes any file
             made.remote("origin").set_url(origin)
+            state.fault_point("checkout: cloned")
             made.git.checkout("--quiet", "-B", branch, commit)
+            state.fault_point("checkout: checked out beside DIR")
             _move_into_place(partial, dest)
         return
     repo.git.fetch("--quiet", "--no-tags", str(Path(cache.git_dir)), commit)
@@ -438,6 +440,7 @@ def _materialise(cache: git.Repo, commit: str, dest: Path, branch: str, force: b
         repo.git.update_ref(backup, head)
         ui.warn(f"{dest} was at {head[:12]}; that commit is kept as {backup}")
     journal.begin(dest, "checkout", commit=commit, branch=branch, previous=head)
+    state.fault_point("checkout: journal written")
     repo.git.checkout("--quiet", "-B", branch, commit)
     journal.end(dest)
 

@@ -49,16 +49,20 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> Path:
-    """Write DATA to PATH so that PATH is always either the old file or the new one."""
+def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> Path:
+    """Write DATA to PATH so that PATH is always either the old file or the new one.
+
+    durable=False skips the fsyncs (for notes that may be lost, like a lock's owner).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -66,12 +70,13 @@ def atomic_write_bytes(path: Path, data: bytes) -> Path:
         except OSError:
             pass
         raise
-    _fsync_dir(path.parent)
+    if durable:
+        _fsync_dir(path.parent)
     return path
 
 
-def atomic_write_text(path: Path, text: str) -> Path:
-    return atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: Path, text: str, *, durable: bool = True) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"), durable=durable)
 
 
 def read_json(path: Path, what: str = "record") -> dict:
@@ -173,7 +178,7 @@ def hold(lock_file: Path, what: str, *, wait: bool = True, timeout: float = -1, 
         try:
             atomic_write_text(info_path, json.dumps({
                 "pid": os.getpid(), "command": _command_line(),
-                "since": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
+                "since": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n", durable=False)
         except OSError:
             pass
         yield
