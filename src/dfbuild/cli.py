@@ -291,8 +291,13 @@ def build(tree, backend, build_dir, targets, cuda_arch, gpu_targets, vulkan_incl
     from . import build as build_stage
     from . import manifest
 
+    from . import journal
+
     lock_build_dir = build_dir or build_stage.default_build_dir(Path(tree), backend)
     with _locks(("tree", tree), ("build", lock_build_dir), no_wait=no_wait):
+        if (Path(tree) / ".git").is_dir() and journal.recover(Path(tree)):
+            ui.warn(f"{tree} is back at its state before the interrupted run; "
+                    "run `dfbuild apply` first if you meant to build the patched tree")
         section = build_stage.build_tree(
             tree, backend, build_dir, targets=targets or build_stage.DEFAULT_TARGETS, cuda_arch=cuda_arch,
             gpu_targets=gpu_targets, vulkan_include_dir=vulkan_include_dir, extra_cmake_args=cmake_args, jobs=jobs,
@@ -364,7 +369,8 @@ def fixtures(out, seed, as_json):
     """Write tiny seeded GGUF fixtures (targets, mmprojs, DFlash drafts) and test images."""
     from . import fixtures as fixtures_stage
 
-    section = fixtures_stage.write_fixtures(out, seed)
+    with _locks(("out", out), no_wait=False):
+        section = fixtures_stage.write_fixtures(out, seed)
     if as_json:
         ui.emit_json(section)
         return
@@ -488,13 +494,27 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cuda_ar
 @main.command()
 @click.argument("directory", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--no-run", is_flag=True, help="Do not unpack and run the archived llama-server --version.")
+@click.option("--run", "run_any", is_flag=True,
+              help="Also run llama-server --version from archives this dfbuild did not package (by default only "
+                   "its own are run); never from an archive that failed a check.")
+@click.option("--max-unpacked-size", "max_unpacked", default=None, metavar="SIZE",
+              help="Raise the cap on an archive's unpacked size (default 4G, and 100x the archive), e.g. 16G.")
 @json_option
 @handle_errors
-def verify(directory, no_run, as_json):
-    """Check a release dir: SHA256SUMS, archives against their manifest, the wheel, and --version's commit."""
-    from . import release as release_stage
+def verify(directory, no_run, run_any, max_unpacked, as_json):
+    """Check a release dir: SHA256SUMS, archives against their manifest, the wheel, and --version's commit.
 
-    report = release_stage.verify(directory, run_binaries=not no_run)
+    llama-server --version is run only from archives that passed every check, and by default
+    only from archives this dfbuild packaged; --run opts in for others, --no-run runs nothing.
+    """
+    from . import release as release_stage
+    from . import source
+
+    if no_run and run_any:
+        raise click.UsageError("--run and --no-run contradict each other")
+    limits = source.Limits.raised_to(source.parse_size(max_unpacked) if max_unpacked else None)
+    report = release_stage.verify(directory, run_binaries=False if no_run else (True if run_any else None),
+                                  limits=limits)
     if as_json:
         ui.emit_json(report)
     else:
