@@ -63,7 +63,7 @@ def applied(syn, tmp_path):
 # --- item 1: the tree's record ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("content", [b"", b'{"source": {"dir": ', b"\xff\xfe", b"[1, 2]"])
+@pytest.mark.parametrize("content", [b"", b'{"source": {"dir": '])
 def test_item1_unreadable_record_is_absent_with_a_warning(applied, content):
     dest, args = applied
     record = manifest.tree_manifest_path(dest)
@@ -77,6 +77,14 @@ def test_item1_unreadable_record_is_absent_with_a_warning(applied, content):
     result = dfbuild(*args, "--json")
     assert result.exit_code == 0
     assert json.loads(record.read_text())["series"]["head"] == head(dest)
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe", b"[1, 2]", b"{", b""])
+def test_item1_any_unreadable_record_reads_as_absent(tmp_path, content, capsys):
+    path = tmp_path / "manifest.json"
+    path.write_bytes(content)
+    assert manifest.load(path) == {}
+    assert manifest.update_tree_manifest(tmp_path, "source", {"n": 1}) == {"source": {"n": 1}}
 
 
 def test_item1_record_is_written_atomically(tmp_path, monkeypatch):
