@@ -162,11 +162,3 @@ def test_nearest_base_by_history_then_by_build_number(syn, tree, tmp_path):
     write_series(syn.patches, syn.blob, {cid: [] for cid in IDS}, extra_bases=f'build = 100\n{bases}')
     assert series.nearest_bases(syn.load(), tree, start)[0] == "fromgit"
     assert curated  # the original series still loads
-
-
-def test_skip_names_must_be_concerns(syn, tree):
-    from dfbuild.errors import SeriesFileError
-
-    with pytest.raises(SeriesFileError) as caught:
-        series.plan(syn.load(), tree, skip=("zero-fil",))
-    assert "zero-fil" in caught.value.message

@@ -455,6 +455,9 @@ def test_conflict_found_only_while_applying_rolls_back_everything(syn, tree, mon
 
     assert "0003-noise-block-base.patch" in caught.value.message
     assert SPEC in caught.value.message
+    # everything dfbuild changed is back; a file someone else made meanwhile is not dfbuild's to delete
+    assert (tree / "stray.o").read_text() == "left behind\n"
+    (tree / "stray.o").unlink()
     assert snapshot(tree) == before
 
 

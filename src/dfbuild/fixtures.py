@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import errors
+from . import errors, owned, state
 from .paths import sha256_file
 
 FIXTURES_SCHEMA = 1
@@ -583,6 +583,16 @@ def _test_image(path: Path, seed: int, width: int, height: int) -> None:
 
 # --- public API -------------------------------------------------------------------
 
+def _image_names() -> list[str]:
+    return [f"image-{label}-{width}x{height}.png" for label, (width, height) in IMAGES.items()]
+
+
+def _indexed_files(out: Path) -> set[str]:
+    """The files a fixtures dir from before the ownership marker holds of dfbuild's: its index lists them."""
+    index = json.loads((out / INDEX_NAME).read_text(encoding="utf-8"))
+    return {INDEX_NAME, *index["files"], *(Path(p).name for p in index["images"].values())}
+
+
 def _write_images(out: Path, seed: int) -> dict[str, str]:
     images = {}
     for label, (width, height) in IMAGES.items():
@@ -622,6 +632,8 @@ def write_fixtures(out: Path, seed: int = 0) -> dict:
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
+        # only over files dfbuild wrote here: a user's file of the same name is refused, not replaced
+        owned.claim(out, [*FILES.values(), *_image_names(), INDEX_NAME], errors.FixtureError, legacy=_indexed_files)
         _llama_target(out / FILES["llama-random"], seed, agree=False)
         _llama_target(out / FILES["llama-agree"], seed, agree=True)
         _qwen35_target(out / FILES["qwen35-random"], seed, agree=False)
@@ -646,7 +658,7 @@ def write_fixtures(out: Path, seed: int = 0) -> dict:
         "files": {name: {"path": str(out / name), "sha256": sha256_file(out / name)} for name in sorted(FILES.values())},
         "sets": {s.name: _set_entry(out, s) for s in FIXTURE_SETS.values()},
     }
-    (out / INDEX_NAME).write_text(json.dumps(section, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    state.atomic_write_text(out / INDEX_NAME, json.dumps(section, indent=2, sort_keys=True) + "\n")
     return section
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from . import state
+
 SECTIONS = ("source", "series", "build", "smoke", "proof", "release")
 
 
@@ -18,17 +20,13 @@ def tree_manifest_path(tree: Path) -> Path:
 
 
 def load(path: Path) -> dict:
-    path = Path(path)
-    if not path.exists():
-        return {}
-    return json.loads(path.read_text(encoding="utf-8"))
+    """The manifest at PATH; a missing or unreadable one is {} (with a warning), never a crash."""
+    return state.read_json(path, "manifest")
 
 
 def save(manifest: dict, path: Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dumps(manifest) + "\n", encoding="utf-8")
-    return path
+    """Atomic (temp file, fsync, rename): an interrupt leaves the old manifest or the new one."""
+    return state.atomic_write_text(Path(path), dumps(manifest) + "\n")
 
 
 def dumps(data: dict) -> str:

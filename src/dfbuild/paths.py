@@ -8,9 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import platformdirs
-from filelock import FileLock, Timeout
-
-from .errors import DfbuildError
+from .errors import DfbuildError, UsageError
 
 CACHE_ENV = "DFBUILD_CACHE_DIR"
 
@@ -19,7 +17,17 @@ def cache_dir() -> Path:
     """The user cache dir, or $DFBUILD_CACHE_DIR (tests point it at a dir they own)."""
     override = os.environ.get(CACHE_ENV)
     root = Path(override) if override else Path(platformdirs.user_cache_dir("dfbuild"))
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot use {root} as dfbuild's cache dir: {exc.strerror or exc}",
+            f"point ${CACHE_ENV} at a directory you can write (or unset it)" if override
+            else f"make {root} a writable directory, or set ${CACHE_ENV}",
+        ) from None
+    if not root.is_dir():
+        raise UsageError(f"cannot use {root} as dfbuild's cache dir: it is not a directory",
+                         f"point ${CACHE_ENV} at a directory (or unset it)")
     return root
 
 
@@ -35,13 +43,14 @@ def sha256_file(path: Path) -> str:
 @contextmanager
 def locked(path: Path, timeout: float = 600):
     """Hold an inter-process lock next to `path` so concurrent runs don't share a half-made cache."""
+    from . import state
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(path) + ".lock")
-    try:
-        with lock.acquire(timeout=timeout):
-            yield
-    except Timeout:
-        raise DfbuildError(
-            f"another dfbuild holds the cache lock {lock.lock_file}",
-            "wait for it to finish; the lock is released when that process ends",
-        ) from None
+    lock_file = str(path) + ".lock"
+    busy = DfbuildError(
+        f"another dfbuild holds the cache lock {lock_file}",
+        "wait for it to finish; the lock is released when that process ends",
+    )
+    # says who holds it while it waits (state.hold), instead of waiting in silence
+    with state.hold(Path(lock_file), f"the cache lock {lock_file}", timeout=timeout, timeout_error=busy):
+        yield

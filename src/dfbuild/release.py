@@ -55,8 +55,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from . import backends, build, fixtures, manifest, matrix, paths, series, smoke, source, ui
-from .errors import ReleaseError, SmokeFailedError, VerifyError
+from . import backends, build, fixtures, manifest, matrix, owned, paths, series, smoke, source, state, ui
+from .errors import ArchiveError, ReleaseError, SmokeFailedError, VerifyError
 from .paths import sha256_file
 
 SUMS_NAME = "SHA256SUMS"
@@ -320,12 +320,14 @@ class Member:
     link: str | None = None
 
 
-def read_members(path: Path) -> list[Member]:
-    """Every member of a .tar.gz or .zip, with file contents (archives here are small)."""
+def read_members(path: Path, limits: source.Limits | None = None) -> list[Member]:
+    """Every member of a .tar.gz or .zip, with file contents, once the sizes are within LIMITS."""
     members = []
+    limits = limits or source.Limits()
     try:
         if path.name.endswith(".zip"):
             with zipfile.ZipFile(path) as zf:
+                source.check_limits(path, [info.file_size for info in zf.infolist()], limits)
                 for info in zf.infolist():
                     mode = (info.external_attr >> 16) & 0o7777
                     if info.is_dir():
@@ -334,6 +336,7 @@ def read_members(path: Path) -> list[Member]:
                         members.append(Member(info.filename, "file", mode, data=zf.read(info)))
         else:
             with tarfile.open(path, "r:*") as tar:
+                source.check_limits(path, [info.size for info in tar.getmembers() if info.isfile()], limits)
                 for info in tar.getmembers():
                     if info.isdir():
                         members.append(Member(info.name, "dir", info.mode))
@@ -345,6 +348,8 @@ def read_members(path: Path) -> list[Member]:
                         members.append(Member(info.name, "other", info.mode))
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, zlib.error) as exc:
         raise VerifyError(f"{path.name} cannot be read: {exc}", "download it again") from None
+    except ArchiveError as exc:
+        raise VerifyError(exc.message, exc.hint) from None
     return members
 
 
@@ -445,6 +450,7 @@ def build_wheel(*, bin_dir: Path, version: str, manifest_bytes: bytes, license_p
         raise ReleaseError(f"building the wheel failed: {last[0].strip()}", f"full log: {log_path}")
     out_dir.mkdir(parents=True, exist_ok=True)
     final = out_dir / wheels[0].name
+    owned.claim(out_dir, [final.name], ReleaseError, legacy=release_files)
     os.replace(wheels[0], final)
     return final
 
@@ -464,7 +470,11 @@ _SUMS_LINE = re.compile(r"^([0-9a-fA-F]{64}) [ *](.+)$")
 
 def read_sha256sums(path: Path) -> dict[str, str]:
     sums = {}
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise VerifyError(f"{Path(path).name} is not UTF-8 text", "regenerate it with dfbuild release") from None
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         match = _SUMS_LINE.match(line)
@@ -474,9 +484,19 @@ def read_sha256sums(path: Path) -> dict[str, str]:
     return sums
 
 
+def release_files(out_dir: Path) -> set[str]:
+    """What an OUT dir written before the ownership marker holds of dfbuild's: its manifest's artifacts."""
+    full = json.loads((out_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
+    return {SUMS_NAME, MANIFEST_NAME, *(a["name"] for a in full["release"]["artifacts"])}
+
+
 def write_sha256sums(out_dir: Path, names: list[str]) -> Path:
-    """Add NAMES to OUT/SHA256SUMS, keeping other entries whose files are still there (other backends)."""
+    """Add NAMES to OUT/SHA256SUMS, keeping other entries whose files are still there (other backends).
+
+    Written atomically, and only over a SHA256SUMS dfbuild wrote (owned.claim).
+    """
     path = out_dir / SUMS_NAME
+    owned.claim(out_dir, [SUMS_NAME], ReleaseError, legacy=release_files)
     sums = {}
     if path.is_file():
         try:
@@ -485,7 +505,7 @@ def write_sha256sums(out_dir: Path, names: list[str]) -> Path:
             sums = {}
     for name in names:
         sums[name] = sha256_file(out_dir / name)
-    path.write_text("".join(f"{sums[n]}  {n}\n" for n in sorted(sums)), encoding="utf-8")
+    state.atomic_write_text(path, "".join(f"{sums[n]}  {n}\n" for n in sorted(sums)))
     return path
 
 
@@ -567,6 +587,7 @@ def release(base: str, *, backend: str, pr: int | None = None, repo: str | None 
     check_wheel_tools()
     work = Path(work or default_work_dir(base)).resolve()
     out = Path(out or Path.cwd() / "dist").resolve()
+    owned.check(out, [SUMS_NAME, MANIFEST_NAME], ReleaseError, legacy=release_files)  # fail before building
     work.mkdir(parents=True, exist_ok=True)
     tree = work / "src"
     build_dir = work / f"build-{backend}"
@@ -626,6 +647,7 @@ def release(base: str, *, backend: str, pr: int | None = None, repo: str | None 
 
     rel["stages"] = stages
     full = {"source": src, "series": ser, "build": bld, "smoke": smk, "release": rel}
+    owned.claim(out, [MANIFEST_NAME], ReleaseError, legacy=release_files)
     manifest.save(full, out / MANIFEST_NAME)
     manifest.update_tree_manifest(tree, "release", rel)
     return full
@@ -676,7 +698,9 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
         artifacts, reused = previous["artifacts"], True
     else:
         out_dir.mkdir(parents=True, exist_ok=True)
+        owned.claim(out_dir, [name], ReleaseError, legacy=release_files)
         archive = write_archive(out_dir / name, root, all_entries, epoch)
+        owned.record_produced(archive)  # verify runs binaries by default only from archives made here
         wheel = build_wheel(bin_dir=stage_wheel_bin(entries, work_dir / "bin"), version=version,
                             manifest_bytes=manifest_bytes, license_path=Path(tree) / "LICENSE",
                             out_dir=out_dir, work_dir=work_dir, epoch=epoch)
@@ -700,10 +724,18 @@ def _commit_matches(found: str, expected: str) -> bool:
     return found == expected or (len(found) >= 7 and not found.endswith("-dirty") and expected.startswith(found))
 
 
+RUN_OPT_IN = "--run"
+
+
 def _check_archive(path: Path, problems: list[str], notes: list[str], run_binaries: bool,
-                   host: backends.Host) -> dict | None:
-    """Check one archive; return its embedded manifest (None when it cannot be read)."""
-    members = read_members(path)
+                   host: backends.Host, *, not_run_why: str = "not run (--no-run)",
+                   limits: source.Limits | None = None) -> dict | None:
+    """Check one archive; return its embedded manifest (None when it cannot be read).
+
+    Its llama-server runs only when RUN_BINARIES and the archive passed every check before that.
+    """
+    problems_before = len(problems)
+    members = read_members(path, limits)
     root = archive_root(path.name)
     bad = False
     for member in members:
@@ -732,7 +764,11 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
     except ValueError:
         problems.append(f"{path.name}: {MANIFEST_NAME} is not JSON")
         return None
-    packed = embedded.get("release") or {}
+    packed = embedded.get("release") if isinstance(embedded, dict) else None
+    files = packed.get("files") if isinstance(packed, dict) else None
+    if not isinstance(files, list) or not all(isinstance(f, dict) and isinstance(f.get("path"), str) for f in files):
+        problems.append(f"{path.name}: {MANIFEST_NAME} does not have the shape of a dfbuild manifest")
+        return None
     expected = {f["path"]: f for f in packed.get("files", [])}
     actual = {n: m for n, m in by_name.items() if m.kind != "dir" and n != MANIFEST_NAME}
     for name_ in sorted(set(expected) - set(actual)):
@@ -754,13 +790,18 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
             problems.append(f"{path.name}: {name_} has mode {member.mode & 0o777:04o}, not {record.get('mode')}")
     notes.append(f"{path.name}: {len(actual)} files match its manifest")
 
-    patched = (embedded.get("series") or {}).get("head") or (embedded.get("build") or {}).get("source_commit")
+    series_, build_ = (embedded.get(k) if isinstance(embedded.get(k), dict) else {} for k in ("series", "build"))
+    patched = series_.get("head") or build_.get("source_commit")
+    if patched is not None and not isinstance(patched, str):
+        patched = None
     if not patched:
         problems.append(f"{path.name}: the manifest names no patched commit")
         return embedded
     exe = "bin/llama-server" + (".exe" if packed.get("os") == "windows" else "")
-    if not run_binaries:
-        why = "not run (--no-run)"
+    if len(problems) > problems_before:
+        why = "not run: the archive failed the checks above"
+    elif not run_binaries:
+        why = not_run_why
     elif (packed.get("os"), packed.get("arch")) != (host.os, host.arch):
         why = f"built for {packed.get('os')}/{packed.get('arch')}, not run on {host.os}/{host.arch}"
     else:
@@ -855,8 +896,15 @@ def _check_wheel(path: Path, embedded_by_version: dict[tuple, dict], problems: l
     notes.append(f"{path.name}: {len(shipped)} files match the archive")
 
 
-def verify(directory: Path, *, run_binaries: bool = True, host: backends.Host | None = None) -> dict:
-    """Check a release directory; returns {dir, ok, problems, checked}. Never raises on a mismatch."""
+def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.Host | None = None,
+           limits: source.Limits | None = None) -> dict:
+    """Check a release directory; returns {dir, ok, problems, checked}. Never raises on a mismatch.
+
+    RUN_BINARIES: None (the default) runs an archive's llama-server --version only
+    when the archive is one this dfbuild packaged (owned.was_produced); True also
+    runs it from other archives (--run); False never runs anything (--no-run). No
+    binary runs from an archive once any checksum in the directory is wrong.
+    """
     directory = Path(directory)
     host = host or backends.current_host()
     problems: list[str] = []
@@ -886,12 +934,21 @@ def verify(directory: Path, *, run_binaries: bool = True, host: backends.Host | 
             problems.append(f"{name} is not listed in {SUMS_NAME}")
     if sums and not problems:
         notes.append(f"{SUMS_NAME}: {len(sums)} artifacts match")
+    checksums_ok = bool(sums) and not problems
 
     embedded_by_archive: dict[str, dict] = {}
     for name in present:
         if name.endswith(ARCHIVE_SUFFIXES):
+            if not checksums_ok:
+                allowed, why = False, f"not run: {SUMS_NAME} does not vouch for this directory"
+            elif run_binaries is None:
+                allowed = owned.was_produced(directory / name)
+                why = f"not run: dfbuild did not package this archive here (pass {RUN_OPT_IN} to run it anyway)"
+            else:
+                allowed, why = run_binaries, "not run (--no-run)"
             try:
-                embedded = _check_archive(directory / name, problems, notes, run_binaries, host)
+                embedded = _check_archive(directory / name, problems, notes, allowed, host, not_run_why=why,
+                                          limits=limits)
             except VerifyError as exc:
                 problems.append(exc.message)
                 embedded = None
@@ -911,8 +968,17 @@ def verify(directory: Path, *, run_binaries: bool = True, host: backends.Host | 
         except ValueError:
             problems.append(f"{MANIFEST_NAME} is not JSON")
             full = {}
-        rel = full.get("release") or {}
-        for artifact in rel.get("artifacts", []):
+        rel = full.get("release") if isinstance(full, dict) else None
+        artifacts = rel.get("artifacts", []) if isinstance(rel, dict) else None
+        if not isinstance(artifacts, list) or not all(
+                isinstance(a, dict) and isinstance(a.get("name"), str) and "sha256" in a and "size" in a
+                for a in artifacts) or not isinstance(rel.get("archive", ""), str):
+            problems.append(f"{MANIFEST_NAME} does not have the shape of a dfbuild manifest")
+            full, rel, artifacts = {}, {}, []
+        for artifact in artifacts:
+            if unsafe_member(artifact["name"]) or "/" in artifact["name"]:
+                problems.append(f"{MANIFEST_NAME} names {artifact['name']!r}, which is not a file of this directory")
+                continue
             path = directory / artifact["name"]
             if not path.is_file():
                 problems.append(f"{MANIFEST_NAME} names {artifact['name']}, which is missing")
@@ -938,7 +1004,7 @@ def verify(directory: Path, *, run_binaries: bool = True, host: backends.Host | 
     return report
 
 
-def check(directory: Path, *, run_binaries: bool = True) -> dict:
+def check(directory: Path, *, run_binaries: bool | None = None) -> dict:
     """verify(), raising VerifyError (exit 51) on the first problem."""
     report = verify(directory, run_binaries=run_binaries)
     if not report["ok"]:

@@ -19,14 +19,13 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import git
 import tomlkit
 
-from . import source
+from . import journal, source, state, ui
 from .paths import sha256_file
 from .errors import (
     DirtyTreeError,
@@ -36,6 +35,7 @@ from .errors import (
     PatchConflictError,
     PatchIntegrityError,
     SeriesFileError,
+    UsageError,
 )
 
 SPECULATIVE = "common/speculative.cpp"
@@ -143,13 +143,23 @@ def load_series(patches_dir: Path | None = None) -> Series:
         raise SeriesFileError(f"no series file at {path}", f"set ${SERIES_ENV} to a patches directory") from None
     except tomlkit.exceptions.ParseError as exc:
         raise SeriesFileError(f"{path} is not valid TOML: {exc}", "fix the file or restore it from git") from None
+    except UnicodeDecodeError:
+        raise SeriesFileError(f"{path} is not UTF-8 text", "fix the file or restore it from git") from None
+    except OSError as exc:  # a directory, no permission, ...
+        raise SeriesFileError(f"cannot read {path}: {exc.strerror or exc}",
+                              "make it a readable file, or restore it from git") from None
     hint = "compare it with the documented schema"
     try:
         concerns = []
         for raw in doc["concern"]:
             variants = {base: _variant(raw["id"], base, v) for base, v in raw.get("variants", {}).items()}
+            if any(c.id == raw["id"] for c in concerns):
+                raise _Malformed(f"concern id '{raw['id']}' is listed twice (ids must be unique)")
             concerns.append(Concern(id=raw["id"], title=raw["title"], rationale=raw["rationale"].strip(),
                                     dep3=dict(raw.get("dep3", {})), variants=variants))
+        for name, entry in doc["bases"].items():
+            if not isinstance(entry, dict):
+                raise _Malformed(f"base {name} must be a table like {{blob = ..., note = ...}}")
         return Series(path=path, bug=doc["bug"], bases=dict(doc["bases"]), concerns=concerns)
     except _Malformed as exc:
         raise SeriesFileError(f"{path} is malformed: {exc}", hint) from None
@@ -316,10 +326,10 @@ def plan(series: Series, tree: Path, base: str | None = None, *, skip: tuple[str
     if not source.is_llama_tree(tree) or not (tree / ".git").exists():
         raise NotLlamaTreeError(f"{tree} is not a llama.cpp git checkout",
                                 "run `dfbuild checkout` or `dfbuild import` first")
-    unknown = [s for s in skip if s not in {c.id for c in series.concerns}]
-    if unknown:
-        raise SeriesFileError(f"--skip {', '.join(unknown)}: no such concern",
-                              f"concerns: {', '.join(c.id for c in series.concerns)}")
+    if _git(tree, "rev-parse", "--verify", "--quiet", "HEAD^{commit}", check=False).returncode != 0:
+        raise NotLlamaTreeError(f"{tree} is a git repository without any commit",
+                                "commit the tree first, or make it with `dfbuild checkout` or `dfbuild import`")
+    check_skip(series, skip)
     base = base or identify_base(series, tree)
     if base is None:
         return None, carry(series, tree, skip=skip)
@@ -348,7 +358,7 @@ def _plan_known(series: Series, tree: Path, base: str, skip: tuple[str, ...]) ->
             steps.append(Step(concern, variant, "pending"))
     pending = [step for step in steps if step.status == "pending"]
 
-    with tempfile.TemporaryDirectory(prefix="dfbuild-index-") as tmp:
+    with state.temp_dir("index") as tmp:
         undo_env = {"GIT_INDEX_FILE": str(Path(tmp) / "undo")}
         apply_env = {"GIT_INDEX_FILE": str(Path(tmp) / "apply")}
         for env in (undo_env, apply_env):
@@ -573,14 +583,39 @@ def _conflict_error(steps: list[Step], base: str | None) -> PatchConflictError |
     return None
 
 
+def check_skip(series: Series, skip: tuple[str, ...]) -> None:
+    """A --skip id that names no concern is a mistake (a typo would apply the full series)."""
+    unknown = [concern_id for concern_id in skip if concern_id not in {c.id for c in series.concerns}]
+    if unknown:
+        raise UsageError(f"--skip {unknown[0]}: there is no such concern; nothing was applied",
+                         f"known concerns: {', '.join(c.id for c in series.concerns)}")
+
+
+def patch_paths(patch: Path) -> list[str]:
+    """Every path a patch file touches (both sides of each `diff --git a/X b/Y`)."""
+    found = []
+    for line in patch.read_text(encoding="utf-8", errors="replace").splitlines():
+        match = re.match(r"^diff --git a/(.+) b/(.+)$", line)
+        if match:
+            found.extend(p for p in match.groups() if p not in found)
+    return found
+
+
 def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: tuple[str, ...] = ()) -> dict:
     """Apply every needed concern as one fixed-identity commit each; all or nothing.
 
     A known base gets its variants; any other tree gets the series carried
     from the nearest known ones, and its section says `derived` and
     `proven: false` until the smoke proof has run on both trees.
+
+    While it runs, a journal in the tree's git dir names the starting commit and
+    the files the patches touch. A failure or an interrupt rolls back exactly
+    those files (never a user's other files); a `kill -9` leaves the journal, and
+    the next run rolls back from it before it starts (journal.recover).
     """
     tree = Path(tree)
+    check_skip(series, skip)
+    journal.recover(tree)
     repo = git.Repo(tree)
     if repo.is_dirty(untracked_files=True):
         raise DirtyTreeError(f"{tree} has local changes; nothing was applied",
@@ -600,6 +635,12 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
 
     original_head = repo.head.commit.hexsha
     start = series_start(tree) if derived else None
+    to_apply = [step for step in steps if step.status in CARRIED]
+    touched = sorted({p for step in to_apply for p in patch_paths(patch_path(series, step.variant))})
+    if to_apply:
+        branch = None if repo.head.is_detached else repo.active_branch.name
+        journal.begin(tree, "apply", original_head=original_head, branch=branch, paths=touched)
+    state.fault_point("apply: journal written")
     results = []
     try:
         if derived and start != original_head and any(step.status in CARRIED for step in steps):
@@ -616,16 +657,19 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
                         f"patch {step.variant.file} failed: {describe_failure(patch, applied.stderr)}",
                         f"regenerate the variant: dfbuild series refresh --dir DIR --onto {base or 'BASE'}",
                     )
+                state.fault_point(f"apply: {step.concern.id} staged")
                 entry["status"] = "applied"
                 entry["commit"] = source.commit_fixed(repo, commit_message(patch))
+                state.fault_point(f"apply: {step.concern.id} committed")
             elif step.status == "applied":
                 entry["status"] = "already-present"
             results.append(entry)
     except BaseException:
-        # the tree was clean when we started, so this restores it exactly
-        repo.git.reset("--hard", "--quiet", original_head)
-        repo.git.clean("-fdq")
+        # restore exactly what the patches touched; the user's other files stay as they are
+        if to_apply and not journal.roll_back(tree):
+            ui.warn(f"the rollback in {tree} did not finish; the next dfbuild run on it finishes it")
         raise
+    journal.end(tree)
 
     section = {
         "base": base or _tree_label(tree, start),
@@ -673,7 +717,7 @@ def refresh(series: Series, tree: Path, onto: str, *, name: str | None = None, b
     base = name or series.base_for_blob(blob) or (onto if plain_name else onto_commit[:7])
     out_dir = series.root / base
 
-    with tempfile.TemporaryDirectory(prefix="dfbuild-refresh-") as tmp:
+    with state.temp_dir("refresh") as tmp:
         generated, made_by = [], {}
         for commit in commits:
             body = _git(tree, "log", "-1", "--format=%B", commit).stdout

@@ -16,15 +16,15 @@ import re
 import shutil
 import subprocess
 import tarfile
-import tempfile
 import time
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import git
 
-from . import pypi, ui
+from . import journal, manifest, pypi, state, ui
 from .errors import (
     ArchiveError,
     DfbuildError,
@@ -32,6 +32,7 @@ from .errors import (
     NotLlamaTreeError,
     SourceError,
     UnknownBaseError,
+    UsageError,
 )
 from .paths import cache_dir, locked
 
@@ -169,6 +170,29 @@ def _slug(text: str) -> str:
     return f"{stem}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
 
+def valid_ref_name(ref: str) -> bool:
+    """Whether git accepts REF (a full name like refs/tags/X) as a ref name."""
+    if ref.startswith("-") or "\0" in ref:
+        return False
+    return subprocess.run(["git", "check-ref-format", ref], capture_output=True).returncode == 0
+
+
+def check_base_name(base: str) -> None:
+    """Refuse a base that cannot name the branch dfbuild/BASE, before anything is cloned or written."""
+    if not base or base.startswith("-") or not valid_ref_name(f"refs/heads/{branch_for(base)}"):
+        raise UsageError(
+            f"'{base}' cannot name a branch (dfbuild/{base}); nothing was touched",
+            "pass a commit id, a tag or a branch name as --base (not an expression like HEAD~3)",
+        )
+
+
+def check_repo_url(url: str) -> None:
+    """Refuse git's command-running transports (ext::, fd::, ...) before git sees them."""
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*::", url) and not Path(url).exists():
+        raise SourceError(f"repository {url!r} uses a git remote helper transport; refusing it",
+                          "pass an https://, ssh://, git:// URL or a local path")
+
+
 # --- resolving revisions ---------------------------------------------------------
 
 
@@ -225,6 +249,10 @@ def _cached_clone(url: str) -> git.Repo:
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         git.Repo.clone_from(url, tmp, bare=True, multi_options=["--quiet"], env=NO_PROMPT)
+    except git.exc.UnsafeProtocolError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise SourceError(f"repository {url!r} uses a transport git would run commands through; refusing it",
+                          "pass an https://, ssh://, git:// URL or a local path") from None
     except git.GitCommandError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise SourceError(
@@ -262,7 +290,7 @@ def _offline_cache_repo(base: KnownBase) -> git.Repo:
         if base.name not in KNOWN_BASES and build is not None:
             pypi.require_release(build)  # a clear "no such release" before any download
         sdist = fetch_sdist(base.sdist)
-        with tempfile.TemporaryDirectory(prefix="dfbuild-import-", dir=cache_dir()) as tmp:
+        with state.temp_dir("import") as tmp:
             work = Path(tmp) / "tree"
             import_archive(sdist, base.name, work, date=base.date,
                            message=f"Import llama.cpp {base.name} from {base.sdist}")
@@ -298,8 +326,50 @@ def known_base_blob(name: str, blob: str) -> bytes | None:
 # --- materialising DIR -------------------------------------------------------------
 
 
+def staging_dir(dest: Path) -> Path:
+    """Where a new DIR is built before it is renamed into place (same filesystem, so the rename is atomic)."""
+    return dest.parent / f".{dest.name}.dfbuild-partial"
+
+
+def _clear_debris(dest: Path) -> None:
+    """dfbuild's own leftovers from an interrupted run on DEST: a half-made DIR, a journal."""
+    partial = staging_dir(dest)
+    if partial.exists() or partial.is_symlink():
+        ui.warn(f"removing {partial}, an unfinished checkout or import left by an interrupted dfbuild")
+        if partial.is_dir() and not partial.is_symlink():
+            shutil.rmtree(partial, ignore_errors=True)
+        else:
+            partial.unlink()
+    if dest.is_dir() and journal.pending(dest):
+        journal.recover(dest)
+
+
+@contextmanager
+def _staged(dest: Path):
+    """A fresh staging dir for DEST, removed unless the block renamed it into place."""
+    partial = staging_dir(dest)
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        yield partial
+    finally:
+        if partial.exists():
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+def _move_into_place(made: Path, dest: Path) -> None:
+    if dest.exists():
+        dest.rmdir()  # empty, as checked: a non-empty DIR was refused
+    os.replace(made, dest)
+
+
 def _check_dir(dest: Path, force: bool) -> git.Repo | None:
-    """Refuse a DIR dfbuild must not touch; changes nothing. Returns its repo when it is a checkout."""
+    """Refuse a DIR dfbuild must not touch. Returns its repo when it is a checkout.
+
+    Only dfbuild's own debris is cleared first (see _clear_debris); nothing of the user's is touched.
+    """
+    _clear_debris(dest)
     if not dest.exists() or (dest.is_dir() and not any(dest.iterdir())):
         return None
     not_llama = NotLlamaTreeError(
@@ -334,33 +404,77 @@ def _prepare_dir(dest: Path, force: bool) -> git.Repo | None:
     return repo
 
 
+def _ignored_in_the_way(repo: git.Repo, commit: str) -> list[str]:
+    """Ignored local files that checking out COMMIT would overwrite (git overwrites ignored files silently)."""
+    ignored = repo.git.ls_files("--others", "--ignored", "--exclude-standard", "-z").split("\0")
+    ignored = [p for p in ignored if p]
+    if not ignored:
+        return []
+    tracked_there = set(repo.git.ls_tree("-r", "-z", "--name-only", commit).split("\0"))
+    return sorted(p for p in ignored if p in tracked_there)
+
+
+def _backup_ref(repo: git.Repo, branch: str) -> str:
+    """A new ref name under refs/dfbuild/backup/BRANCH/, unique even for two backups in one second."""
+    stamp = int(time.time())
+    existing = set(repo.git.for_each_ref("--format=%(refname)", f"refs/dfbuild/backup/{branch}/").split())
+    ref, n = f"refs/dfbuild/backup/{branch}/{stamp}", 1
+    while ref in existing:
+        n += 1
+        ref = f"refs/dfbuild/backup/{branch}/{stamp}-{n}"
+    return ref
+
+
 def _materialise(cache: git.Repo, commit: str, dest: Path, branch: str, force: bool, origin: str,
                  keep_descendants: bool = False) -> None:
     repo = _prepare_dir(dest, force)
     if repo is None:
+        # built beside DIR and renamed into place: an interrupt never leaves a half-made DIR
         # a local clone hardlinks the cache's objects: seconds, where a fetch would repack them
-        if dest.exists():
-            dest.rmdir()
-        repo = git.Repo.clone_from(str(Path(cache.git_dir)), dest, no_checkout=True, local=True,
-                                   multi_options=["--quiet"])
-        repo.git.config(*KEEP_BYTES)  # before the first checkout writes any file
-        repo.remote("origin").set_url(origin)
-        repo.git.checkout("--quiet", "-B", branch, commit)
+        with _staged(dest) as partial:
+            made = git.Repo.clone_from(str(Path(cache.git_dir)), partial, no_checkout=True, local=True,
+                                       multi_options=["--quiet"])
+            made.git.config(*KEEP_BYTES)  # before the first checkout writes any file
+            made.remote("origin").set_url(origin)
+            state.fault_point("checkout: cloned")
+            made.git.checkout("--quiet", "-B", branch, commit)
+            state.fault_point("checkout: checked out beside DIR")
+            _move_into_place(partial, dest)
         return
     repo.git.fetch("--quiet", "--no-tags", str(Path(cache.git_dir)), commit)
     head = repo.head.commit.hexsha if repo.head.is_valid() else None
     on_branch = not repo.head.is_detached and repo.active_branch.name == branch
     if keep_descendants and on_branch and head and repo.is_ancestor(commit, head):
         return  # already the base plus commits on top of it, e.g. the applied series
+    in_the_way = _ignored_in_the_way(repo, commit)
+    if in_the_way:
+        if not force:
+            raise DirtyTreeError(
+                f"{dest}: checking out {commit[:12]} would overwrite your ignored file "
+                f"{in_the_way[0]}" + (f" and {len(in_the_way) - 1} more" if len(in_the_way) > 1 else "")
+                + "; nothing was touched",
+                "move it away, or pass --force to have dfbuild stash it for you")
+        repo.git.stash("push", "--all", "-m", f"dfbuild checkout --force (ignored files in the way of {commit[:12]})",
+                       "--", *in_the_way)
+        ui.warn(f"stashed your ignored files in the way ({', '.join(in_the_way[:3])}) "
+                f"in {dest} (see `git -C {dest} stash list`)")
     if head and head != commit and not repo.is_ancestor(head, commit):
-        backup = f"refs/dfbuild/backup/{branch}/{int(time.time())}"
+        backup = _backup_ref(repo, branch)
         repo.git.update_ref(backup, head)
         ui.warn(f"{dest} was at {head[:12]}; that commit is kept as {backup}")
+    journal.begin(dest, "checkout", commit=commit, branch=branch, previous=head)
+    state.fault_point("checkout: journal written")
     repo.git.checkout("--quiet", "-B", branch, commit)
+    journal.end(dest)
 
 
 def branch_for(base: str) -> str:
     return f"dfbuild/{base}"
+
+
+def default_dir(name: str) -> Path:
+    """./llama.cpp-NAME, the default DIR of checkout (NAME = base) and import (NAME = tag)."""
+    return Path.cwd() / f"llama.cpp-{name}"
 
 
 def _absolute_if_local(url: str) -> str:
@@ -374,7 +488,10 @@ def checkout(base: str, *, pr: int | None = None, repo: str | None = None,
     known = known_base(base)
     if repo is None and known is None:
         raise _unknown_base(base)
-    dest = Path(dest or Path.cwd() / f"llama.cpp-{base}").resolve()
+    check_base_name(base)
+    if repo is not None:
+        check_repo_url(repo)
+    dest = Path(dest or default_dir(base)).resolve()
     _check_dir(dest, force)  # refuse a bad DIR before any clone or download
 
     if repo is None and known.sdist:
@@ -426,12 +543,57 @@ def _check_member(name: str) -> None:
                            "only use archives from a source you trust")
 
 
-def _extract(archive: Path, into: Path) -> None:
+@dataclass(frozen=True)
+class Limits:
+    """Caps on what dfbuild unpacks from an archive (a small archive can unpack to a huge tree)."""
+
+    unpacked_bytes: int = 4 << 30     # total size of the members
+    members: int = 200_000
+    ratio: int | None = 100           # unpacked / archive size, checked past 64 MiB; None: not checked
+
+    @classmethod
+    def raised_to(cls, size: int | None) -> "Limits":
+        """The default caps, or (--max-unpacked-size) SIZE bytes with the ratio check off."""
+        return cls() if size is None else cls(unpacked_bytes=size, members=max(cls.members, size // 4096),
+                                               ratio=None)
+
+
+LIMIT_FLAG = "--max-unpacked-size"
+_RATIO_FLOOR = 64 << 20
+
+
+def parse_size(text: str) -> int:
+    """'500M', '4G', '123456' -> bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
+    if not match:
+        raise UsageError(f"'{text}' is not a size", "write it like 500M, 4G or 8589934592")
+    scale = 1 << (10 * " KMGT".index(match.group(2).upper() or " "))
+    return int(float(match.group(1)) * scale)
+
+
+def check_limits(archive: Path, sizes: list[int], limits: Limits) -> None:
+    """Refuse an archive whose members would unpack past LIMITS, before anything is unpacked."""
+    total, packed = sum(sizes), max(archive.stat().st_size, 1)
+    hint = f"if you trust it, raise the cap with {LIMIT_FLAG} SIZE (e.g. {LIMIT_FLAG} 16G)"
+    if len(sizes) > limits.members:
+        raise ArchiveError(f"archive {archive.name} has {len(sizes)} members, more than the cap of "
+                           f"{limits.members}; nothing was unpacked", hint)
+    if total > limits.unpacked_bytes:
+        raise ArchiveError(f"archive {archive.name} unpacks to {total} bytes, more than the cap of "
+                           f"{limits.unpacked_bytes}; nothing was unpacked", hint)
+    if limits.ratio and total > _RATIO_FLOOR and total > limits.ratio * packed:
+        raise ArchiveError(f"archive {archive.name} ({packed} bytes) unpacks to {total} bytes, over "
+                           f"{limits.ratio} times its size (an archive bomb?); nothing was unpacked", hint)
+
+
+def _extract(archive: Path, into: Path, limits: Limits | None = None) -> None:
+    limits = limits or Limits()
     try:
         if zipfile.is_zipfile(archive):
             with zipfile.ZipFile(archive) as zf:
                 for name in zf.namelist():
                     _check_member(name)
+                check_limits(archive, [info.file_size for info in zf.infolist()], limits)
                 bad = zf.testzip()
                 if bad:
                     raise ArchiveError(f"archive {archive} is corrupt at member {bad}", "download it again")
@@ -439,6 +601,7 @@ def _extract(archive: Path, into: Path) -> None:
             return
         with tarfile.open(archive) as tf:
             members = tf.getmembers()  # reads the whole index, so truncation shows here
+            check_limits(archive, [m.size for m in members if m.isfile()], limits)
             for member in members:
                 _check_member(member.name)
                 if (member.issym() or member.islnk()):
@@ -488,22 +651,37 @@ def find_llama_root(top: Path) -> Path:
     return candidates[0]
 
 
-def import_archive(archive: Path, tag: str, dest: Path, *, date: str = FIXED_DATE, message: str | None = None) -> dict:
-    """Make DEST a one-commit git repo tagged TAG from a .tar.gz/.zip/sdist holding llama.cpp."""
+def check_tag_name(tag: str) -> None:
+    """A tag git accepts and that stays one plain name (it also names the default DIR)."""
+    plain = re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", tag or "")
+    if not plain or ".." in tag.split("/") or not valid_ref_name(f"refs/tags/{tag}") \
+            or not valid_ref_name(f"refs/heads/{branch_for(tag)}"):
+        raise ArchiveError(f"'{tag}' is not a valid tag name; nothing was touched",
+                           "use letters, digits, '.', '_', '-' or '/' as git allows them (no '..', no '.lock' ending)")
+
+
+def import_archive(archive: Path, tag: str, dest: Path, *, date: str = FIXED_DATE, message: str | None = None,
+                   limits: Limits | None = None) -> dict:
+    """Make DEST a one-commit git repo tagged TAG from a .tar.gz/.zip/sdist holding llama.cpp.
+
+    The repo is made in a staging dir beside DEST and renamed into place when
+    complete, so an interrupt never leaves a half-made DEST; the next run removes
+    the staging dir.
+    """
+    check_tag_name(tag)
     archive = Path(archive)
     dest = Path(dest).resolve()
     if not archive.is_file():
         raise ArchiveError(f"archive {archive} does not exist", "check the path")
+    _clear_debris(dest)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise NotLlamaTreeError(f"{dest} already exists and is not empty; nothing was touched",
                                 "import into a new or empty directory")
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", tag):
-        raise ArchiveError(f"'{tag}' is not a valid tag name", "use letters, digits, '.', '_', '-' or '/'")
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="dfbuild-extract-", dir=dest.parent) as tmp:
-        _extract(archive, Path(tmp))
-        root = find_llama_root(Path(tmp))
+    with _staged(dest) as partial:
+        work = partial / "tree"
+        _extract(archive, partial / "unpacked", limits)
+        root = find_llama_root(partial / "unpacked")
         # vendored trees carry a .git *file* pointing at a submodule dir that is not there
         stale_git = root / ".git"
         if stale_git.is_file() or stale_git.is_symlink():
@@ -511,25 +689,27 @@ def import_archive(archive: Path, tag: str, dest: Path, *, date: str = FIXED_DAT
         elif stale_git.is_dir():
             shutil.rmtree(stale_git)
         _check_links_stay_in(root)
-        if dest.exists():
-            dest.rmdir()
-        shutil.move(str(root), str(dest))
+        os.replace(root, work)
 
-    repo = git.Repo.init(dest)
-    repo.git.config(*KEEP_BYTES)
-    repo.git.add("-A", "-f")  # the tree's own .gitignore hides a few real files
-    commit = commit_fixed(repo, message or f"Import llama.cpp from {archive.name}", date)
-    repo.git.tag(tag, commit)
-    repo.git.checkout("--quiet", "-B", branch_for(tag))
-    return {
-        "kind": "archive",
-        "repo": str(archive),
-        "pr": None,
-        "base": tag,
-        "commit": commit,
-        "upstream_commit": None,
-        "branch": branch_for(tag),
-        "dir": str(dest),
-        "speculative_blob": speculative_blob(dest),
-        "state": "clean",
-    }
+        repo = git.Repo.init(work)
+        repo.git.config(*KEEP_BYTES)
+        repo.git.add("-A", "-f")  # the tree's own .gitignore hides a few real files
+        commit = commit_fixed(repo, message or f"Import llama.cpp from {archive.name}", date)
+        repo.git.tag(tag, commit)
+        repo.git.checkout("--quiet", "-B", branch_for(tag))
+        section = {
+            "kind": "archive",
+            "repo": str(archive),
+            "pr": None,
+            "base": tag,
+            "commit": commit,
+            "upstream_commit": None,
+            "branch": branch_for(tag),
+            "dir": str(dest),
+            "speculative_blob": speculative_blob(work),
+            "state": "clean",
+        }
+        # the record goes in before the rename: DEST is complete, with its record, or absent
+        manifest.update_tree_manifest(work, "source", section)
+        _move_into_place(work, dest)
+    return section
