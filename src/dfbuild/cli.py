@@ -288,7 +288,8 @@ def series_adopt(tree, patches_dir, as_json):
     """Record a proven carried series as the variant of its base (patch files, sha256, blob, provenance)."""
     from . import series
 
-    result = series.adopt(series.load_series(patches_dir), tree)
+    with _locks(("tree", tree), no_wait=False):
+        result = series.adopt(series.load_series(patches_dir), tree)
     if as_json:
         ui.emit_json(result)
         return
@@ -307,6 +308,12 @@ PROVE_EXIT = {"fixed": 0, "fixed-upstream": errors.FIXED_UPSTREAM_EXIT,
               "conflict": errors.PatchConflictError.exit_code}
 
 
+def _work_locks(work_dir: Path, backend: str) -> list[tuple[str, Path]]:
+    """The locks of a release/prove work dir: both trees and both build dirs."""
+    return [("tree", work_dir / "src"), ("tree", work_dir / "unpatched" / "src"),
+            ("build", work_dir / f"build-{backend}"), ("build", work_dir / "unpatched" / f"build-{backend}")]
+
+
 @main.command()
 @click.option("--base", required=True, help="Base revision: a known base, any release bNNNNN, or any rev with --repo.")
 @click.option("--pr", type=int, default=None, help="Pull request whose refs/pull/N/head must contain the base.")
@@ -318,9 +325,10 @@ PROVE_EXIT = {"fixed": 0, "fixed-upstream": errors.FIXED_UPSTREAM_EXIT,
 @click.option("--scenario", "scenarios", multiple=True, help="Scenario to run (repeatable; default: all).")
 @click.option("-j", "--jobs", type=int, default=None, help="Parallel compile jobs (default: ninja's).")
 @patches_option
+@no_wait_option
 @json_option
 @handle_errors
-def prove(base, pr, repo, backend, work, sets, scenarios, jobs, patches_dir, as_json):
+def prove(base, pr, repo, backend, work, sets, scenarios, jobs, patches_dir, no_wait, as_json):
     """Build BASE unpatched and patched, smoke both, and say what the series does for it.
 
     Exit codes: 0 fixed, 44 fixed upstream, 43 still broken, 24 not applicable, 21 conflict.
@@ -328,9 +336,13 @@ def prove(base, pr, repo, backend, work, sets, scenarios, jobs, patches_dir, as_
     from . import prove as prove_stage
     from . import release as release_stage
 
-    proof = prove_stage.prove(base, backend=backend, work=work or release_stage.default_work_dir(base), repo=repo,
-                              pr=pr, patches_dir=patches_dir, sets=sets or None, scenarios=scenarios or None,
-                              build_options={"jobs": jobs})
+    from . import source
+
+    source.check_base_name(base)
+    work_dir = Path(work or release_stage.default_work_dir(base)).resolve()
+    with _locks(*_work_locks(work_dir, backend), no_wait=no_wait):
+        proof = prove_stage.prove(base, backend=backend, work=work_dir, repo=repo, pr=pr, patches_dir=patches_dir,
+                                  sets=sets or None, scenarios=scenarios or None, build_options={"jobs": jobs})
     if as_json:
         ui.emit_json({k: v for k, v in proof.items() if k != "patched_smoke"})
     else:
@@ -565,8 +577,8 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cuda_ar
     source.check_base_name(base)
     work_dir = Path(work or release_stage.default_work_dir(base)).resolve()
     # the work tree (WORK/src), its build dir and OUT, for the whole pipeline
-    with _locks(("tree", work_dir / "src"), ("build", work_dir / f"build-{backend}"), ("out", Path(out)),
-                no_wait=no_wait):
+    # the work trees (WORK/src, and WORK/unpatched/src for a proof), their build dirs and OUT, for the whole pipeline
+    with _locks(*_work_locks(work_dir, backend), ("out", Path(out)), no_wait=no_wait):
         full = release_stage.release(base, backend=backend, pr=pr, repo=repo, out=out, work=work,
                                      skip_smoke=skip_smoke, targets=targets or build_stage.DEFAULT_TARGETS,
                                      build_options=options)
