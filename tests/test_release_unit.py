@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import backends, build, fixtures, release, series, source
+from dfbuild import archive, backends, build, fixtures, release, series, source, verify
 from dfbuild.cli import main
 from dfbuild.errors import ReleaseError, SmokeFailedError
 
@@ -140,7 +140,7 @@ def run_package(inputs, out: Path, state=None) -> dict:
                            work_dir=inputs["tmp"] / "work-package", state=state)
 
 
-def payload(inputs) -> list[release.Entry]:
+def payload(inputs) -> list[archive.Entry]:
     s = inputs["sections"]
     return release.collect_payload(s["build"], inputs["tree"], inputs["patches_root"], s["series"])
 
@@ -199,7 +199,7 @@ def test_archive_is_byte_identical_when_built_twice(released, tmp_path):
 @posix_only
 def test_archive_members_are_sorted_owned_by_root_with_fixed_time_and_modes(inputs, tmp_path):
     entries = payload(inputs)
-    path = release.write_archive(tmp_path / "x.tar.gz", "x", entries, mtime=946684800)
+    path = archive.write_archive(tmp_path / "x.tar.gz", "x", entries, mtime=946684800)
     with tarfile.open(path) as tar:
         members = tar.getmembers()
     names = [m.name for m in members]
@@ -217,16 +217,16 @@ def test_archive_members_are_sorted_owned_by_root_with_fixed_time_and_modes(inpu
 @posix_only
 def test_a_different_mtime_or_file_changes_the_archive(inputs, tmp_path):
     entries = payload(inputs)
-    one = release.write_archive(tmp_path / "1.tar.gz", "x", entries, mtime=946684800).read_bytes()
-    two = release.write_archive(tmp_path / "2.tar.gz", "x", entries, mtime=946684801).read_bytes()
+    one = archive.write_archive(tmp_path / "1.tar.gz", "x", entries, mtime=946684800).read_bytes()
+    two = archive.write_archive(tmp_path / "2.tar.gz", "x", entries, mtime=946684801).read_bytes()
     assert one != two
 
 
 @posix_only
 def test_zip_is_reproducible_with_modes_and_links_resolved(inputs, tmp_path):
     entries = payload(inputs)
-    one = release.write_archive(tmp_path / "a" / "x.zip", "x", entries, mtime=946684800)
-    two = release.write_archive(tmp_path / "b" / "x.zip", "x", entries, mtime=946684800)
+    one = archive.write_archive(tmp_path / "a" / "x.zip", "x", entries, mtime=946684800)
+    two = archive.write_archive(tmp_path / "b" / "x.zip", "x", entries, mtime=946684800)
     assert one.read_bytes() == two.read_bytes()
     with zipfile.ZipFile(one) as zf:
         infos = {i.filename: i for i in zf.infolist()}
@@ -238,16 +238,16 @@ def test_zip_is_reproducible_with_modes_and_links_resolved(inputs, tmp_path):
 
 def test_unsafe_member_names_are_recognised():
     for bad in ("/etc/passwd", "../x", "a/../../x", "a/..", "C:/x", "c:\\x", "..\\x", ""):
-        assert release.unsafe_member(bad), bad
+        assert archive.unsafe_member(bad), bad
     for good in ("a", "a/b", "llama-b1-dflash-bin-linux-cpu-x64/bin/llama-server", "a/..b", "a/b..c"):
-        assert release.unsafe_member(good) is None, good
+        assert archive.unsafe_member(good) is None, good
 
 
 def test_archiving_refuses_unsafe_names(tmp_path):
     with pytest.raises(ReleaseError, match="'..'"):
-        release.write_archive(tmp_path / "x.tar.gz", "x", [release.Entry("../evil", data=b"x")], mtime=0)
+        archive.write_archive(tmp_path / "x.tar.gz", "x", [archive.Entry("../evil", data=b"x")], mtime=0)
     with pytest.raises(ReleaseError, match="absolute"):
-        release.write_archive(tmp_path / "x.zip", "x", [release.Entry("/evil", data=b"x")], mtime=0)
+        archive.write_archive(tmp_path / "x.zip", "x", [archive.Entry("/evil", data=b"x")], mtime=0)
 
 
 @posix_only
@@ -255,7 +255,7 @@ def test_released_archive_members_are_all_safe(released):
     rel = released["rel"]
     with tarfile.open(released["out"] / rel["archive"]) as tar:
         for member in tar.getmembers():
-            assert release.unsafe_member(member.name) is None
+            assert archive.unsafe_member(member.name) is None
             assert member.name.split("/")[0] == rel["root"]
             if member.issym():
                 assert "/" not in member.linkname and ".." not in member.linkname
@@ -309,7 +309,7 @@ def write_full_release(inputs, out: Path) -> dict:
 @posix_only
 def test_verify_passes_on_good_output_and_runs_the_unpacked_binary(released):
     out = released["out"]
-    report = release.verify(out)
+    report = verify.verify(out)
     assert report["ok"], report["problems"]
     assert any("names the patched commit" in note for note in report["checked"])
     result = CliRunner().invoke(main, ["verify", str(out), "--json"])
@@ -325,7 +325,7 @@ def test_verify_fails_on_a_one_byte_tamper(release_copy, which):
     data = bytearray((out / name).read_bytes())
     data[len(data) // 2] ^= 0x01
     (out / name).write_bytes(bytes(data))
-    report = release.verify(out, run_binaries=False)
+    report = verify.verify(out, run_binaries=False)
     assert not report["ok"]
     assert any(name in p and "sha256" in p for p in report["problems"]), report["problems"]
     result = CliRunner().invoke(main, ["verify", str(out)])
@@ -346,7 +346,7 @@ def test_verify_catches_a_rebuilt_archive_whose_contents_differ_from_its_manifes
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(unpacked / root, arcname=root)
     release.write_sha256sums(out, [rel["archive"]])
-    problems = release.verify(out, run_binaries=False)["problems"]
+    problems = verify.verify(out, run_binaries=False)["problems"]
     assert any("bin/llama-server does not match its sha256 in the manifest" in p for p in problems), problems
     assert any("sha256 or size does not match manifest.json" in p for p in problems), problems
 
@@ -356,7 +356,7 @@ def test_verify_checks_the_commit_named_by_the_unpacked_binary(inputs, fake_whee
     out = tmp_path / "out"
     inputs["sections"]["series"]["head"] = "1" * 40  # the binary says another commit
     write_full_release(inputs, out)
-    report = release.verify(out)
+    report = verify.verify(out)
     assert any("not the patched commit" in p for p in report["problems"]), report["problems"]
 
 
@@ -369,19 +369,19 @@ def test_verify_checks_the_stamp_when_the_binary_cannot_run_here(inputs, fake_wh
                       "exit 127\n")
     out = tmp_path / "out"
     write_full_release(inputs, out)
-    report = release.verify(out)
+    report = verify.verify(out)
     assert report["ok"], report["problems"]
     assert any("needs libcuda.so.1 from the system" in n and "stamped into bin/llama-server" in n
                for n in report["checked"]), report["checked"]
     foreign = backends.Host("windows" if HOST.os != "windows" else "linux", HOST.arch)
-    assert any("not run on" in n for n in release.verify(out, host=foreign)["checked"])
+    assert any("not run on" in n for n in verify.verify(out, host=foreign)["checked"])
 
     # no file holds the commit: a problem, whether or not it can run
     server.write_text("#!/bin/sh\necho 'x: error while loading shared libraries: libcuda.so.1: no' >&2\nexit 127\n")
     write_full_release(inputs, tmp_path / "out2")
-    problems = release.verify(tmp_path / "out2")["problems"]
+    problems = verify.verify(tmp_path / "out2")["problems"]
     assert any("no shipped file holds the patched commit" in p for p in problems), problems
-    assert not release.verify(tmp_path / "out2", run_binaries=False)["ok"]
+    assert not verify.verify(tmp_path / "out2", run_binaries=False)["ok"]
 
 
 @posix_only
@@ -395,10 +395,10 @@ def test_verify_rejects_unsafe_members_and_unlisted_artifacts(release_copy, tmp_
         import io
 
         tar.addfile(info, io.BytesIO(data))
-    problems = release.verify(out, run_binaries=False)["problems"]
+    problems = verify.verify(out, run_binaries=False)["problems"]
     assert any("not listed in SHA256SUMS" in p for p in problems)
     release.write_sha256sums(out, [evil.name])
-    problems = release.verify(out, run_binaries=False)["problems"]
+    problems = verify.verify(out, run_binaries=False)["problems"]
     assert any("unsafe member" in p and "'..'" in p for p in problems), problems
     assert not (tmp_path / "escape").exists()
 
@@ -413,14 +413,14 @@ def test_two_backends_share_one_out_dir_and_verify(inputs, fake_wheel, tmp_path)
     names = {a["name"] for a in first["artifacts"] + second["artifacts"]}
     assert len(names) == 4  # the backend is in both the archive name and the wheel version
     assert set(release.read_sha256sums(out / "SHA256SUMS")) == names
-    report = release.verify(out)
+    report = verify.verify(out)
     assert report["ok"], report["problems"]
     (out / "manifest.json").unlink()  # a merged dir may hold no top-level manifest
-    assert release.verify(out)["ok"]
+    assert verify.verify(out)["ok"]
 
 
 def test_verify_without_sha256sums_fails(tmp_path):
-    report = release.verify(tmp_path)
+    report = verify.verify(tmp_path)
     assert not report["ok"] and "no SHA256SUMS" in report["problems"][0]
     assert CliRunner().invoke(main, ["verify", str(tmp_path)]).exit_code == 51
 
@@ -473,20 +473,20 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_llama_server(released, tmp_pa
 
 
 def test_wheel_platform_tags_map_to_release_hosts():
-    assert release.wheel_platform("linux_x86_64") == ("linux", "x64")
-    assert release.wheel_platform("manylinux_2_28_aarch64") == ("linux", "arm64")
-    assert release.wheel_platform("win_amd64") == ("windows", "x64")
-    assert release.wheel_platform("macosx_14_0_arm64") == ("macos", "arm64")
+    assert verify.wheel_platform("linux_x86_64") == ("linux", "x64")
+    assert verify.wheel_platform("manylinux_2_28_aarch64") == ("linux", "arm64")
+    assert verify.wheel_platform("win_amd64") == ("windows", "x64")
+    assert verify.wheel_platform("macosx_14_0_arm64") == ("macos", "arm64")
 
 
 def test_stage_wheel_bin_keeps_regular_files_under_loader_names(tmp_path):
     entries = [
-        release.Entry("bin/llama-server", 0o755, data=b"exe"),
-        release.Entry("bin/libggml.so", 0o777, link="libggml.so.0"),
-        release.Entry("bin/libggml.so.0", 0o777, link="libggml.so.0.21.0"),
-        release.Entry("bin/libggml.so.0.21.0", 0o755, data=b"ggml"),
-        release.Entry("bin/libggml-cpu-haswell.so", 0o755, data=b"module"),
-        release.Entry("LICENSE", data=b"MIT"),
+        archive.Entry("bin/llama-server", 0o755, data=b"exe"),
+        archive.Entry("bin/libggml.so", 0o777, link="libggml.so.0"),
+        archive.Entry("bin/libggml.so.0", 0o777, link="libggml.so.0.21.0"),
+        archive.Entry("bin/libggml.so.0.21.0", 0o755, data=b"ggml"),
+        archive.Entry("bin/libggml-cpu-haswell.so", 0o755, data=b"module"),
+        archive.Entry("LICENSE", data=b"MIT"),
     ]
     staged = release.stage_wheel_bin(entries, tmp_path / "bin")
     assert sorted(p.name for p in staged.iterdir()) == ["libggml-cpu-haswell.so", "libggml.so.0", "llama-server"]
@@ -557,7 +557,7 @@ def test_pipeline_records_stage_times_and_a_rerun_reuses_smoke_and_artifacts(inp
     assert second["release"]["stages"]["smoke"]["reused"] and second["release"]["stages"]["package"]["reused"]
     assert archive.read_bytes() == before and archive.stat().st_mtime_ns == mtime
     assert second["release"]["artifacts"] == first["release"]["artifacts"]
-    assert release.verify(out)["ok"]
+    assert verify.verify(out)["ok"]
 
     # a changed library (the fix lives in one) means new smoke and new artifacts
     lib = Path(inputs["sections"]["build"]["build_dir"]) / "bin" / "libimpl.so"
@@ -566,7 +566,7 @@ def test_pipeline_records_stage_times_and_a_rerun_reuses_smoke_and_artifacts(inp
     assert stub_stages["smoke"] == 2
     assert not third["release"]["stages"]["package"]["reused"]
     assert third["release"]["artifacts"][0]["sha256"] != first["release"]["artifacts"][0]["sha256"]
-    assert release.verify(out)["ok"]
+    assert verify.verify(out)["ok"]
 
 
 @posix_only

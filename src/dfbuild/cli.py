@@ -440,9 +440,9 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cuda_ar
 @handle_errors
 def verify(directory, no_run, as_json):
     """Check a release dir: SHA256SUMS, archives against their manifest, the wheel, and --version's commit."""
-    from . import release as release_stage
+    from . import verify as verify_stage
 
-    report = release_stage.verify(directory, run_binaries=not no_run)
+    report = verify_stage.verify(directory, run_binaries=not no_run)
     if as_json:
         ui.emit_json(report)
     else:

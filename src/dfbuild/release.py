@@ -23,48 +23,35 @@ Artifacts in OUT:
 - manifest.json: source, series, build, smoke, release (artifacts with sha256
   and size, per-stage wall times).
 
-Archives are reproducible: sorted entries, one mtime (SOURCE_DATE_EPOCH, else
-the patched commit's date), uid/gid 0 with no names, fixed modes, and a gzip
-header with mtime 0 and no file name.
-
-`verify()` checks an OUT directory: SHA256SUMS, each archive's members against
-the file list in its manifest, OUT/manifest.json against the archives, the
-wheel's binaries against the archive's, and that the unpacked llama-server's
-`--version` names the patched commit.
+Archives are reproducible (archive.py writes them): sorted entries, one mtime
+(SOURCE_DATE_EPOCH, else the patched commit's date), uid/gid 0 with no names,
+fixed modes, and a gzip header with mtime 0 and no file name. verify.py checks
+an OUT directory before it is published.
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import importlib.util
-import io
 import json
 import os
 import re
 import shutil
-import stat
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
-import zipfile
-import zlib
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from . import backends, build, fixtures, manifest, matrix, paths, series, smoke, source, ui
+from .archive import Entry, archive_root, write_archive
 from .errors import ReleaseError, SmokeFailedError, VerifyError
 from .paths import sha256_file
 
 SUMS_NAME = "SHA256SUMS"
 MANIFEST_NAME = "manifest.json"
 WHEEL_DIST = "llama_dflash"          # the wheel's distribution (normalised) and package name
-ARCHIVE_SUFFIXES = (".tar.gz", ".zip")
 STAGES = ("checkout", "apply", "build", "smoke", "package")
-ZIP_EPOCH_MIN = 315532800            # 1980-01-01: the earliest date a zip entry can hold
 
 
 # --- names and versions ------------------------------------------------------------
@@ -102,13 +89,6 @@ def wheel_version(build_number: int, series_digest: str, backend: str) -> str:
     return f"0.0.{int(build_number)}+dflash.{series_digest}.{re.sub(r'[^a-z0-9]', '', backend.lower())}"
 
 
-def archive_root(name: str) -> str:
-    for suffix in ARCHIVE_SUFFIXES:
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
-
-
 def source_date_epoch(tree: Path) -> int:
     """$SOURCE_DATE_EPOCH when set, else the commit date of the tree's HEAD (the patched commit)."""
     override = os.environ.get("SOURCE_DATE_EPOCH")
@@ -133,20 +113,6 @@ def _digest(data) -> str:
 
 
 # --- the payload -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One file of the archive, relative to its root directory."""
-
-    path: str                     # posix, e.g. "bin/llama-server"
-    mode: int = 0o644
-    source: Path | None = None    # a file on disk ...
-    data: bytes | None = None     # ... or bytes
-    link: str | None = None       # a symlink to a sibling (shared library version links)
-
-    def read(self) -> bytes:
-        return self.data if self.data is not None else Path(self.source).read_bytes()
 
 
 def _sibling_link(path: Path) -> str:
@@ -204,165 +170,6 @@ def payload_records(entries: list[Entry]) -> list[dict]:
             records.append({"path": entry.path, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
                             "mode": f"{entry.mode:04o}"})
     return records
-
-
-def _resolve_link(entries_by_path: dict[str, Entry], entry: Entry) -> Entry:
-    seen = set()
-    while entry.link is not None:
-        if entry.path in seen:
-            raise ReleaseError(f"symlink loop at {entry.path}", "rebuild with --fresh")
-        seen.add(entry.path)
-        target = str(PurePosixPath(entry.path).parent / entry.link)
-        if target not in entries_by_path:
-            raise ReleaseError(f"{entry.path} links to {entry.link}, which is not shipped", "rebuild with --fresh")
-        entry = entries_by_path[target]
-    return entry
-
-
-# --- archives ----------------------------------------------------------------------
-
-
-def unsafe_member(name: str) -> str | None:
-    """Why an archive member name is unsafe to extract, or None."""
-    posix = name.replace("\\", "/")
-    if not posix or posix.startswith("/") or re.match(r"^[A-Za-z]:", posix):
-        return f"{name!r} is an absolute path"
-    if ".." in PurePosixPath(posix).parts:
-        return f"{name!r} climbs out with '..'"
-    return None
-
-
-def _directories(root: str, entries: list[Entry]) -> list[str]:
-    dirs = {root}
-    for entry in entries:
-        parent = PurePosixPath(root, entry.path).parent
-        while str(parent) != root and str(parent) != ".":
-            dirs.add(str(parent))
-            parent = parent.parent
-    return sorted(dirs)
-
-
-def _check_names(root: str, entries: list[Entry]) -> None:
-    for entry in entries:
-        problem = unsafe_member(entry.path) or unsafe_member(f"{root}/{entry.path}")
-        if problem:
-            raise ReleaseError(f"refusing to archive {problem}", "this is a dfbuild bug; please report it")
-
-
-def write_tar_gz(path: Path, root: str, entries: list[Entry], mtime: int) -> None:
-    _check_names(root, entries)
-    members = [(d, None) for d in _directories(root, entries)] + [(f"{root}/{e.path}", e) for e in entries]
-    members.sort(key=lambda member: member[0])
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as raw:
-        # filename="" keeps the name out of the gzip header; mtime=0 keeps the time out
-        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz:
-            with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                for name, entry in members:
-                    info = tarfile.TarInfo(name)
-                    info.mtime = mtime
-                    info.uid = info.gid = 0
-                    info.uname = info.gname = ""
-                    if entry is None:
-                        info.type, info.mode = tarfile.DIRTYPE, 0o755
-                        tar.addfile(info)
-                    elif entry.link is not None:
-                        info.type, info.mode, info.linkname = tarfile.SYMTYPE, 0o777, entry.link
-                        tar.addfile(info)
-                    else:
-                        data = entry.read()
-                        info.mode, info.size = entry.mode, len(data)
-                        tar.addfile(info, io.BytesIO(data))
-    os.replace(tmp, path)
-
-
-def write_zip(path: Path, root: str, entries: list[Entry], mtime: int) -> None:
-    """A zip for Windows: symlinks become copies of their target (Windows builds have none)."""
-    _check_names(root, entries)
-    by_path = {e.path: e for e in entries}
-    date_time = time.gmtime(max(mtime, ZIP_EPOCH_MIN))[:6]
-    members = [(d + "/", None) for d in _directories(root, entries)] + [(f"{root}/{e.path}", e) for e in entries]
-    members.sort(key=lambda member: member[0])
-    tmp = path.with_name(path.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w") as zf:
-        for name, entry in members:
-            info = zipfile.ZipInfo(name, date_time=date_time)
-            info.create_system = 3  # unix, so the modes below are honoured by unzip
-            if entry is None:
-                info.external_attr = ((stat.S_IFDIR | 0o755) << 16) | 0x10
-                zf.writestr(info, b"")
-                continue
-            real = _resolve_link(by_path, entry)
-            info.external_attr = (stat.S_IFREG | real.mode) << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            zf.writestr(info, real.read(), compresslevel=9)
-    os.replace(tmp, path)
-
-
-def write_archive(path: Path, root: str, entries: list[Entry], mtime: int) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.name.endswith(".zip"):
-        write_zip(path, root, entries, mtime)
-    elif path.name.endswith(".tar.gz"):
-        write_tar_gz(path, root, entries, mtime)
-    else:
-        raise ReleaseError(f"{path.name}: unknown archive type", "name it .tar.gz or .zip")
-    return path
-
-
-@dataclass
-class Member:
-    name: str
-    kind: str                     # file | dir | link | other
-    mode: int
-    data: bytes | None = None
-    link: str | None = None
-
-
-def read_members(path: Path) -> list[Member]:
-    """Every member of a .tar.gz or .zip, with file contents (archives here are small)."""
-    members = []
-    try:
-        if path.name.endswith(".zip"):
-            with zipfile.ZipFile(path) as zf:
-                for info in zf.infolist():
-                    mode = (info.external_attr >> 16) & 0o7777
-                    if info.is_dir():
-                        members.append(Member(info.filename.rstrip("/"), "dir", mode))
-                    else:
-                        members.append(Member(info.filename, "file", mode, data=zf.read(info)))
-        else:
-            with tarfile.open(path, "r:*") as tar:
-                for info in tar.getmembers():
-                    if info.isdir():
-                        members.append(Member(info.name, "dir", info.mode))
-                    elif info.issym():
-                        members.append(Member(info.name, "link", info.mode, link=info.linkname))
-                    elif info.isfile():
-                        members.append(Member(info.name, "file", info.mode, data=tar.extractfile(info).read()))
-                    else:
-                        members.append(Member(info.name, "other", info.mode))
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, zlib.error) as exc:
-        raise VerifyError(f"{path.name} cannot be read: {exc}", "download it again") from None
-    return members
-
-
-def extract_members(members: list[Member], into: Path) -> None:
-    """Write already-checked members under INTO, restoring modes and links."""
-    into = Path(into)
-    for member in sorted(members, key=lambda m: m.name):
-        target = into / member.name
-        if member.kind == "dir":
-            target.mkdir(parents=True, exist_ok=True)
-        elif member.kind == "file":
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(member.data)
-            if os.name != "nt":
-                target.chmod(member.mode & 0o755)
-        elif member.kind == "link":
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(member.link, target)
 
 
 # --- the wheel ---------------------------------------------------------------------
@@ -689,260 +496,3 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
     wheel_name = next(a["name"] for a in artifacts if a["kind"] == "wheel")
     return {**packed, "artifacts": artifacts, "wheel": parse_wheel_name(wheel_name), "sha256sums": SUMS_NAME,
             "reused": reused}
-
-
-# --- verify ------------------------------------------------------------------------------
-
-_COMMIT_IN_VERSION = re.compile(r"commit ([0-9A-Za-z]+(?:-dirty)?)")
-
-
-def _commit_matches(found: str, expected: str) -> bool:
-    return found == expected or (len(found) >= 7 and not found.endswith("-dirty") and expected.startswith(found))
-
-
-def _check_archive(path: Path, problems: list[str], notes: list[str], run_binaries: bool,
-                   host: backends.Host) -> dict | None:
-    """Check one archive; return its embedded manifest (None when it cannot be read)."""
-    members = read_members(path)
-    root = archive_root(path.name)
-    bad = False
-    for member in members:
-        why = unsafe_member(member.name)
-        if why:
-            problems.append(f"{path.name}: unsafe member {why}")
-            bad = True
-        elif member.name != root and not member.name.startswith(root + "/"):
-            problems.append(f"{path.name}: member {member.name!r} is outside the root directory {root}/")
-            bad = True
-        if member.kind == "link" and (unsafe_member(member.link) or "/" in member.link):
-            problems.append(f"{path.name}: {member.name} links outside its directory ({member.link})")
-            bad = True
-        if member.kind == "other":
-            problems.append(f"{path.name}: {member.name} is neither a file, a directory nor a symlink")
-            bad = True
-    if bad:
-        return None
-    by_name = {m.name[len(root) + 1:]: m for m in members if m.name != root}
-    embedded_member = by_name.get(MANIFEST_NAME)
-    if embedded_member is None or embedded_member.kind != "file":
-        problems.append(f"{path.name}: no {root}/{MANIFEST_NAME}")
-        return None
-    try:
-        embedded = json.loads(embedded_member.data)
-    except ValueError:
-        problems.append(f"{path.name}: {MANIFEST_NAME} is not JSON")
-        return None
-    packed = embedded.get("release") or {}
-    expected = {f["path"]: f for f in packed.get("files", [])}
-    actual = {n: m for n, m in by_name.items() if m.kind != "dir" and n != MANIFEST_NAME}
-    for name_ in sorted(set(expected) - set(actual)):
-        problems.append(f"{path.name}: {name_} is in the manifest but not in the archive")
-    for name_ in sorted(set(actual) - set(expected)):
-        problems.append(f"{path.name}: {name_} is in the archive but not in the manifest")
-    zipped = path.name.endswith(".zip")
-    for name_ in sorted(set(expected) & set(actual)):
-        record, member = expected[name_], actual[name_]
-        if "link" in record:
-            if zipped:  # zips carry the link's target as a copy
-                continue
-            if member.kind != "link" or member.link != record["link"]:
-                problems.append(f"{path.name}: {name_} should link to {record['link']}")
-            continue
-        if member.kind != "file" or hashlib.sha256(member.data).hexdigest() != record.get("sha256"):
-            problems.append(f"{path.name}: {name_} does not match its sha256 in the manifest")
-        elif os.name != "nt" and f"{member.mode & 0o777:04o}" != record.get("mode"):
-            problems.append(f"{path.name}: {name_} has mode {member.mode & 0o777:04o}, not {record.get('mode')}")
-    notes.append(f"{path.name}: {len(actual)} files match its manifest")
-
-    patched = (embedded.get("series") or {}).get("head") or (embedded.get("build") or {}).get("source_commit")
-    if not patched:
-        problems.append(f"{path.name}: the manifest names no patched commit")
-        return embedded
-    exe = "bin/llama-server" + (".exe" if packed.get("os") == "windows" else "")
-    if not run_binaries:
-        why = "not run (--no-run)"
-    elif (packed.get("os"), packed.get("arch")) != (host.os, host.arch):
-        why = f"built for {packed.get('os')}/{packed.get('arch')}, not run on {host.os}/{host.arch}"
-    else:
-        why = _run_version(path, members, root, exe, patched, problems, notes)
-    if why:
-        # Cannot run it here: the version stamp must at least be compiled into the shipped files.
-        holders = sorted(n for n, m in actual.items() if m.kind == "file" and patched.encode() in m.data)
-        if holders:
-            notes.append(f"{path.name}: {exe} {why}; the patched commit {patched[:12]} is stamped into "
-                         f"{', '.join(holders)}")
-        else:
-            problems.append(f"{path.name}: {exe} {why}, and no shipped file holds the patched commit {patched[:12]}")
-    return embedded
-
-
-_MISSING_LIBRARY = re.compile(r"error while loading shared libraries: ([^:\s]+)")
-
-
-def _run_version(path: Path, members: list[Member], root: str, exe: str, patched: str,
-                 problems: list[str], notes: list[str]) -> str | None:
-    """Unpack and run `llama-server --version`. Returns why it could not run here, else None."""
-    with tempfile.TemporaryDirectory(prefix="dfbuild-verify-") as tmp:
-        extract_members(members, Path(tmp))
-        binary = Path(tmp) / root / exe
-        env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH")}
-        try:
-            result = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=120,
-                                    cwd=tmp, env=env, errors="replace")
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            problems.append(f"{path.name}: the unpacked {exe} does not run: {exc}")
-            return None
-    output = result.stdout + result.stderr
-    missing = _MISSING_LIBRARY.search(output)
-    shipped = {PurePosixPath(m.name).name for m in members}
-    if result.returncode != 0 and missing and missing.group(1) not in shipped:
-        # e.g. libcuda.so.1 comes with the GPU driver, which this machine lacks
-        return f"needs {missing.group(1)} from the system, which is missing here"
-    found = _COMMIT_IN_VERSION.search(output)
-    if result.returncode != 0:
-        problems.append(f"{path.name}: the unpacked {exe} --version exited {result.returncode}: {output.strip()[-300:]}")
-    elif not found or not _commit_matches(found.group(1), patched):
-        problems.append(f"{path.name}: {exe} --version says {found.group(1) if found else 'no commit'}, "
-                        f"not the patched commit {patched[:12]}")
-    else:
-        notes.append(f"{path.name}: unpacked {exe} --version names the patched commit {found.group(1)[:12]}")
-    return None
-
-
-def wheel_platform(platform_tag: str) -> tuple[str | None, str | None]:
-    """(os, arch) in dfbuild's names for a wheel platform tag: linux_x86_64 -> (linux, x64)."""
-    os_name = ("linux" if "linux" in platform_tag else "macos" if platform_tag.startswith("macosx")
-               else "windows" if platform_tag.startswith("win") else None)
-    arch = ("x64" if platform_tag.endswith(("x86_64", "amd64")) else
-            "arm64" if platform_tag.endswith(("aarch64", "arm64")) else None)
-    return os_name, arch
-
-
-def _check_wheel(path: Path, embedded_by_version: dict[tuple, dict], problems: list[str], notes: list[str]) -> None:
-    fields = parse_wheel_name(path.name)
-    if not fields:
-        problems.append(f"{path.name}: not a wheel file name")
-        return
-    if fields["platform"] == "any" or fields["abi"] != "none" or fields["python"] != "py3":
-        problems.append(f"{path.name}: tags {fields['python']}-{fields['abi']}-{fields['platform']} "
-                        "are not py3-none-<platform>")
-    os_name, arch = wheel_platform(fields["platform"])
-    embedded = embedded_by_version.get((fields["version"], os_name, arch))
-    if embedded is None:
-        problems.append(f"{path.name}: no archive here has wheel version {fields['version']} for {os_name}/{arch}")
-        return
-    files = {f["path"]: f for f in embedded["release"]["files"]}
-    try:
-        with zipfile.ZipFile(path) as zf:
-            names = set(zf.namelist())
-            shipped = {n[len(f"{WHEEL_DIST}/bin/"):]: zf.read(n) for n in names if n.startswith(f"{WHEEL_DIST}/bin/")}
-            wheel_manifest = json.loads(zf.read(f"{WHEEL_DIST}/{MANIFEST_NAME}"))
-    except (zipfile.BadZipFile, KeyError, ValueError, OSError) as exc:
-        problems.append(f"{path.name}: cannot be read as a dfbuild wheel: {exc}")
-        return
-    if wheel_manifest != embedded:
-        problems.append(f"{path.name}: its manifest differs from the archive's")
-    for name_, data in sorted(shipped.items()):
-        record = files.get(f"bin/{name_}")
-        while record and "link" in record:
-            record = files.get(f"bin/{record['link']}")
-        if record is None or hashlib.sha256(data).hexdigest() != record.get("sha256"):
-            problems.append(f"{path.name}: bin/{name_} differs from the archive's")
-    binaries = [f"bin/{Path(b).name}" for b in embedded.get("build", {}).get("binaries", [])]
-    for binary in binaries:
-        if binary[len("bin/"):] not in shipped:
-            problems.append(f"{path.name}: {binary} is missing")
-    notes.append(f"{path.name}: {len(shipped)} files match the archive")
-
-
-def verify(directory: Path, *, run_binaries: bool = True, host: backends.Host | None = None) -> dict:
-    """Check a release directory; returns {dir, ok, problems, checked}. Never raises on a mismatch."""
-    directory = Path(directory)
-    host = host or backends.current_host()
-    problems: list[str] = []
-    notes: list[str] = []
-    report = {"dir": str(directory), "problems": problems, "checked": notes}
-    sums_path = directory / SUMS_NAME
-    if not sums_path.is_file():
-        problems.append(f"no {SUMS_NAME} in {directory}")
-        report["ok"] = False
-        return report
-    try:
-        sums = read_sha256sums(sums_path)
-    except VerifyError as exc:
-        problems.append(exc.message)
-        sums = {}
-    for name, digest in sorted(sums.items()):
-        if unsafe_member(name) or "/" in name:
-            problems.append(f"{SUMS_NAME} names {name!r}, which is not a file of this directory")
-        elif not (directory / name).is_file():
-            problems.append(f"{name} is in {SUMS_NAME} but missing")
-        elif sha256_file(directory / name) != digest:
-            problems.append(f"{name}: sha256 does not match {SUMS_NAME}")
-    present = sorted(p.name for p in directory.iterdir()
-                     if p.is_file() and (p.name.endswith(ARCHIVE_SUFFIXES) or p.name.endswith(".whl")))
-    for name in present:
-        if name not in sums:
-            problems.append(f"{name} is not listed in {SUMS_NAME}")
-    if sums and not problems:
-        notes.append(f"{SUMS_NAME}: {len(sums)} artifacts match")
-
-    embedded_by_archive: dict[str, dict] = {}
-    for name in present:
-        if name.endswith(ARCHIVE_SUFFIXES):
-            try:
-                embedded = _check_archive(directory / name, problems, notes, run_binaries, host)
-            except VerifyError as exc:
-                problems.append(exc.message)
-                embedded = None
-            if embedded:
-                embedded_by_archive[name] = embedded
-    # a wheel belongs to the archive of its version (base, series, backend) and platform
-    by_version = {(e["release"].get("wheel_version"), e["release"].get("os"), e["release"].get("arch")): e
-                  for e in embedded_by_archive.values() if isinstance(e.get("release"), dict)}
-    for name in present:
-        if name.endswith(".whl"):
-            _check_wheel(directory / name, by_version, problems, notes)
-
-    top = directory / MANIFEST_NAME
-    if top.is_file():
-        try:
-            full = json.loads(top.read_text(encoding="utf-8"))
-        except ValueError:
-            problems.append(f"{MANIFEST_NAME} is not JSON")
-            full = {}
-        rel = full.get("release") or {}
-        for artifact in rel.get("artifacts", []):
-            path = directory / artifact["name"]
-            if not path.is_file():
-                problems.append(f"{MANIFEST_NAME} names {artifact['name']}, which is missing")
-            elif sha256_file(path) != artifact["sha256"] or path.stat().st_size != artifact["size"]:
-                problems.append(f"{artifact['name']}: sha256 or size does not match {MANIFEST_NAME}")
-            elif sums.get(artifact["name"]) != artifact["sha256"]:
-                problems.append(f"{artifact['name']}: {MANIFEST_NAME} and {SUMS_NAME} disagree")
-        embedded = embedded_by_archive.get(rel.get("archive"))
-        if rel.get("archive") and embedded is not None:
-            for section in ("source", "series", "build", "smoke"):
-                if full.get(section) != embedded.get(section):
-                    problems.append(f"{MANIFEST_NAME}: the {section} section differs from the one in {rel['archive']}")
-            for key, value in embedded.get("release", {}).items():
-                if rel.get(key) != value:
-                    problems.append(f"{MANIFEST_NAME}: release.{key} differs from the one in {rel['archive']}")
-        elif rel.get("archive"):
-            problems.append(f"{MANIFEST_NAME} describes {rel['archive']}, which could not be checked")
-        else:
-            problems.append(f"{MANIFEST_NAME} has no release section")
-        if not any(p.startswith(MANIFEST_NAME) for p in problems):
-            notes.append(f"{MANIFEST_NAME}: matches {rel.get('archive')}")
-    report["ok"] = not problems
-    return report
-
-
-def check(directory: Path, *, run_binaries: bool = True) -> dict:
-    """verify(), raising VerifyError (exit 51) on the first problem."""
-    report = verify(directory, run_binaries=run_binaries)
-    if not report["ok"]:
-        count = len(report["problems"])
-        raise VerifyError(report["problems"][0] + (f" (and {count - 1} more)" if count > 1 else ""),
-                          "do not publish these files; rebuild them with `dfbuild release`")
-    return report
