@@ -9,6 +9,7 @@ after the base, so later stages never care where the code came from.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import posixpath
@@ -421,12 +422,32 @@ def _extract(archive: Path, into: Path) -> None:
                 if (member.issym() or member.islnk()):
                     _check_link(member)
             # the "data" filter also drops owners, so root-extracted trees stay usable by git
-            tf.extractall(into, members=members, filter="data")
+            if hasattr(tarfile, "data_filter"):
+                tf.extractall(into, members=members, filter="data")
+            else:  # Python < 3.10.12 / 3.11.4 (Debian 12 has 3.11.2): the same checks by hand
+                tf.extractall(into, members=[_data_member(m) for m in members])
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as exc:
         # tarfile lists every compression it tried on separate lines; one line is enough
         reason = (str(exc).splitlines() or [type(exc).__name__])[0].rstrip(":")
         raise ArchiveError(f"cannot read archive {archive}: {reason}",
                            "the file is truncated or not a .tar.gz/.zip; download it again") from None
+
+
+def _data_member(member: tarfile.TarInfo) -> tarfile.TarInfo:
+    """What tarfile's "data" filter does, for Pythons without it (names and links are checked already).
+
+    Only files, directories and links; no setuid/setgid/sticky bits, no group or
+    other write; owned by whoever extracts (no chown to the archive's owners).
+    """
+    if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+        raise ArchiveError(f"archive member '{member.name}' is a device, FIFO or other special file; "
+                           "refusing the whole archive", "only use archives from a source you trust")
+    clean = copy.copy(member)
+    clean.uid, clean.gid = getattr(os, "getuid", lambda: 0)(), getattr(os, "getgid", lambda: 0)()
+    clean.uname = clean.gname = ""
+    if member.isfile() or member.isdir():
+        clean.mode = member.mode & 0o755 | (0o600 if member.isfile() else 0o700)
+    return clean
 
 
 def _check_link(member: tarfile.TarInfo) -> None:
