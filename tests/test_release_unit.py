@@ -9,6 +9,7 @@ scikit-build-core, and really installed into a fresh venv.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -16,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -48,13 +50,29 @@ def make_tree(root: Path) -> tuple[Path, str]:
     return tree, _git(tree, "rev-parse", "HEAD")
 
 
+@functools.lru_cache(maxsize=None)
+def fake_libllama() -> bytes:
+    """A real (tiny) shared library, built as CMake builds llama.cpp's: soname libllama.so.0, RUNPATH $ORIGIN.
+
+    A real ELF, so the packaging checks (RUNPATH) and auditwheel (manylinux) see what they see in a release.
+    """
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None or not sys.platform.startswith("linux"):
+        return b"\x7fELF fake libllama " * 50
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "llama.c").write_text("int llama_answer(void) { return 42; }\n")
+        subprocess.run([compiler, "-shared", "-fPIC", "-o", "libllama.so", "-Wl,-soname,libllama.so.0",
+                        "-Wl,--enable-new-dtags,-rpath,$ORIGIN", "llama.c"], cwd=tmp, check=True)
+        return (Path(tmp) / "libllama.so").read_bytes()
+
+
 def make_build_dir(build_dir: Path, commit: str) -> dict:
     bin_dir = build_dir / "bin"
     bin_dir.mkdir(parents=True)
     server = bin_dir / "llama-server"
     server.write_text(f'#!/bin/sh\necho "version: 10359 (build 10359, commit {commit})"\necho "built with fake" >&2\n')
     server.chmod(0o755)
-    (bin_dir / "libllama.so.0.2.0").write_bytes(b"\x7fELF fake libllama " * 50)
+    (bin_dir / "libllama.so.0.2.0").write_bytes(fake_libllama())
     (bin_dir / "libllama.so.0.2.0").chmod(0o755)
     (bin_dir / "libimpl.so").write_bytes(b"\x7fELF fake impl")
     os.symlink("libllama.so.0.2.0", bin_dir / "libllama.so.0")
@@ -119,14 +137,17 @@ def release_copy(released, tmp_path):
     return {**released, "out": out}
 
 
-def fake_build_wheel(*, bin_dir, version, manifest_bytes, license_path, out_dir, work_dir, epoch):
-    """Stands in for pip + scikit-build-core where a test is not about the wheel: same name and layout."""
-    path = Path(out_dir) / f"llama_dflash-{version}-py3-none-linux_x86_64.whl"
+def fake_build_wheel(*, bin_dir, version, manifest_bytes, license_path, out_dir, work_dir, epoch, backend="cpu",
+                     os_name=None):
+    """Stands in for pip + scikit-build-core + auditwheel where a test is not about the wheel: same name and layout."""
+    package = release.wheel_package(backend)
+    plat = "manylinux_2_17_x86_64" if HOST.os == "linux" else "macosx_11_0_arm64"
+    path = Path(out_dir) / f"{package}-{version}-py3-none-{plat}.whl"
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(path, "w") as zf:
         for file in sorted(Path(bin_dir).iterdir()):
-            zf.writestr(zipfile.ZipInfo(f"llama_dflash/bin/{file.name}", (2000, 1, 1, 0, 0, 0)), file.read_bytes())
-        zf.writestr(zipfile.ZipInfo("llama_dflash/manifest.json", (2000, 1, 1, 0, 0, 0)), manifest_bytes)
+            zf.writestr(zipfile.ZipInfo(f"{package}/bin/{file.name}", (2000, 1, 1, 0, 0, 0)), file.read_bytes())
+        zf.writestr(zipfile.ZipInfo(f"{package}/manifest.json", (2000, 1, 1, 0, 0, 0)), manifest_bytes)
     return path
 
 
@@ -174,7 +195,8 @@ def test_artifact_name_comes_from_the_matrix_naming_rule(released):
     from dfbuild import matrix
 
     assert rel["archive"] == matrix.artifact_name(rel["tag"], HOST.os, "cpu", HOST.arch)
-    assert rel["archive"].startswith(f"llama-{rel['tag']}-dflash-bin-{HOST.os}-cpu-{HOST.arch}")
+    label = {"linux": "ubuntu", "windows": "win-cpu", "macos": "macos-cpu"}[HOST.os]  # llama.cpp's names
+    assert rel["archive"].startswith(f"llama-{rel['tag']}-dflash-bin-{label}-{HOST.arch}")
 
 
 # --- archives ----------------------------------------------------------------------------
@@ -300,7 +322,7 @@ def test_archive_manifest_holds_every_section_and_the_file_list(released):
 
 def write_full_release(inputs, out: Path) -> dict:
     rel = run_package(inputs, out)
-    full = {**inputs["sections"], "release": {**rel, "stages": {}}}
+    full = {**{k: release.portable(v) for k, v in inputs["sections"].items()}, "release": {**rel, "stages": {}}}
     full["release"].pop("reused")
     (out / "manifest.json").write_text(json.dumps(full, indent=2, sort_keys=True))
     return rel
@@ -433,7 +455,7 @@ def test_wheel_tags_version_and_contents(released):
     inputs, rel = released, released["rel"]
     wheel = next(a["name"] for a in rel["artifacts"] if a["kind"] == "wheel")
     fields = release.parse_wheel_name(wheel)
-    assert fields["dist"] == "llama_dflash"
+    assert fields["dist"] == "llama_dflash_cpu"  # one distribution per backend
     assert fields["version"] == rel["wheel_version"] == f"0.0.10359+dflash.{release.series_hash(inputs['sections']['series'])}.cpu"
     assert (fields["python"], fields["abi"]) == ("py3", "none")
     assert fields["platform"] != "any" and HOST.os in ("linux", "macos", "windows")
@@ -442,18 +464,20 @@ def test_wheel_tags_version_and_contents(released):
             {"x64": "x86_64", "arm64": "aarch64"}[HOST.arch])
     with zipfile.ZipFile(released["out"] / wheel) as zf:
         names = set(zf.namelist())
-        info = zf.getinfo("llama_dflash/bin/llama-server")
+        info = zf.getinfo("llama_dflash_cpu/bin/llama-server")
         assert (info.external_attr >> 16) & 0o111
-        wheel_meta = zf.read(f"llama_dflash-{fields['version']}.dist-info/WHEEL").decode()
-        entry_points = zf.read(f"llama_dflash-{fields['version']}.dist-info/entry_points.txt").decode()
-        embedded = json.loads(zf.read("llama_dflash/manifest.json"))
-        soname = zf.read("llama_dflash/bin/libllama.so.0")
-    assert f"Tag: py3-none-{fields['platform']}" in wheel_meta and "Root-Is-Purelib: false" in wheel_meta
-    assert "llama-server = llama_dflash:main" in entry_points
+        wheel_meta = zf.read(f"llama_dflash_cpu-{fields['version']}.dist-info/WHEEL").decode()
+        entry_points = zf.read(f"llama_dflash_cpu-{fields['version']}.dist-info/entry_points.txt").decode()
+        embedded = json.loads(zf.read("llama_dflash_cpu/manifest.json"))
+        soname = zf.read("llama_dflash_cpu/bin/libllama.so.0")
+    assert all(f"Tag: py3-none-{plat}" in wheel_meta for plat in fields["platform"].split("."))
+    assert "Root-Is-Purelib: false" in wheel_meta
+    assert "llama-server = llama_dflash_cpu:main" in entry_points
     # symlinks resolved: the loader's name (soname) holds the library; no dev link, no duplicate
-    bins = {n for n in names if n.startswith("llama_dflash/bin/")}
-    assert bins == {"llama_dflash/bin/llama-server", "llama_dflash/bin/libimpl.so", "llama_dflash/bin/libllama.so.0"}
-    assert soname == b"\x7fELF fake libllama " * 50
+    bins = {n for n in names if n.startswith("llama_dflash_cpu/bin/") and not n.endswith("/")}
+    assert bins == {"llama_dflash_cpu/bin/llama-server", "llama_dflash_cpu/bin/libimpl.so",
+                    "llama_dflash_cpu/bin/libllama.so.0"}
+    assert soname == fake_libllama()  # auditwheel left the binaries as the archive has them
     assert embedded["series"]["head"] == inputs["head"]
 
 

@@ -76,7 +76,13 @@ def unsafe_member(name: str) -> str | None:
     return None
 
 
-def _directories(root: str, entries: list[Entry]) -> list[str]:
+def _member_name(root: str | None, path: str) -> str:
+    return f"{root}/{path}" if root else path
+
+
+def _directories(root: str | None, entries: list[Entry]) -> list[str]:
+    if not root:  # a flat archive (the CUDA runtime bundle): files only
+        return []
     dirs = {root}
     for entry in entries:
         parent = PurePosixPath(root, entry.path).parent
@@ -86,16 +92,16 @@ def _directories(root: str, entries: list[Entry]) -> list[str]:
     return sorted(dirs)
 
 
-def _check_names(root: str, entries: list[Entry]) -> None:
+def _check_names(root: str | None, entries: list[Entry]) -> None:
     for entry in entries:
-        problem = unsafe_member(entry.path) or unsafe_member(f"{root}/{entry.path}")
+        problem = unsafe_member(entry.path) or unsafe_member(_member_name(root, entry.path))
         if problem:
             raise ReleaseError(f"refusing to archive {problem}", "this is a dfbuild bug; please report it")
 
 
-def write_tar_gz(path: Path, root: str, entries: list[Entry], mtime: int) -> None:
+def write_tar_gz(path: Path, root: str | None, entries: list[Entry], mtime: int) -> None:
     _check_names(root, entries)
-    members = [(d, None) for d in _directories(root, entries)] + [(f"{root}/{e.path}", e) for e in entries]
+    members = [(d, None) for d in _directories(root, entries)] + [(_member_name(root, e.path), e) for e in entries]
     members.sort(key=lambda member: member[0])
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as raw:
@@ -120,12 +126,12 @@ def write_tar_gz(path: Path, root: str, entries: list[Entry], mtime: int) -> Non
     os.replace(tmp, path)
 
 
-def write_zip(path: Path, root: str, entries: list[Entry], mtime: int) -> None:
+def write_zip(path: Path, root: str | None, entries: list[Entry], mtime: int) -> None:
     """A zip for Windows: symlinks become copies of their target (Windows builds have none)."""
     _check_names(root, entries)
     by_path = {e.path: e for e in entries}
     date_time = time.gmtime(max(mtime, ZIP_EPOCH_MIN))[:6]
-    members = [(d + "/", None) for d in _directories(root, entries)] + [(f"{root}/{e.path}", e) for e in entries]
+    members = [(d + "/", None) for d in _directories(root, entries)] + [(_member_name(root, e.path), e) for e in entries]
     members.sort(key=lambda member: member[0])
     tmp = path.with_name(path.name + ".tmp")
     with zipfile.ZipFile(tmp, "w") as zf:
@@ -143,7 +149,7 @@ def write_zip(path: Path, root: str, entries: list[Entry], mtime: int) -> None:
     os.replace(tmp, path)
 
 
-def write_archive(path: Path, root: str, entries: list[Entry], mtime: int) -> Path:
+def write_archive(path: Path, root: str | None, entries: list[Entry], mtime: int) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.name.endswith(".zip"):

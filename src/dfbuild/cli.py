@@ -231,7 +231,10 @@ def series_refresh(tree, onto, patches_dir, as_json):
 @click.option("--backend", required=True, help="cpu, cuda, vulkan, hip or metal (see `dfbuild doctor`).")
 @click.option("--build-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Build directory (default: DIR/../build-BACKEND).")
-@click.option("--target", "targets", multiple=True, help="CMake target to build (repeatable; default: llama-server).")
+@click.option("--target", "targets", multiple=True,
+              help="CMake targets to build, e.g. llama-server,llama-cli, or 'all' (repeatable; default: llama-server).")
+@click.option("--cpu-variants", default=None,
+              help="x64 only: the runtime-dispatched CPU variants to build, e.g. x64,haswell (default: all).")
 @click.option("--cuda-arch", default=None, help="CUDA architectures, e.g. 86 or '86;90' (cuda only).")
 @click.option("--gpu-targets", default=None, help="AMD GPU targets or families, e.g. rdna4 or gfx1201 (hip only).")
 @click.option("--vulkan-include-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
@@ -243,16 +246,18 @@ def series_refresh(tree, onto, patches_dir, as_json):
 @click.option("--no-ccache", is_flag=True, help="Do not use ccache even when it is installed.")
 @json_option
 @handle_errors
-def build(tree, backend, build_dir, targets, cuda_arch, gpu_targets, vulkan_include_dir, cmake_args, jobs,
-          reconfigure, fresh, no_ccache, as_json):
+def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_targets, vulkan_include_dir, cmake_args,
+          jobs, reconfigure, fresh, no_ccache, as_json):
     """Configure and build a llama.cpp tree for one backend (checks the toolchain first)."""
+    from . import backends
     from . import build as build_stage
     from . import manifest
 
+    spec = backends.get(backend)  # resolved once, here; the stage gets the record
     section = build_stage.build_tree(
-        tree, backend, build_dir, targets=targets or build_stage.DEFAULT_TARGETS, cuda_arch=cuda_arch,
-        gpu_targets=gpu_targets, vulkan_include_dir=vulkan_include_dir, extra_cmake_args=cmake_args, jobs=jobs,
-        reconfigure=reconfigure, fresh=fresh, use_ccache=not no_ccache,
+        tree, spec, build_dir, targets=build_stage.parse_targets(targets), cuda_arch=cuda_arch,
+        gpu_targets=gpu_targets, vulkan_include_dir=vulkan_include_dir, cpu_variants=cpu_variants,
+        extra_cmake_args=cmake_args, jobs=jobs, reconfigure=reconfigure, fresh=fresh, use_ccache=not no_ccache,
     )
     if (Path(tree) / ".git").is_dir():
         manifest.update_tree_manifest(Path(tree), "build", section)
@@ -395,7 +400,11 @@ def _human_size(n: int) -> str:
 @click.option("--work", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Working dir: checkout, build dirs, fixtures, smoke logs (default: ./dfbuild-BASE). Reruns resume here.")
 @click.option("--skip-smoke", is_flag=True, help="Package without smoke tests (recorded in the manifest as skipped).")
-@click.option("--target", "targets", multiple=True, help="CMake target to build and ship (repeatable; default: llama-server).")
+@click.option("--target", "targets", multiple=True,
+              help="CMake targets to build and ship, e.g. llama-server,llama-cli, or 'all' for every tool "
+                   "(repeatable; llama-server always included).")
+@click.option("--cpu-variants", default=None,
+              help="x64 only: the runtime-dispatched CPU variants to ship, e.g. x64,haswell (default: all).")
 @click.option("--cuda-arch", default=None, help="CUDA architectures, e.g. 86 or '86;90' (cuda only).")
 @click.option("--gpu-targets", default=None, help="AMD GPU targets or families, e.g. rdna4 (hip only).")
 @click.option("--vulkan-include-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
@@ -404,16 +413,18 @@ def _human_size(n: int) -> str:
 @click.option("-j", "--jobs", type=int, default=None, help="Parallel compile jobs (default: ninja's).")
 @json_option
 @handle_errors
-def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cuda_arch, gpu_targets, vulkan_include_dir,
-                cmake_args, jobs, as_json):
+def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cpu_variants, cuda_arch, gpu_targets,
+                vulkan_include_dir, cmake_args, jobs, as_json):
     """Checkout, apply, build, smoke and package BASE: archive, wheel, SHA256SUMS, manifest.json."""
+    from . import backends
     from . import build as build_stage
     from . import release as release_stage
 
+    spec = backends.get(backend)  # resolved once, here; every stage gets the record
     options = {"cuda_arch": cuda_arch, "gpu_targets": gpu_targets, "vulkan_include_dir": vulkan_include_dir,
-               "extra_cmake_args": cmake_args, "jobs": jobs}
-    full = release_stage.release(base, backend=backend, pr=pr, repo=repo, out=out, work=work, skip_smoke=skip_smoke,
-                                 targets=targets or build_stage.DEFAULT_TARGETS, build_options=options)
+               "cpu_variants": cpu_variants, "extra_cmake_args": cmake_args, "jobs": jobs}
+    full = release_stage.release(base, backend=spec, pr=pr, repo=repo, out=out, work=work, skip_smoke=skip_smoke,
+                                 targets=build_stage.parse_targets(targets), build_options=options)
     if as_json:
         ui.emit_json(full)
         return
@@ -486,7 +497,7 @@ def matrix(tag, identifiers, as_json):
         table.add_column(column, overflow="fold")
     for entry in data["include"]:
         runner = entry["runner"] + (f" ({entry['container']})" if entry["container"] else "")
-        table.add_row(entry["id"], runner, entry["artifact"])
+        table.add_row(entry["id"], runner, "\n".join([entry["artifact"], *entry.get("extra_artifacts", [])]))
     ui.console.print(table)
 
 

