@@ -508,11 +508,11 @@ def test_build_command_unknown_backend(tree):
 @pytest.mark.slow
 def test_real_b10359_cpu_build():
     """The unpatched b10359 tree the other integration tests use (X/src + X/build-cpu, warm ccache)."""
-    from realtrees import checkout_tree
+    from realtrees import TEST_CPU_VARIANTS, checkout_tree
 
     src = checkout_tree("b10359", patched=False)
     head = git(src, "rev-parse", "HEAD")
-    first = build.build_tree(src, "cpu")
+    first = build.build_tree(src, "cpu", cpu_variants=TEST_CPU_VARIANTS)
     build_dir = Path(first["build_dir"])
     assert build_dir == src.parent / "build-cpu"
     assert first["binaries"] == ["bin/llama-server"]
@@ -523,6 +523,10 @@ def test_real_b10359_cpu_build():
     # b10359 prints "version: 0.2.0-dev (build 10359, commit <full sha>)"
     assert f"build 10359, commit {head}" in version.stdout + version.stderr
 
-    second = build.build_tree(src, "cpu")
+    if os.uname().machine == "x86_64":  # the runtime-dispatched CPU variants, and only those asked for
+        assert first["cpu_variants"] == ["x64", "haswell"]
+        assert sorted(Path(lib).name for lib in first["libraries"] if "ggml-cpu-" in lib) == [
+            "libggml-cpu-haswell.so", "libggml-cpu-x64.so"]
+    second = build.build_tree(src, "cpu", cpu_variants=TEST_CPU_VARIANTS)
     assert not second["configured"] and second["up_to_date"]
     assert second["compiled_steps"] == 0
