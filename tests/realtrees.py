@@ -16,6 +16,11 @@ from pathlib import Path
 from dfbuild import backends, build, doctor, series, source
 
 CACHE = Path(os.environ.get("DFBUILD_TEST_CACHE", Path.home() / ".cache" / "dfbuild-tests"))
+# The runtime-dispatched CPU variants the tests build: the x86-64 baseline and one
+# modern one, not all fourteen (each is another copy of ggml-cpu to compile).
+# (None where the host has no variants: arm64, macOS.)
+TEST_CPU_VARIANTS = "x64,haswell" if backends.cpu_variants(backends.current_host().os,
+                                                            backends.current_host().arch) else None
 
 
 def tree_name(base: str, patched: bool, skip: tuple[str, ...] = ()) -> str:
@@ -51,7 +56,8 @@ def built_tree(base: str, *, patched: bool, skip: tuple[str, ...] = (), backend:
     """Check out, patch and build; returns the build section (build_dir, binaries, ...)."""
     src = checkout_tree(base, patched=patched, skip=skip)
     include_dir = vulkan_include_dir() if backend == "vulkan" else None
-    return build.build_tree(src, backend, src.parent / f"build-{backend}", vulkan_include_dir=include_dir)
+    return build.build_tree(src, backend, src.parent / f"build-{backend}", vulkan_include_dir=include_dir,
+                            cpu_variants=TEST_CPU_VARIANTS)
 
 
 def server_binary(build_section: dict) -> Path:

@@ -8,7 +8,6 @@ from dfbuild import backends
 from dfbuild.errors import DfbuildError, UnsupportedBackendError
 
 OFFLINE_FLAGS = {
-    "LLAMA_OPENSSL": "OFF",
     "LLAMA_USE_PREBUILT_UI": "OFF",
     "LLAMA_BUILD_UI": "OFF",
     "LLAMA_BUILD_TESTS": "OFF",
@@ -42,16 +41,28 @@ def test_every_backend_names_only_known_probes_with_install_hints():
 
 @pytest.mark.parametrize("backend", ["cpu", "cuda", "vulkan", "hip"])
 @pytest.mark.parametrize("host_os", ["linux", "windows"])
-def test_every_build_is_offline_and_portable(backend, host_os):
+def test_every_build_is_offline_portable_and_has_tls(backend, host_os):
     flags = backends.cmake_flags(backend, host_os)
     for key, value in OFFLINE_FLAGS.items():
         assert flags[key] == value
-    assert flags["CMAKE_BUILD_RPATH_USE_ORIGIN"] == "ON"
+    # TLS for -hf, as llama.cpp's releases: the system OpenSSL on Linux, BoringSSL elsewhere
+    if host_os == "linux":
+        assert flags["LLAMA_OPENSSL"] == "ON" and "LLAMA_BUILD_BORINGSSL" not in flags
+    else:
+        assert flags["LLAMA_BUILD_BORINGSSL"] == "ON"
+    # x64: the runtime-dispatched CPU variants (the GPU backends ship the CPU backend too)
+    assert flags["GGML_BACKEND_DL"] == flags["GGML_CPU_ALL_VARIANTS"] == "ON"
+    assert "GGML_CPU_ALL_VARIANTS" not in backends.cmake_flags(backend, host_os, arch="arm64")
 
 
-def test_rpath_follows_the_host():
-    assert backends.cmake_flags("cpu", "linux")["CMAKE_INSTALL_RPATH"] == "$ORIGIN"
-    assert backends.cmake_flags("metal", "macos")["CMAKE_INSTALL_RPATH"] == "@loader_path"
+def test_rpath_is_exactly_origin_in_the_built_files():
+    """CMAKE_BUILD_WITH_INSTALL_RPATH: no build-dir path and no empty entry (= the current dir) in RUNPATH."""
+    linux = backends.cmake_flags("cpu", "linux")
+    assert linux["CMAKE_INSTALL_RPATH"] == "$ORIGIN" and linux["CMAKE_BUILD_WITH_INSTALL_RPATH"] == "ON"
+    assert "CMAKE_BUILD_RPATH_USE_ORIGIN" not in linux
+    metal = backends.cmake_flags("metal", "macos")
+    assert metal["CMAKE_INSTALL_RPATH"] == "@loader_path" and metal["CMAKE_BUILD_WITH_INSTALL_RPATH"] == "ON"
+    assert "GGML_BACKEND_DL" not in metal  # one binary on Apple GPUs, as llama.cpp's macOS build
     assert "CMAKE_INSTALL_RPATH" not in backends.cmake_flags("cpu", "windows")  # DLLs sit next to the .exe
 
 
@@ -68,9 +79,17 @@ def test_cuda_flags_and_arch_list():
     assert flags["GGML_CUDA"] == "ON"
     assert flags["GGML_CUDA_NCCL"] == "OFF"
     assert flags["CMAKE_CUDA_ARCHITECTURES"] == "86;90"
-    # without --cuda-arch: the table's per-OS default (Windows runner has CUDA 12.4: no sm_120)
-    assert "120a-real" in backends.cmake_flags("cuda", "linux")["CMAKE_CUDA_ARCHITECTURES"]
-    assert "120a" not in backends.cmake_flags("cuda", "windows")["CMAKE_CUDA_ARCHITECTURES"]
+    # without --cuda-arch: llama.cpp's list for the toolkit in use
+    cuda12 = backends.cmake_flags("cuda", "linux", nvcc_version=(12, 8))["CMAKE_CUDA_ARCHITECTURES"].split(";")
+    assert cuda12 == ["50-virtual", "61-virtual", "70-virtual", "75-virtual", "80-virtual", "86-real", "89-real",
+                      "90-virtual", "120a-real"]
+    cuda124 = backends.cmake_flags("cuda", "windows", nvcc_version=(12, 4))["CMAKE_CUDA_ARCHITECTURES"]
+    assert "61-virtual" in cuda124 and "70-virtual" in cuda124 and "120a" not in cuda124
+    cuda13 = backends.cmake_flags("cuda", "linux", nvcc_version=(13, 0))["CMAKE_CUDA_ARCHITECTURES"].split(";")
+    assert cuda13[0] == "75-virtual" and "121a-real" in cuda13 and not any(a.startswith(("50", "61", "70"))
+                                                                           for a in cuda13)
+    # no toolkit known: CMake's/ggml's own default, never a list the toolkit might not build
+    assert "CMAKE_CUDA_ARCHITECTURES" not in backends.cmake_flags("cuda", "linux")
 
 
 @pytest.mark.parametrize("value, expected", [

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import build, owned, paths, release
+from dfbuild import build, owned, paths, release, verify
 from dfbuild.cli import main
 from dfbuild.errors import BuildDirMismatchError, FixtureError, ReleaseError
 
@@ -65,7 +65,7 @@ def test_item4_tampered_archive_is_never_executed(out_dir, tmp_path, sums):
         result = invoke("verify", out, *flags)
         assert result.exit_code == 51
         assert not ran.exists(), f"verify {' '.join(flags)} ran the tampered llama-server"
-    report = release.verify(out, run_binaries=True)
+    report = verify.verify(out, run_binaries=True)
     assert any("not run: " in n for n in report["checked"] + report["problems"])
     assert not ran.exists()
 
@@ -77,7 +77,7 @@ def test_item4_an_archive_dfbuild_did_not_package_is_run_only_on_request(out_dir
     shutil.copytree(out, foreign)
     monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path / "another-users-cache"))
 
-    report = release.verify(foreign)
+    report = verify.verify(foreign)
     assert report["ok"], report["problems"]
     assert any("dfbuild did not package this archive here (pass --run" in n for n in report["checked"])
     assert not any("--version names the patched commit" in n for n in report["checked"])
@@ -178,7 +178,7 @@ def test_item10_verify_does_not_read_a_huge_member_into_memory(tmp_path):
 
         tar.addfile(info, io.BufferedReader(Zeros(), 1 << 20))
     _sums_for(out, archive.name)
-    report = release.verify(out, run_binaries=False)
+    report = verify.verify(out, run_binaries=False)
     assert any("times its size" in p for p in report["problems"]), report["problems"]
 
 

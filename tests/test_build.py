@@ -113,7 +113,8 @@ def test_build_configures_once_then_is_a_noop(tree):
     assert first["source_commit"] == head
     assert first["build_number"] == 4242  # from the b4242 tag
     assert first["flags"]["LLAMA_BUILD_COMMIT"] == head
-    assert first["flags"]["LLAMA_OPENSSL"] == "OFF"
+    assert first["flags"].get("LLAMA_OPENSSL") == ("ON" if sys.platform.startswith("linux") else None)
+    assert first["cpu_variants"] == []  # not a ggml tree
     assert version_of(build_dir / "bin" / "llama-server").strip() == f"version: 4242 ({head})"
     assert (build_dir / build.LOG_NAME).is_file()
     stamp = build.read_stamp(build_dir)
@@ -148,6 +149,11 @@ def test_binaries_are_relocatable(tree, tmp_path):
     shutil.copytree(Path(section["build_dir"]) / "bin", moved)
     shutil.rmtree(section["build_dir"])
     assert subprocess.run([str(moved / "llama-server")]).returncode == 0
+    if sys.platform.startswith("linux"):  # RUNPATH exactly $ORIGIN: never the build dir, never the current dir
+        from dfbuild import elf
+
+        for name in ("llama-server", "libllama.so"):
+            assert elf.read(moved / name).runpath == "$ORIGIN", name
 
 
 @posix_only
@@ -428,6 +434,46 @@ def test_ccache_env_hits_across_copies(tmp_path):
     assert env["CCACHE_NOHASHDIR"] == "true"
 
 
+def test_source_date_epoch_never_reaches_cmake(monkeypatch, tmp_path):
+    """ggml turns AVX2/FMA/... defaults off when SOURCE_DATE_EPOCH is set: reproducible builds must keep them."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "946684800")
+    env = build.build_env("cpu", Host("linux", "x64"), tmp_path / "X" / "src", tmp_path / "X" / "build-cpu")
+    assert "SOURCE_DATE_EPOCH" not in env
+
+
+def test_targets_accept_lists_and_all():
+    assert build.parse_targets(()) == ["llama-server"]
+    assert build.parse_targets(("llama-server,llama-cli", "rpc-server", "llama-cli")) == [
+        "llama-server", "llama-cli", "rpc-server"]
+    assert build.parse_targets("all") == ["all"]
+
+
+def test_cpu_variants_default_to_all_and_accept_a_subset():
+    x64 = Host("linux", "x64")
+    everything = build.parse_cpu_variants(None, x64)
+    assert everything[0] == "x64" and {"sse42", "haswell", "skylakex", "zen4", "sapphirerapids"} <= set(everything)
+    assert build.parse_cpu_variants("all", x64) == everything
+    assert build.parse_cpu_variants("haswell,x64", x64) == ["x64", "haswell"]  # ggml's order, baseline first
+    assert "sapphirerapids" not in build.parse_cpu_variants(None, Host("windows", "x64"))  # MSVC builds fewer
+    with pytest.raises(BuildError, match="unknown variant"):
+        build.parse_cpu_variants("x64,pentium", x64)
+    with pytest.raises(BuildError, match="no runtime-dispatched"):
+        build.parse_cpu_variants("x64", Host("linux", "arm64"))
+    assert build.parse_cpu_variants(None, Host("linux", "arm64")) == []
+
+
+@posix_only
+def test_target_all_ships_every_program(tree):
+    """--target all: every program the tree builds is a shipped binary (the glob used to find none)."""
+    cmake = (tree / "CMakeLists.txt").read_text() + "add_executable(llama-cli tools/server/server.c)\n" \
+        "target_compile_definitions(llama-cli PRIVATE BUILD_COMMIT=\"x\" BUILD_NUMBER=1)\n" \
+        "target_link_libraries(llama-cli PRIVATE llama)\n"
+    commit_change(tree, "CMakeLists.txt", cmake)
+    section = run_build(tree, targets=["all"])
+    assert section["binaries"] == ["bin/llama-cli", "bin/llama-server"]
+    assert section["targets"] == ["all"]
+
+
 # --- the command ---------------------------------------------------------------------------------
 
 
@@ -462,11 +508,11 @@ def test_build_command_unknown_backend(tree):
 @pytest.mark.slow
 def test_real_b10359_cpu_build():
     """The unpatched b10359 tree the other integration tests use (X/src + X/build-cpu, warm ccache)."""
-    from realtrees import checkout_tree
+    from realtrees import TEST_CPU_VARIANTS, checkout_tree
 
     src = checkout_tree("b10359", patched=False)
     head = git(src, "rev-parse", "HEAD")
-    first = build.build_tree(src, "cpu")
+    first = build.build_tree(src, "cpu", cpu_variants=TEST_CPU_VARIANTS)
     build_dir = Path(first["build_dir"])
     assert build_dir == src.parent / "build-cpu"
     assert first["binaries"] == ["bin/llama-server"]
@@ -477,6 +523,10 @@ def test_real_b10359_cpu_build():
     # b10359 prints "version: 0.2.0-dev (build 10359, commit <full sha>)"
     assert f"build 10359, commit {head}" in version.stdout + version.stderr
 
-    second = build.build_tree(src, "cpu")
+    if os.uname().machine == "x86_64":  # the runtime-dispatched CPU variants, and only those asked for
+        assert first["cpu_variants"] == ["x64", "haswell"]
+        assert sorted(Path(lib).name for lib in first["libraries"] if "ggml-cpu-" in lib) == [
+            "libggml-cpu-haswell.so", "libggml-cpu-x64.so"]
+    second = build.build_tree(src, "cpu", cpu_variants=TEST_CPU_VARIANTS)
     assert not second["configured"] and second["up_to_date"]
     assert second["compiled_steps"] == 0

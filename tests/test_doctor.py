@@ -57,6 +57,8 @@ def test_nvcc_without_cublas_cannot_build_cuda(isolated, tmp_path):
     cublas = doctor.probe("cublas-headers", LINUX)
     assert not cublas.found
     assert "cublas" in cublas.install.lower()
+    # the hint names the packages of the nvcc that is installed, not another toolkit's
+    assert "libcublas-dev-13-0" in cublas.install and "12-8" not in cublas.install
 
     (cuda / "include" / "cublas_v2.h").write_text("/* fake */\n")
     found = doctor.probe("cublas-headers", LINUX)
@@ -270,3 +272,19 @@ def test_fetch_debian_13_vulkan_headers_passes_the_probe():
     assert doctor.version_tuple(probe.version) >= (1, 3, 272)
     result = CliRunner().invoke(main, ["doctor", "--fetch-vulkan-headers"])
     assert result.exit_code == 0 and result.stdout.strip() == str(include)
+
+
+@posix_only
+def test_linux_builds_need_the_openssl_headers(isolated, tmp_path):
+    """TLS for -hf: doctor asks for libssl-dev before a build would silently lose HTTPS."""
+    table, _ = isolated
+    include = tmp_path / "include"
+    table["probes"]["openssl-headers"]["dirs"] = [str(include)]
+    entry = doctor.check_backend("cpu", LINUX)
+    assert "openssl-headers" in entry["missing"]
+    assert "apt-get install libssl-dev" in entry["install"]
+    assert not any(p["name"] == "openssl-headers" for p in doctor.check_backend("cpu", Host("windows", "x64"))["toolchain"])
+    (include / "openssl").mkdir(parents=True)
+    for header in ("ssl.h", "opensslv.h"):
+        (include / "openssl" / header).write_text("/* fake */\n")
+    assert doctor.probe("openssl-headers", LINUX).ok

@@ -335,3 +335,47 @@ def test_import_the_real_b10359_sdist(test_cache, tmp_path, monkeypatch):
     assert "common_speculative_impl_draft_dflash" in (dest / "common" / "speculative.cpp").read_text()
     assert (dest / "tools" / "server" / "server.cpp").is_file()
     assert run_git(dest, "status", "--porcelain") == ""
+
+
+# --- Pythons without tarfile's extraction filter (3.10.0-3.10.11, 3.11.0-3.11.3: Debian 12 has 3.11.2) ---
+
+
+@pytest.fixture(params=["with filter", "without filter"])
+def tar_filter(request, monkeypatch):
+    """Run the import both ways: with tarfile.data_filter, and as on a Python that lacks it."""
+    if request.param == "without filter":
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+        real = tarfile.TarFile.extractall
+
+        def no_filter_kwarg(self, path=".", members=None, *, numeric_owner=False, **kwargs):
+            assert "filter" not in kwargs, "extractall(filter=...) raises TypeError on Python 3.11.2"
+            return real(self, path, members, numeric_owner=numeric_owner, filter="fully_trusted")
+
+        monkeypatch.setattr(tarfile.TarFile, "extractall", no_filter_kwarg)
+    elif not hasattr(tarfile, "data_filter"):
+        pytest.skip("this Python has no tarfile extraction filter")
+    return request.param
+
+
+def test_import_works_with_and_without_the_extraction_filter(tar_filter, sdist_src, tmp_path):
+    archive = make_tar(tmp_path / "pkg-1.0.tar.gz", sdist_src)
+    dest = tmp_path / "llama"
+    result = dfbuild("import", archive, "--tag", "b10359", "--dir", dest, "--json")
+    assert result.exit_code == 0, said(result)
+    assert_one_commit_repo(dest, "b10359", json.loads(result.stdout))
+
+
+def test_without_the_filter_special_files_are_refused_and_modes_cleaned(tar_filter, sdist_src, tmp_path):
+    fifo = tar_with_extra(tmp_path / "fifo.tar.gz", sdist_src, name="pkg-1.0/vendor/llama.cpp/pipe",
+                          type=tarfile.FIFOTYPE, data=b"")
+    dest = tmp_path / "llama"
+    result = dfbuild("import", fifo, "--tag", "t", "--dir", dest)
+    assert result.exit_code == 14, said(result)
+    assert not dest.exists() or not any(dest.iterdir())
+
+    setuid = tar_with_extra(tmp_path / "suid.tar.gz", sdist_src, name="pkg-1.0/vendor/llama.cpp/tool.sh",
+                            mode=0o4777, data=b"#!/bin/sh\n")
+    result = dfbuild("import", setuid, "--tag", "t", "--dir", tmp_path / "ok")
+    assert result.exit_code == 0, said(result)
+    mode = (tmp_path / "ok" / "tool.sh").stat().st_mode
+    assert not mode & 0o7022, oct(mode)  # no setuid, no group/other write

@@ -41,40 +41,56 @@ def test_matrix_has_the_required_entries():
 
 def test_gpu_toolkits_come_in_their_vendor_containers():
     by_id = {e["id"]: e for e in matrix.release_matrix()}
-    assert by_id["linux-cuda-x64"]["container"].startswith("nvidia/cuda:")
-    assert "-devel-" in by_id["linux-cuda-x64"]["container"]  # nvcc and cuBLAS headers, not just runtime
-    assert by_id["linux-hip-x64"]["container"].startswith("rocm/dev-")
+    for cuda in ("linux-cuda-12.8-x64", "linux-cuda-13.0-x64"):
+        assert by_id[cuda]["container"].startswith(f"nvidia/cuda:{by_id[cuda]['toolkit']}.")
+        assert "-devel-" in by_id[cuda]["container"]  # nvcc and cuBLAS headers, not just runtime
+    assert by_id["linux-hip-6.4-x64"]["container"].startswith("rocm/dev-")
     assert by_id["macos-metal-arm64"]["runner"].startswith("macos-")
-    assert by_id["windows-cuda-x64"]["runner"].startswith("windows-")
+    for cuda in ("windows-cuda-12.4-x64", "windows-cuda-13.0-x64"):
+        assert by_id[cuda]["runner"].startswith("windows-")
+        assert f"cuda_{by_id[cuda]['toolkit']}." in by_id[cuda]["setup"]  # the installer of that toolkit
     assert by_id["linux-cpu-arm64"]["runner"].endswith("-arm")
 
 
 def test_every_entry_has_the_tables_flags():
     for entry in matrix_json()["include"]:
-        assert entry["flags"] == backends.cmake_flags(entry["backend"], entry["os"]), entry["id"]
+        nvcc = backends.version_tuple(entry["toolkit"]) if entry["backend"] == "cuda" else None
+        assert entry["flags"] == backends.cmake_flags(entry["backend"], entry["os"], nvcc_version=nvcc,
+                                                      arch=entry["arch"]), entry["id"]
 
 
 def test_dfbuild_build_on_each_runner_uses_the_entrys_flags():
     """What `dfbuild build` would configure on that runner = the entry's flags + only the per-build stamp."""
     for entry in matrix.release_matrix():
         probes = {"toolchain": [{"name": "nvcc", "found": True, "ok": True, "optional": False,
-                                 "path": "nvcc", "version": "12.8"}]}
+                                 "path": "nvcc", "version": entry["toolkit"] or "12.8"}]}
         flags = build.build_flags(entry["backend"], Host(entry["os"], entry["arch"]), commit="c", number=1,
                                   entry=probes)
         static = {k: v for k, v in flags.items() if k not in PER_BUILD}
         assert static == entry["flags"], entry["id"]
 
 
-def test_artifact_names():
-    assert (matrix.artifact_name("b10359", "linux", "cpu", "x64")
-            == "llama-b10359-dflash-bin-linux-cpu-x64.tar.gz")
-    assert (matrix.artifact_name("b10359", "windows", "cuda", "x64")
-            == "llama-b10359-dflash-bin-windows-cuda-x64.zip")
-    assert (matrix.artifact_name("b10359", "macos", "metal", "arm64")
-            == "llama-b10359-dflash-bin-macos-metal-arm64.tar.gz")
+def test_artifact_names_follow_llama_cpp_with_the_dflash_marker():
+    """llama.cpp's release.yml names: -bin-ubuntu-x64, -bin-ubuntu-vulkan-x64, -bin-win-cpu-x64,
+    -bin-win-cuda-12.4-x64, -bin-macos-arm64, plus cudart-llama-bin-win-cuda-12.4-x64.zip."""
+    name = matrix.artifact_name
+    assert name("b10359", "linux", "cpu", "x64") == "llama-b10359-dflash-bin-ubuntu-x64.tar.gz"
+    assert name("b10359", "linux", "cpu", "arm64") == "llama-b10359-dflash-bin-ubuntu-arm64.tar.gz"
+    assert name("b10359", "linux", "vulkan", "x64") == "llama-b10359-dflash-bin-ubuntu-vulkan-x64.tar.gz"
+    assert name("b10359", "linux", "cuda", "x64", "12.8.93") == "llama-b10359-dflash-bin-ubuntu-cuda-12.8-x64.tar.gz"
+    assert name("b10359", "linux", "hip", "x64", "6.4") == "llama-b10359-dflash-bin-ubuntu-rocm-6.4-x64.tar.gz"
+    assert name("b10359", "windows", "cpu", "x64") == "llama-b10359-dflash-bin-win-cpu-x64.zip"
+    assert name("b10359", "windows", "vulkan", "x64") == "llama-b10359-dflash-bin-win-vulkan-x64.zip"
+    assert name("b10359", "windows", "cuda", "x64", "12.4") == "llama-b10359-dflash-bin-win-cuda-12.4-x64.zip"
+    assert name("b10359", "macos", "metal", "arm64") == "llama-b10359-dflash-bin-macos-arm64.tar.gz"
+    assert matrix.cudart_name("12.4") == "cudart-llama-dflash-bin-win-cuda-12.4-x64.zip"
+    with pytest.raises(DfbuildError, match="toolkit version"):
+        name("b10359", "windows", "cuda", "x64")
     for entry in matrix_json("--tag", "b10359")["include"]:
-        assert entry["artifact"] == matrix.artifact_name("b10359", entry["os"], entry["backend"], entry["arch"])
+        assert entry["artifact"] == name("b10359", entry["os"], entry["backend"], entry["arch"], entry["toolkit"] or None)
         assert entry["artifact"].endswith(".zip" if entry["os"] == "windows" else ".tar.gz")
+        windows_cuda = entry["os"] == "windows" and entry["backend"] == "cuda"
+        assert entry["extra_artifacts"] == ([matrix.cudart_name(entry["toolkit"])] if windows_cuda else [])
 
 
 @pytest.mark.parametrize("args", [("../x", "linux", "cpu", "x64"), ("b1", "win", "cpu", "x64"),
@@ -113,7 +129,7 @@ def test_plain_listing_and_identifiers():
     ids = CliRunner().invoke(main, ["matrix", "--print-build-identifiers"])
     assert ids.exit_code == 0
     assert ids.stdout.split() == matrix.build_identifiers()
-    assert "linux-cuda-x64" in ids.stdout.split()
+    assert {"linux-cuda-12.8-x64", "linux-cuda-13.0-x64", "windows-cuda-12.4-x64"} <= set(ids.stdout.split())
 
     table = CliRunner().invoke(main, ["matrix"])
     assert table.exit_code == 0

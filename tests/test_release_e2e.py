@@ -3,9 +3,14 @@
 The release runs the way a user runs it (a subprocess, offline: the source is
 the sdist) in a fresh work dir; the shared ccache keeps the build near a
 minute. Then, away from the build dir: the unpacked archive's llama-server
-passes the image scenario, the wheel installs into a fresh venv and its
-llama-server names the patched commit, `dfbuild verify` passes, and fails on a
-one-byte tamper. A rerun resumes and gives byte-identical artifacts.
+passes the image scenario, runs on a CPU without AVX (qemu's Nehalem), loads
+nothing from the current directory, has TLS for -hf; the wheel is manylinux,
+installs into a fresh venv and its llama-server names the patched commit;
+`dfbuild verify` passes, and fails on a one-byte tamper. A rerun resumes and
+gives byte-identical artifacts, and so does a release from another work folder.
+
+The tests build two CPU variants (x64, the baseline, and haswell) rather than
+all of them, to keep the cold CI run short: TEST_CPU_VARIANTS.
 """
 
 from __future__ import annotations
@@ -15,12 +20,16 @@ import os
 import shutil
 import subprocess
 import sys
+import re
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from dfbuild import release, smoke
+from dfbuild import archive, elf, fixtures, release, smoke
+
+from realtrees import TEST_CPU_VARIANTS
 
 pytestmark = [
     pytest.mark.integration,
@@ -35,7 +44,7 @@ def dfbuild(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 def release_into(out: Path, work: Path) -> dict:
     result = dfbuild("release", "--base", "b10359", "--backend", "cpu", "--out", str(out), "--work", str(work),
-                     "-j", "2", "--json")
+                     *(["--cpu-variants", TEST_CPU_VARIANTS] if TEST_CPU_VARIANTS else []), "-j", "2", "--json")
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout)
 
@@ -65,7 +74,7 @@ def our_libraries_resolve_inside(binary: Path, directory: Path) -> None:
 def test_release_writes_the_artifacts_and_a_full_manifest(released):
     full, out = released["manifest"], released["out"]
     rel = full["release"]
-    assert rel["archive"] == f"llama-{rel['tag']}-dflash-bin-linux-cpu-{rel['arch']}.tar.gz"
+    assert rel["archive"] == f"llama-{rel['tag']}-dflash-bin-ubuntu-{rel['arch']}.tar.gz"  # llama.cpp's name
     assert rel["tag"].startswith("b10359-")
     names = sorted(p.name for p in out.iterdir())
     assert names == sorted([rel["archive"], artifact(released, "wheel").name, "SHA256SUMS", "manifest.json"])
@@ -84,7 +93,11 @@ def test_release_writes_the_artifacts_and_a_full_manifest(released):
     assert check.returncode == 0, check.stdout + check.stderr
     wheel = release.parse_wheel_name(artifact(released, "wheel").name)
     assert wheel["version"] == rel["wheel_version"] and wheel["version"].startswith("0.0.10359+dflash.")
-    assert (wheel["python"], wheel["abi"]) == ("py3", "none") and wheel["platform"].startswith("linux_")
+    assert (wheel["python"], wheel["abi"]) == ("py3", "none") and wheel["platform"].startswith("manylinux_")
+    assert wheel["dist"] == "llama_dflash_cpu"
+    expected_variants = TEST_CPU_VARIANTS.split(",") if TEST_CPU_VARIANTS else []
+    assert full["build"]["cpu_variants"] == rel["cpu_variants"] == expected_variants
+    assert full["build"]["tls"].startswith("OpenSSL") and "libssl.so.3" in rel["requires"]
 
 
 def test_the_unpacked_archive_passes_the_image_scenario(released, tmp_path):
@@ -92,10 +105,12 @@ def test_the_unpacked_archive_passes_the_image_scenario(released, tmp_path):
     unpacked = tmp_path / "unpacked"
     with tarfile.open(artifact(released, "archive")) as tar:
         for member in tar.getmembers():
-            assert release.unsafe_member(member.name) is None
+            assert archive.unsafe_member(member.name) is None
         tar.extractall(unpacked, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(unpacked)
     root = unpacked / rel["root"]
-    assert sorted(p.name for p in root.iterdir()) == ["LICENSE", "bin", "licenses", "manifest.json", "patches"]
+    assert sorted(p.name for p in root.iterdir()) == ["LICENSE", "REQUIRES.txt", "bin", "licenses", "manifest.json",
+                                                      "patches"]
+    assert "libssl.so.3: OpenSSL 3: libssl3" in (root / "REQUIRES.txt").read_text()
     assert len(list((root / "patches").glob("*.patch"))) == 4
     server = smoke.server_binary(root)
     our_libraries_resolve_inside(server, root / "bin")  # $ORIGIN: nothing from the build dir
@@ -119,7 +134,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_patched_server(releas
     result = subprocess.run(["llama-server", "--version"], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert f"commit {released['manifest']['series']['head']}" in result.stdout + result.stderr
-    shipped = next((venv / "lib").glob("python3*/site-packages/llama_dflash/bin/llama-server"))
+    shipped = next((venv / "lib").glob("python3*/site-packages/llama_dflash_cpu/bin/llama-server"))
     our_libraries_resolve_inside(shipped, shipped.parent)
 
 
@@ -147,3 +162,141 @@ def test_a_rerun_resumes_and_gives_byte_identical_artifacts(released, tmp_path):
         assert (released["out"] / first["name"]).read_bytes() == (tmp_path / "out" / second["name"]).read_bytes()
     assert {k: again[k] for k in ("source", "series", "build", "smoke")} == \
            {k: released["manifest"][k] for k in ("source", "series", "build", "smoke")}
+
+
+# --- release-grade: portable, complete, safe --------------------------------------------------
+
+
+def unpack(released: dict, into: Path) -> Path:
+    with tarfile.open(artifact(released, "archive")) as tar:
+        for member in tar.getmembers():
+            assert archive.unsafe_member(member.name) is None
+        tar.extractall(into, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(into)
+    return into / released["manifest"]["release"]["root"]
+
+
+class QemuServer(smoke.LlamaServer):
+    """llama-server under qemu-x86_64 user emulation with an older CPU model."""
+
+    def __init__(self, *args, cpu: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cpu = cpu
+
+    @property
+    def command(self) -> list[str]:
+        return [shutil.which("qemu-x86_64"), "-cpu", self.cpu, *super().command]
+
+
+def text_request(server: smoke.LlamaServer) -> smoke.Response:
+    return server.request("POST", "/completion", {"prompt": "abc", "n_predict": 4, "temperature": 0.0}, timeout=600)
+
+
+@pytest.mark.skipif(shutil.which("qemu-x86_64") is None, reason="needs qemu-user (scripts/test.sh installs it)")
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the CPU variants are x86-64's")
+def test_the_archive_runs_on_a_cpu_without_avx_and_uses_a_better_variant_natively(released, tmp_path):
+    """Nehalem (SSE4.2, no AVX): the archived server starts and answers; natively it loads haswell."""
+    root = unpack(released, tmp_path / "unpacked")
+    server = smoke.server_binary(root)
+    version = subprocess.run([shutil.which("qemu-x86_64"), "-cpu", "Nehalem", str(server), "--version"],
+                             capture_output=True, text=True, timeout=300)
+    assert version.returncode == 0, version.stderr[-2000:]  # not "Illegal instruction"
+    fixture_set = fixtures.ensure_fixtures(tmp_path / "fixtures")
+    model = tmp_path / "fixtures" / fixtures.FILES["llama-agree"]
+    assert fixture_set and model.is_file()
+    args = ["-m", str(model), "-c", "256", "-np", "1", "-t", "1", "--no-webui"]
+    with QemuServer(server, args, tmp_path / "nehalem.log", cpu="Nehalem", start_timeout=600) as old_cpu:
+        answer = text_request(old_cpu)
+        assert answer.status == 200, old_cpu.log_text()[-3000:]
+        log = old_cpu.log_text()
+    assert "libggml-cpu-x64.so" in log and "libggml-cpu-haswell.so" not in log.split("load_backend")[-1], log[-3000:]
+    with smoke.LlamaServer(server, args, tmp_path / "native.log") as native:
+        assert text_request(native).status == 200
+        assert "loaded CPU backend from" in native.log_text() and "libggml-cpu-haswell.so" in native.log_text()
+
+
+def elf_files(directory: Path) -> list[Path]:
+    return [p for p in sorted(directory.rglob("*")) if p.is_file() and not p.is_symlink()
+            and elf.is_elf(p.read_bytes()[:64])]
+
+
+def runpath(path: Path) -> list[str]:
+    """RUNPATH and RPATH entries as readelf -d prints them."""
+    listing = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True, check=True).stdout
+    return [line.split("[", 1)[1].rstrip("]") for line in listing.splitlines() if "(RUNPATH)" in line or "(RPATH)" in line]
+
+
+@pytest.mark.skipif(shutil.which("readelf") is None, reason="needs binutils' readelf")
+def test_every_elf_of_the_archive_and_the_wheel_has_runpath_origin_only(released, tmp_path):
+    root = unpack(released, tmp_path / "unpacked")
+    wheel_dir = tmp_path / "wheel"
+    with zipfile.ZipFile(artifact(released, "wheel")) as zf:
+        zf.extractall(wheel_dir)
+    found = elf_files(root) + elf_files(wheel_dir)
+    assert len(found) >= 8, found  # llama-server, libllama*, libggml*, two CPU variants, ... in both
+    for path in found:
+        assert runpath(path) in ([], ["$ORIGIN"]), (path, runpath(path))
+    assert runpath(root / "bin" / "llama-server") == ["$ORIGIN"]
+
+
+def test_a_library_planted_in_the_working_directory_is_not_loaded(released, tmp_path):
+    """An empty RUNPATH entry means the current dir: a libgomp/libggml-base there would have been loaded."""
+    root = unpack(released, tmp_path / "unpacked")
+    cwd = tmp_path / "downloads"
+    cwd.mkdir()
+    marker = tmp_path / "planted-library-ran"
+    source = cwd / "evil.c"
+    source.write_text('#include <stdio.h>\n#include <stdlib.h>\n'
+                      '__attribute__((constructor)) static void planted(void) {\n'
+                      '    FILE *f = fopen(getenv("PLANTED_MARKER"), "w"); if (f) { fputs("loaded", f); fclose(f); }\n}\n')
+    for name in ("libgomp.so.1", "libggml-base.so.0", "libggml-base.so", "libllama.so.0", "libssl.so.3"):
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(cwd / name), str(source)], check=True)
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    env["PLANTED_MARKER"] = str(marker)
+    result = subprocess.run([str(smoke.server_binary(root)), "--version"], cwd=cwd, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert not marker.exists(), "a library from the current directory was loaded"
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"commit {released['manifest']['series']['head']}" in result.stdout + result.stderr
+
+
+def test_hf_download_has_tls_and_stays_on_loopback(released, tmp_path):
+    """-hf against https://127.0.0.1:<closed port>: a connection error, not "HTTPS is not supported"."""
+    root = unpack(released, tmp_path / "unpacked")
+    port = smoke.free_port()  # free = nothing listens: the connection is refused, nothing leaves the machine
+    endpoint = f"https://127.0.0.1:{port}/"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_") and k != "LD_LIBRARY_PATH"}
+    env.update(MODEL_ENDPOINT=endpoint, HF_ENDPOINT=endpoint, LLAMA_CACHE=str(tmp_path / "cache"),
+               HF_HUB_OFFLINE="0", NO_PROXY="*", no_proxy="*")
+    for proxy in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        env.pop(proxy, None)
+    result = subprocess.run([str(smoke.server_binary(root)), "-hf", "ggml-org/dfbuild-test-GGUF:Q8_0",
+                             "--host", "127.0.0.1", "--port", str(smoke.free_port())],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-3000:]
+    assert "HTTPS is not supported" not in output, output[-3000:]
+    assert f"127.0.0.1:{port}" in output or "onnect" in output, output[-3000:]
+
+
+def test_two_work_folders_give_byte_identical_archives_without_their_paths(released, tmp_path):
+    other = release_into(tmp_path / "out", tmp_path / "elsewhere" / "work")
+    first = artifact(released, "archive")
+    second = tmp_path / "out" / other["release"]["archive"]
+    assert second.name == first.name
+    assert release.sha256_file(second) == release.sha256_file(first), "the archive depends on the work folder"
+    with tarfile.open(first) as tar:
+        for member in tar.getmembers():
+            if member.isfile():
+                data = tar.extractfile(member).read()
+                for local in (released["work"], released["tmp"], tmp_path, Path.home()):
+                    assert str(local).encode() not in data, (member.name, str(local))
+
+
+@pytest.mark.skipif(shutil.which("auditwheel") is None and not (Path(sys.executable).parent / "auditwheel").exists(),
+                    reason="needs auditwheel (a dfbuild dependency on Linux)")
+def test_auditwheel_calls_the_wheel_manylinux(released):
+    result = subprocess.run([sys.executable, "-m", "auditwheel", "show", str(artifact(released, "wheel"))],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "consistent with the following platform tag" in result.stdout and re.search(r"manylinux_\d+_\d+_x86_64", result.stdout), \
+        result.stdout

@@ -9,6 +9,7 @@ scikit-build-core, and really installed into a fresh venv.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -16,13 +17,14 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import zipfile
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import backends, build, fixtures, release, series, source
+from dfbuild import archive, backends, build, fixtures, release, series, source, verify
 from dfbuild.cli import main
 from dfbuild.errors import ReleaseError, SmokeFailedError
 
@@ -48,13 +50,29 @@ def make_tree(root: Path) -> tuple[Path, str]:
     return tree, _git(tree, "rev-parse", "HEAD")
 
 
+@functools.lru_cache(maxsize=None)
+def fake_libllama() -> bytes:
+    """A real (tiny) shared library, built as CMake builds llama.cpp's: soname libllama.so.0, RUNPATH $ORIGIN.
+
+    A real ELF, so the packaging checks (RUNPATH) and auditwheel (manylinux) see what they see in a release.
+    """
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None or not sys.platform.startswith("linux"):
+        return b"\x7fELF fake libllama " * 50
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "llama.c").write_text("int llama_answer(void) { return 42; }\n")
+        subprocess.run([compiler, "-shared", "-fPIC", "-o", "libllama.so", "-Wl,-soname,libllama.so.0",
+                        "-Wl,--enable-new-dtags,-rpath,$ORIGIN", "llama.c"], cwd=tmp, check=True)
+        return (Path(tmp) / "libllama.so").read_bytes()
+
+
 def make_build_dir(build_dir: Path, commit: str) -> dict:
     bin_dir = build_dir / "bin"
     bin_dir.mkdir(parents=True)
     server = bin_dir / "llama-server"
     server.write_text(f'#!/bin/sh\necho "version: 10359 (build 10359, commit {commit})"\necho "built with fake" >&2\n')
     server.chmod(0o755)
-    (bin_dir / "libllama.so.0.2.0").write_bytes(b"\x7fELF fake libllama " * 50)
+    (bin_dir / "libllama.so.0.2.0").write_bytes(fake_libllama())
     (bin_dir / "libllama.so.0.2.0").chmod(0o755)
     (bin_dir / "libimpl.so").write_bytes(b"\x7fELF fake impl")
     os.symlink("libllama.so.0.2.0", bin_dir / "libllama.so.0")
@@ -119,14 +137,17 @@ def release_copy(released, tmp_path):
     return {**released, "out": out}
 
 
-def fake_build_wheel(*, bin_dir, version, manifest_bytes, license_path, out_dir, work_dir, epoch):
-    """Stands in for pip + scikit-build-core where a test is not about the wheel: same name and layout."""
-    path = Path(out_dir) / f"llama_dflash-{version}-py3-none-linux_x86_64.whl"
+def fake_build_wheel(*, bin_dir, version, manifest_bytes, license_path, out_dir, work_dir, epoch, backend="cpu",
+                     os_name=None):
+    """Stands in for pip + scikit-build-core + auditwheel where a test is not about the wheel: same name and layout."""
+    package = release.wheel_package(backend)
+    plat = "manylinux_2_17_x86_64" if HOST.os == "linux" else "macosx_11_0_arm64"
+    path = Path(out_dir) / f"{package}-{version}-py3-none-{plat}.whl"
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(path, "w") as zf:
         for file in sorted(Path(bin_dir).iterdir()):
-            zf.writestr(zipfile.ZipInfo(f"llama_dflash/bin/{file.name}", (2000, 1, 1, 0, 0, 0)), file.read_bytes())
-        zf.writestr(zipfile.ZipInfo("llama_dflash/manifest.json", (2000, 1, 1, 0, 0, 0)), manifest_bytes)
+            zf.writestr(zipfile.ZipInfo(f"{package}/bin/{file.name}", (2000, 1, 1, 0, 0, 0)), file.read_bytes())
+        zf.writestr(zipfile.ZipInfo(f"{package}/manifest.json", (2000, 1, 1, 0, 0, 0)), manifest_bytes)
     return path
 
 
@@ -140,7 +161,7 @@ def run_package(inputs, out: Path, state=None) -> dict:
                            work_dir=inputs["tmp"] / "work-package", state=state)
 
 
-def payload(inputs) -> list[release.Entry]:
+def payload(inputs) -> list[archive.Entry]:
     s = inputs["sections"]
     return release.collect_payload(s["build"], inputs["tree"], inputs["patches_root"], s["series"])
 
@@ -174,7 +195,8 @@ def test_artifact_name_comes_from_the_matrix_naming_rule(released):
     from dfbuild import matrix
 
     assert rel["archive"] == matrix.artifact_name(rel["tag"], HOST.os, "cpu", HOST.arch)
-    assert rel["archive"].startswith(f"llama-{rel['tag']}-dflash-bin-{HOST.os}-cpu-{HOST.arch}")
+    label = {"linux": "ubuntu", "windows": "win-cpu", "macos": "macos-cpu"}[HOST.os]  # llama.cpp's names
+    assert rel["archive"].startswith(f"llama-{rel['tag']}-dflash-bin-{label}-{HOST.arch}")
 
 
 # --- archives ----------------------------------------------------------------------------
@@ -199,7 +221,7 @@ def test_archive_is_byte_identical_when_built_twice(released, tmp_path):
 @posix_only
 def test_archive_members_are_sorted_owned_by_root_with_fixed_time_and_modes(inputs, tmp_path):
     entries = payload(inputs)
-    path = release.write_archive(tmp_path / "x.tar.gz", "x", entries, mtime=946684800)
+    path = archive.write_archive(tmp_path / "x.tar.gz", "x", entries, mtime=946684800)
     with tarfile.open(path) as tar:
         members = tar.getmembers()
     names = [m.name for m in members]
@@ -217,16 +239,16 @@ def test_archive_members_are_sorted_owned_by_root_with_fixed_time_and_modes(inpu
 @posix_only
 def test_a_different_mtime_or_file_changes_the_archive(inputs, tmp_path):
     entries = payload(inputs)
-    one = release.write_archive(tmp_path / "1.tar.gz", "x", entries, mtime=946684800).read_bytes()
-    two = release.write_archive(tmp_path / "2.tar.gz", "x", entries, mtime=946684801).read_bytes()
+    one = archive.write_archive(tmp_path / "1.tar.gz", "x", entries, mtime=946684800).read_bytes()
+    two = archive.write_archive(tmp_path / "2.tar.gz", "x", entries, mtime=946684801).read_bytes()
     assert one != two
 
 
 @posix_only
 def test_zip_is_reproducible_with_modes_and_links_resolved(inputs, tmp_path):
     entries = payload(inputs)
-    one = release.write_archive(tmp_path / "a" / "x.zip", "x", entries, mtime=946684800)
-    two = release.write_archive(tmp_path / "b" / "x.zip", "x", entries, mtime=946684800)
+    one = archive.write_archive(tmp_path / "a" / "x.zip", "x", entries, mtime=946684800)
+    two = archive.write_archive(tmp_path / "b" / "x.zip", "x", entries, mtime=946684800)
     assert one.read_bytes() == two.read_bytes()
     with zipfile.ZipFile(one) as zf:
         infos = {i.filename: i for i in zf.infolist()}
@@ -238,16 +260,16 @@ def test_zip_is_reproducible_with_modes_and_links_resolved(inputs, tmp_path):
 
 def test_unsafe_member_names_are_recognised():
     for bad in ("/etc/passwd", "../x", "a/../../x", "a/..", "C:/x", "c:\\x", "..\\x", ""):
-        assert release.unsafe_member(bad), bad
+        assert archive.unsafe_member(bad), bad
     for good in ("a", "a/b", "llama-b1-dflash-bin-linux-cpu-x64/bin/llama-server", "a/..b", "a/b..c"):
-        assert release.unsafe_member(good) is None, good
+        assert archive.unsafe_member(good) is None, good
 
 
 def test_archiving_refuses_unsafe_names(tmp_path):
     with pytest.raises(ReleaseError, match="'..'"):
-        release.write_archive(tmp_path / "x.tar.gz", "x", [release.Entry("../evil", data=b"x")], mtime=0)
+        archive.write_archive(tmp_path / "x.tar.gz", "x", [archive.Entry("../evil", data=b"x")], mtime=0)
     with pytest.raises(ReleaseError, match="absolute"):
-        release.write_archive(tmp_path / "x.zip", "x", [release.Entry("/evil", data=b"x")], mtime=0)
+        archive.write_archive(tmp_path / "x.zip", "x", [archive.Entry("/evil", data=b"x")], mtime=0)
 
 
 @posix_only
@@ -255,7 +277,7 @@ def test_released_archive_members_are_all_safe(released):
     rel = released["rel"]
     with tarfile.open(released["out"] / rel["archive"]) as tar:
         for member in tar.getmembers():
-            assert release.unsafe_member(member.name) is None
+            assert archive.unsafe_member(member.name) is None
             assert member.name.split("/")[0] == rel["root"]
             if member.issym():
                 assert "/" not in member.linkname and ".." not in member.linkname
@@ -300,7 +322,7 @@ def test_archive_manifest_holds_every_section_and_the_file_list(released):
 
 def write_full_release(inputs, out: Path) -> dict:
     rel = run_package(inputs, out)
-    full = {**inputs["sections"], "release": {**rel, "stages": {}}}
+    full = {**{k: release.portable(v) for k, v in inputs["sections"].items()}, "release": {**rel, "stages": {}}}
     full["release"].pop("reused")
     (out / "manifest.json").write_text(json.dumps(full, indent=2, sort_keys=True))
     return rel
@@ -309,7 +331,7 @@ def write_full_release(inputs, out: Path) -> dict:
 @posix_only
 def test_verify_passes_on_good_output_and_runs_the_unpacked_binary(released):
     out = released["out"]
-    report = release.verify(out)
+    report = verify.verify(out)
     assert report["ok"], report["problems"]
     assert any("names the patched commit" in note for note in report["checked"])
     result = CliRunner().invoke(main, ["verify", str(out), "--json"])
@@ -325,7 +347,7 @@ def test_verify_fails_on_a_one_byte_tamper(release_copy, which):
     data = bytearray((out / name).read_bytes())
     data[len(data) // 2] ^= 0x01
     (out / name).write_bytes(bytes(data))
-    report = release.verify(out, run_binaries=False)
+    report = verify.verify(out, run_binaries=False)
     assert not report["ok"]
     assert any(name in p and "sha256" in p for p in report["problems"]), report["problems"]
     result = CliRunner().invoke(main, ["verify", str(out)])
@@ -346,7 +368,7 @@ def test_verify_catches_a_rebuilt_archive_whose_contents_differ_from_its_manifes
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(unpacked / root, arcname=root)
     release.write_sha256sums(out, [rel["archive"]])
-    problems = release.verify(out, run_binaries=False)["problems"]
+    problems = verify.verify(out, run_binaries=False)["problems"]
     assert any("bin/llama-server does not match its sha256 in the manifest" in p for p in problems), problems
     assert any("sha256 or size does not match manifest.json" in p for p in problems), problems
 
@@ -356,7 +378,7 @@ def test_verify_checks_the_commit_named_by_the_unpacked_binary(inputs, fake_whee
     out = tmp_path / "out"
     inputs["sections"]["series"]["head"] = "1" * 40  # the binary says another commit
     write_full_release(inputs, out)
-    report = release.verify(out)
+    report = verify.verify(out)
     assert any("not the patched commit" in p for p in report["problems"]), report["problems"]
 
 
@@ -369,19 +391,19 @@ def test_verify_checks_the_stamp_when_the_binary_cannot_run_here(inputs, fake_wh
                       "exit 127\n")
     out = tmp_path / "out"
     write_full_release(inputs, out)
-    report = release.verify(out)
+    report = verify.verify(out)
     assert report["ok"], report["problems"]
     assert any("needs libcuda.so.1 from the system" in n and "stamped into bin/llama-server" in n
                for n in report["checked"]), report["checked"]
     foreign = backends.Host("windows" if HOST.os != "windows" else "linux", HOST.arch)
-    assert any("not run on" in n for n in release.verify(out, host=foreign)["checked"])
+    assert any("not run on" in n for n in verify.verify(out, host=foreign)["checked"])
 
     # no file holds the commit: a problem, whether or not it can run
     server.write_text("#!/bin/sh\necho 'x: error while loading shared libraries: libcuda.so.1: no' >&2\nexit 127\n")
     write_full_release(inputs, tmp_path / "out2")
-    problems = release.verify(tmp_path / "out2")["problems"]
+    problems = verify.verify(tmp_path / "out2")["problems"]
     assert any("no shipped file holds the patched commit" in p for p in problems), problems
-    assert not release.verify(tmp_path / "out2", run_binaries=False)["ok"]
+    assert not verify.verify(tmp_path / "out2", run_binaries=False)["ok"]
 
 
 @posix_only
@@ -395,10 +417,10 @@ def test_verify_rejects_unsafe_members_and_unlisted_artifacts(release_copy, tmp_
         import io
 
         tar.addfile(info, io.BytesIO(data))
-    problems = release.verify(out, run_binaries=False)["problems"]
+    problems = verify.verify(out, run_binaries=False)["problems"]
     assert any("not listed in SHA256SUMS" in p for p in problems)
     release.write_sha256sums(out, [evil.name])
-    problems = release.verify(out, run_binaries=False)["problems"]
+    problems = verify.verify(out, run_binaries=False)["problems"]
     assert any("unsafe member" in p and "'..'" in p for p in problems), problems
     assert not (tmp_path / "escape").exists()
 
@@ -413,14 +435,14 @@ def test_two_backends_share_one_out_dir_and_verify(inputs, fake_wheel, tmp_path)
     names = {a["name"] for a in first["artifacts"] + second["artifacts"]}
     assert len(names) == 4  # the backend is in both the archive name and the wheel version
     assert set(release.read_sha256sums(out / "SHA256SUMS")) == names
-    report = release.verify(out)
+    report = verify.verify(out)
     assert report["ok"], report["problems"]
     (out / "manifest.json").unlink()  # a merged dir may hold no top-level manifest
-    assert release.verify(out)["ok"]
+    assert verify.verify(out)["ok"]
 
 
 def test_verify_without_sha256sums_fails(tmp_path):
-    report = release.verify(tmp_path)
+    report = verify.verify(tmp_path)
     assert not report["ok"] and "no SHA256SUMS" in report["problems"][0]
     assert CliRunner().invoke(main, ["verify", str(tmp_path)]).exit_code == 51
 
@@ -433,7 +455,7 @@ def test_wheel_tags_version_and_contents(released):
     inputs, rel = released, released["rel"]
     wheel = next(a["name"] for a in rel["artifacts"] if a["kind"] == "wheel")
     fields = release.parse_wheel_name(wheel)
-    assert fields["dist"] == "llama_dflash"
+    assert fields["dist"] == "llama_dflash_cpu"  # one distribution per backend
     assert fields["version"] == rel["wheel_version"] == f"0.0.10359+dflash.{release.series_hash(inputs['sections']['series'])}.cpu"
     assert (fields["python"], fields["abi"]) == ("py3", "none")
     assert fields["platform"] != "any" and HOST.os in ("linux", "macos", "windows")
@@ -442,18 +464,20 @@ def test_wheel_tags_version_and_contents(released):
             {"x64": "x86_64", "arm64": "aarch64"}[HOST.arch])
     with zipfile.ZipFile(released["out"] / wheel) as zf:
         names = set(zf.namelist())
-        info = zf.getinfo("llama_dflash/bin/llama-server")
+        info = zf.getinfo("llama_dflash_cpu/bin/llama-server")
         assert (info.external_attr >> 16) & 0o111
-        wheel_meta = zf.read(f"llama_dflash-{fields['version']}.dist-info/WHEEL").decode()
-        entry_points = zf.read(f"llama_dflash-{fields['version']}.dist-info/entry_points.txt").decode()
-        embedded = json.loads(zf.read("llama_dflash/manifest.json"))
-        soname = zf.read("llama_dflash/bin/libllama.so.0")
-    assert f"Tag: py3-none-{fields['platform']}" in wheel_meta and "Root-Is-Purelib: false" in wheel_meta
-    assert "llama-server = llama_dflash:main" in entry_points
+        wheel_meta = zf.read(f"llama_dflash_cpu-{fields['version']}.dist-info/WHEEL").decode()
+        entry_points = zf.read(f"llama_dflash_cpu-{fields['version']}.dist-info/entry_points.txt").decode()
+        embedded = json.loads(zf.read("llama_dflash_cpu/manifest.json"))
+        soname = zf.read("llama_dflash_cpu/bin/libllama.so.0")
+    assert all(f"Tag: py3-none-{plat}" in wheel_meta for plat in fields["platform"].split("."))
+    assert "Root-Is-Purelib: false" in wheel_meta
+    assert "llama-server = llama_dflash_cpu:main" in entry_points
     # symlinks resolved: the loader's name (soname) holds the library; no dev link, no duplicate
-    bins = {n for n in names if n.startswith("llama_dflash/bin/")}
-    assert bins == {"llama_dflash/bin/llama-server", "llama_dflash/bin/libimpl.so", "llama_dflash/bin/libllama.so.0"}
-    assert soname == b"\x7fELF fake libllama " * 50
+    bins = {n for n in names if n.startswith("llama_dflash_cpu/bin/") and not n.endswith("/")}
+    assert bins == {"llama_dflash_cpu/bin/llama-server", "llama_dflash_cpu/bin/libimpl.so",
+                    "llama_dflash_cpu/bin/libllama.so.0"}
+    assert soname == fake_libllama()  # auditwheel left the binaries as the archive has them
     assert embedded["series"]["head"] == inputs["head"]
 
 
@@ -473,20 +497,20 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_llama_server(released, tmp_pa
 
 
 def test_wheel_platform_tags_map_to_release_hosts():
-    assert release.wheel_platform("linux_x86_64") == ("linux", "x64")
-    assert release.wheel_platform("manylinux_2_28_aarch64") == ("linux", "arm64")
-    assert release.wheel_platform("win_amd64") == ("windows", "x64")
-    assert release.wheel_platform("macosx_14_0_arm64") == ("macos", "arm64")
+    assert verify.wheel_platform("linux_x86_64") == ("linux", "x64")
+    assert verify.wheel_platform("manylinux_2_28_aarch64") == ("linux", "arm64")
+    assert verify.wheel_platform("win_amd64") == ("windows", "x64")
+    assert verify.wheel_platform("macosx_14_0_arm64") == ("macos", "arm64")
 
 
 def test_stage_wheel_bin_keeps_regular_files_under_loader_names(tmp_path):
     entries = [
-        release.Entry("bin/llama-server", 0o755, data=b"exe"),
-        release.Entry("bin/libggml.so", 0o777, link="libggml.so.0"),
-        release.Entry("bin/libggml.so.0", 0o777, link="libggml.so.0.21.0"),
-        release.Entry("bin/libggml.so.0.21.0", 0o755, data=b"ggml"),
-        release.Entry("bin/libggml-cpu-haswell.so", 0o755, data=b"module"),
-        release.Entry("LICENSE", data=b"MIT"),
+        archive.Entry("bin/llama-server", 0o755, data=b"exe"),
+        archive.Entry("bin/libggml.so", 0o777, link="libggml.so.0"),
+        archive.Entry("bin/libggml.so.0", 0o777, link="libggml.so.0.21.0"),
+        archive.Entry("bin/libggml.so.0.21.0", 0o755, data=b"ggml"),
+        archive.Entry("bin/libggml-cpu-haswell.so", 0o755, data=b"module"),
+        archive.Entry("LICENSE", data=b"MIT"),
     ]
     staged = release.stage_wheel_bin(entries, tmp_path / "bin")
     assert sorted(p.name for p in staged.iterdir()) == ["libggml-cpu-haswell.so", "libggml.so.0", "llama-server"]
@@ -557,7 +581,7 @@ def test_pipeline_records_stage_times_and_a_rerun_reuses_smoke_and_artifacts(inp
     assert second["release"]["stages"]["smoke"]["reused"] and second["release"]["stages"]["package"]["reused"]
     assert archive.read_bytes() == before and archive.stat().st_mtime_ns == mtime
     assert second["release"]["artifacts"] == first["release"]["artifacts"]
-    assert release.verify(out)["ok"]
+    assert verify.verify(out)["ok"]
 
     # a changed library (the fix lives in one) means new smoke and new artifacts
     lib = Path(inputs["sections"]["build"]["build_dir"]) / "bin" / "libimpl.so"
@@ -566,7 +590,7 @@ def test_pipeline_records_stage_times_and_a_rerun_reuses_smoke_and_artifacts(inp
     assert stub_stages["smoke"] == 2
     assert not third["release"]["stages"]["package"]["reused"]
     assert third["release"]["artifacts"][0]["sha256"] != first["release"]["artifacts"][0]["sha256"]
-    assert release.verify(out)["ok"]
+    assert verify.verify(out)["ok"]
 
 
 @posix_only

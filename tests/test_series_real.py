@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from dfbuild import build, series
 from dfbuild.cli import main
 
-from realtrees import CACHE, built_tree, checkout_tree, server_binary
+from realtrees import CACHE, TEST_CPU_VARIANTS, built_tree, checkout_tree, server_binary
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +71,8 @@ def test_speculative_cpp_compiles_after_each_patch(base):
         later = tuple(patched_ids[n + 1:])
         step = series.apply_series(curated, tree, skip=later)
         assert [c["id"] for c in step["concerns"] if c["status"] == "applied"] == [concern_id]
-        section = build.build_tree(tree, "cpu", tree.parent / "build-cpu", targets=[obj])
+        section = build.build_tree(tree, "cpu", tree.parent / "build-cpu", targets=[obj],
+                                   cpu_variants=TEST_CPU_VARIANTS)
         assert not section["up_to_date"], f"{obj} was not rebuilt after {concern_id}"
         compiled.append(concern_id)
     assert compiled == patched_ids

@@ -218,12 +218,12 @@ def test_known_base_alone_reaches_for_github(tmp_path, monkeypatch):
     """Unpatched, the table sends `--base 5ecbe1a` to GitHub; offline that is a clear error."""
     tried = []
 
-    def no_network(url, *args, **kwargs):
+    def no_network(args, title, cwd=None):
+        url = next(a for a in args if a.startswith("https://"))
         tried.append(url)
-        raise git.GitCommandError(["git", "clone", url], 128,
-                                  b"fatal: unable to access: Could not resolve host: github.com")
+        raise git.GitCommandError(["git", *args], 128, "fatal: unable to access: Could not resolve host: github.com")
 
-    monkeypatch.setattr(git.Repo, "clone_from", staticmethod(no_network))
+    monkeypatch.setattr(source, "_git_progress", no_network)
     result = dfbuild("checkout", "--base", "5ecbe1a", "--dir", tmp_path / "llama")
 
     assert tried == ["https://github.com/ggml-org/llama.cpp"]
@@ -545,3 +545,37 @@ def test_offline_base_gives_the_real_dflash_tree(base, tmp_path, test_cache, mon
     assert run_git(dest, "rev-parse", "HEAD:common/speculative.cpp") == blob
     assert "common_speculative_impl_draft_dflash" in (dest / "common" / "speculative.cpp").read_text()
     assert run_git(dest, "status", "--porcelain") == ""
+
+
+def test_clone_and_fetch_show_progress_in_ci_logs(tmp_path, monkeypatch):
+    """The clone of llama.cpp is about 1.4 GB: git's own progress, a line per 10% when not on a terminal."""
+    import io
+
+    from rich.console import Console
+
+    upstream = tmp_path / "upstream"
+    write_fake_llama(upstream)
+    run_git(upstream, "init", "-q")
+    run_git(upstream, "add", "-A")
+    run_git(upstream, "-c", "user.name=t", "-c", "user.email=t@localhost", "commit", "-q", "-m", "x")
+    log = io.StringIO()
+    monkeypatch.setattr(ui, "console", Console(file=log, force_terminal=False, width=200))
+    url = upstream.resolve().as_uri()  # file://: the real transport, with its progress
+    source._git_progress(["clone", "--bare", "--progress", url, str(tmp_path / "cache.git")], f"clone {url}")
+    assert f"clone {url}: receiving objects 100%" in log.getvalue(), log.getvalue()
+    with pytest.raises(git.GitCommandError) as exc:
+        source._git_progress(["clone", "--bare", "--progress", (tmp_path / "nope").as_uri(), str(tmp_path / "x")],
+                             "clone nope")
+    assert "could not read from remote repository" in str(exc.value).lower()  # git's own words reach the error
+
+
+def test_periodic_lines_without_percentages(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    log = io.StringIO()
+    monkeypatch.setattr(ui, "console", Console(file=log, force_terminal=False, width=200))
+    with ui.Progress("download x", interval_s=0) as progress:
+        progress.tick("still downloading (15s)")
+    assert "download x: still downloading (15s)" in log.getvalue()

@@ -68,6 +68,11 @@ def names() -> list[str]:
     return list(table()["backends"])
 
 
+def resolve(backend: "Backend | str") -> "Backend":
+    """The backend record for a name (the CLI resolves once; stages pass the record on)."""
+    return backend if isinstance(backend, Backend) else get(backend)
+
+
 def get(name: str) -> Backend:
     """The backend called NAME, or UnsupportedBackendError listing the known ones."""
     entry = table()["backends"].get(name)
@@ -216,29 +221,65 @@ def parse_gpu_targets(value: str | Iterable[str]) -> str:
 # --- flags ----------------------------------------------------------------------
 
 
-def cmake_flags(backend: str, host_os: str, *, cuda_arch: str | Iterable[str] | None = None,
+def cuda_default_arch(nvcc_version: tuple[int, ...]) -> str:
+    """llama.cpp's own non-native CMAKE_CUDA_ARCHITECTURES for a toolkit (ggml/src/ggml-cuda/CMakeLists.txt).
+
+    CUDA 12 keeps 50/61/70 (Maxwell, Pascal, Volta: people run DFlash on them);
+    CUDA 13 dropped everything below sm_75.
+    """
+    archs = []
+    if nvcc_version < (13,):
+        archs += ["50-virtual", "61-virtual", "70-virtual"]
+    archs += ["75-virtual", "80-virtual", "86-real"]
+    if nvcc_version >= (11, 8):
+        archs += ["89-real", "90-virtual"]
+    if nvcc_version >= (12, 8):
+        archs += ["120a-real"]
+    if nvcc_version >= (12, 9):
+        archs += ["121a-real"]
+    return ";".join(archs)
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", str(text))[:3])
+
+
+def cpu_variants(host_os: str, arch: str) -> list[str]:
+    """The runtime-dispatched CPU variants a release build has on this host (empty: none)."""
+    if "GGML_CPU_ALL_VARIANTS" not in table()["common"].get("arch_flags", {}).get(arch, {}):
+        return []
+    variants = table()["common"]["cpu_variants"]
+    return list(variants["x64_msvc"] if host_os == "windows" else variants["x64"])
+
+
+def cmake_flags(backend: "Backend | str", host_os: str, *, cuda_arch: str | Iterable[str] | None = None,
                 gpu_targets: str | Iterable[str] | None = None,
                 vulkan_include_dir: str | None = None,
-                nvcc_version: tuple[int, ...] | None = None) -> dict[str, str]:
-    """The static CMake flags for BACKEND on HOST_OS: common, backend, host-specific, options.
+                nvcc_version: tuple[int, ...] | None = None, arch: str = "x64") -> dict[str, str]:
+    """The static CMake flags for BACKEND on HOST_OS/ARCH: common, backend, host-specific, options.
 
     These are the flags a release entry lists; build.py adds only the per-build
-    ones (version stamp, compiler launchers) on top.
+    ones (version stamp, compiler launchers) on top. Without --cuda-arch, the
+    CUDA architectures are llama.cpp's list for NVCC_VERSION (the toolkit in use).
     """
     if host_os not in OSES:
         raise DfbuildError(f"unknown host os '{host_os}'", f"use one of {', '.join(OSES)}")
-    spec = get(backend)
+    spec = resolve(backend)
+    backend = spec.name
     common = table()["common"]
     flags: dict[str, str] = {}
     flags.update(common["flags"])
     flags.update(common.get("host_flags", {}).get(host_os, {}))
+    if backend != "metal":  # Apple GPUs: one binary, no dynamic backends (as llama.cpp's macOS build)
+        flags.update(common.get("arch_flags", {}).get(arch, {}))
     flags.update(spec.flags)
     flags.update(spec.host_flags.get(host_os, {}))
 
     if backend == "cuda":
-        chosen = cuda_arch if cuda_arch is not None else spec.raw.get("default_cuda_arch", {}).get(host_os)
-        if chosen:
-            flags["CMAKE_CUDA_ARCHITECTURES"] = parse_cuda_arch(chosen, nvcc_version)
+        if cuda_arch is not None:
+            flags["CMAKE_CUDA_ARCHITECTURES"] = parse_cuda_arch(cuda_arch, nvcc_version)
+        elif nvcc_version:
+            flags["CMAKE_CUDA_ARCHITECTURES"] = cuda_default_arch(nvcc_version)
     elif cuda_arch is not None:
         raise DfbuildError("--cuda-arch applies only to the cuda backend", "drop it, or use --backend cuda")
 

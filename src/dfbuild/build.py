@@ -31,6 +31,41 @@ from .errors import BuildDirMismatchError, BuildError, NotLlamaTreeError, Source
 STAMP_NAME = "dfbuild-stamp.json"
 LOG_NAME = "dfbuild-build.log"
 DEFAULT_TARGETS = ("llama-server",)
+ALL_TARGETS = "all"              # --target all: every tool the tree builds, all shipped
+VARIANTS_INCLUDE = "dfbuild-cpu-variants.cmake"
+
+# Injected with CMAKE_PROJECT_INCLUDE when only some CPU variants are wanted
+# (--cpu-variants). ggml makes its `ggml` target depend on every variant module
+# (add_dependencies(ggml ggml-cpu-<name>)), so building llama-server would
+# compile all of them; this drops the unwanted ones from that dependency and
+# from `all`. The wanted ones are then built as explicit ninja targets.
+_VARIANTS_CMAKE = """\
+# written by dfbuild: build only the CPU variants in DFBUILD_CPU_VARIANTS
+if(NOT COMMAND _dfbuild_variants_guard AND NOT DFBUILD_CPU_VARIANTS STREQUAL "all")
+  function(_dfbuild_variants_guard)
+  endfunction()
+  function(add_dependencies target)
+    set(kept)
+    foreach(dep ${ARGN})
+      set(wanted TRUE)
+      if(target STREQUAL "ggml" AND dep MATCHES "^ggml-cpu-(.+)$")
+        list(FIND DFBUILD_CPU_VARIANTS "${CMAKE_MATCH_1}" index)
+        if(index EQUAL -1)
+          set(wanted FALSE)
+          set_target_properties(${dep} PROPERTIES EXCLUDE_FROM_ALL ON)
+          message(STATUS "dfbuild: CPU variant ${CMAKE_MATCH_1} is not built (--cpu-variants)")
+        endif()
+      endif()
+      if(wanted)
+        list(APPEND kept ${dep})
+      endif()
+    endforeach()
+    if(kept)
+      _add_dependencies(${target} ${kept})
+    endif()
+  endfunction()
+endif()
+"""
 
 # ninja's status line, e.g. "[12/311] Building CXX object ..." (NINJA_STATUS is pinned below)
 _NINJA_STATUS = re.compile(r"^\[(\d+)/(\d+)\] ?(.*)$")
@@ -215,14 +250,16 @@ def _probe_path(entry: dict, name: str) -> str | None:
     return None
 
 
-def build_flags(backend: str, host: Host, *, commit: str, number: int, entry: dict,
+def build_flags(backend: "backends.Backend | str", host: Host, *, commit: str, number: int, entry: dict,
                 cuda_arch=None, gpu_targets=None, vulkan_include_dir=None, use_ccache: bool = True) -> dict[str, str]:
     """The table's flags for (backend, host) plus the per-build ones: version stamp, launchers, compilers."""
     flags = backends.cmake_flags(backend, host.os, cuda_arch=cuda_arch, gpu_targets=gpu_targets,
-                                 vulkan_include_dir=vulkan_include_dir, nvcc_version=_nvcc_version(entry))
+                                 vulkan_include_dir=vulkan_include_dir, nvcc_version=_nvcc_version(entry),
+                                 arch=host.arch)
     flags["LLAMA_BUILD_NUMBER"] = str(number)
     flags["LLAMA_BUILD_COMMIT"] = commit
     ccache = _probe_path(entry, "ccache") if use_ccache else None
+    backend = backends.resolve(backend).name
     if ccache:
         languages = ["C", "CXX"] + {"cuda": ["CUDA"], "hip": ["HIP"]}.get(backend, [])
         for language in languages:
@@ -246,6 +283,10 @@ def build_env(backend: str, host: Host, source_dir: Path, build_dir: Path) -> di
     env.setdefault("CCACHE_BASEDIR", os.path.commonpath([str(source_dir.resolve()), str(build_dir.resolve())]))
     env.setdefault("CCACHE_NOHASHDIR", "true")
     env["NINJA_STATUS"] = "[%f/%t] "
+    # ggml turns its instruction-set defaults (AVX2, FMA, ...) off whenever
+    # SOURCE_DATE_EPOCH is set; the flags here are explicit, so keep the
+    # reproducible-archive setting away from CMake.
+    env.pop("SOURCE_DATE_EPOCH", None)
     if host.os == "windows":
         msvc = doctor.find_msvc(host.arch)
         if msvc is None:
@@ -323,36 +364,94 @@ def _fail(log_path: Path, stage: str) -> BuildError:
     return BuildError(message, f"full log: {log_path}")
 
 
+def _is_program(path: Path, host: Host) -> bool:
+    if not path.is_file() or path.is_symlink():
+        return False
+    if host.os == "windows":
+        return path.suffix == ".exe"
+    return os.access(path, os.X_OK) and not (path.suffix in (".so", ".dylib") or ".so." in path.name)
+
+
 def _binaries(build_dir: Path, targets: Iterable[str], host: Host) -> tuple[list[str], list[str]]:
+    """(programs, shared libraries) in BUILD_DIR/bin: the named targets, or every program for `all`."""
     bin_dir = build_dir / "bin"
+    targets = list(targets)
     binaries = []
+    if ALL_TARGETS in targets and bin_dir.is_dir():
+        binaries = [p.relative_to(build_dir).as_posix() for p in sorted(bin_dir.iterdir()) if _is_program(p, host)]
     for target in targets:
         exe = bin_dir / (target + host.exe_suffix)
-        if exe.is_file():
-            binaries.append(exe.relative_to(build_dir).as_posix())
+        rel = exe.relative_to(build_dir).as_posix()
+        if exe.is_file() and rel not in binaries:
+            binaries.append(rel)
     libraries = []
     if bin_dir.is_dir():
         for path in sorted(bin_dir.iterdir()):
             name = path.name
-            if path.is_file() and (name.endswith((".so", ".dylib", ".dll")) or ".so." in name):
+            if (path.is_file() or path.is_symlink()) and (name.endswith((".so", ".dylib", ".dll")) or ".so." in name):
                 libraries.append(path.relative_to(build_dir).as_posix())
     return binaries, libraries
 
 
-def build_tree(source_dir: Path, backend: str, build_dir: Path | None = None, *,
+def _stale_variant(name: str, variants: list[str]) -> bool:
+    """A CPU variant module left in bin/ by an earlier build with other --cpu-variants."""
+    match = re.fullmatch(r"(?:lib)?ggml-cpu-(.+?)(?:\.so.*|\.dll|\.dylib)", name)
+    return bool(match) and match.group(1) not in variants
+
+
+def parse_targets(values: str | Iterable[str]) -> list[str]:
+    """--target values: repeatable, each a comma list; `all` ships every tool. Empty: llama-server."""
+    items = [values] if isinstance(values, str) else list(values)
+    targets: list[str] = []
+    for item in items:
+        for name in re.split(r"[,\s]+", item):
+            if name and name not in targets:
+                targets.append(name)
+    return targets or list(DEFAULT_TARGETS)
+
+
+def parse_cpu_variants(value: str | Iterable[str] | None, host: Host) -> list[str]:
+    """--cpu-variants: `all` (the default) or a list of ggml's variant names (x64, haswell, ...)."""
+    known = backends.cpu_variants(host.os, host.arch)
+    items = [] if value is None else (re.split(r"[,;\s]+", value) if isinstance(value, str) else list(value))
+    items = [i.strip() for i in items if i and i.strip()]
+    if not items or items == [ALL_TARGETS]:
+        return known
+    if not known:
+        raise BuildError(f"--cpu-variants: {host.os}/{host.arch} builds have no runtime-dispatched CPU variants",
+                         "drop --cpu-variants")
+    unknown = [i for i in items if i not in known]
+    if unknown:
+        raise BuildError(f"--cpu-variants: unknown variant(s) {', '.join(unknown)}",
+                         f"choose from: all, {', '.join(known)}")
+    return [v for v in known if v in items]  # ggml's order: baseline first
+
+
+def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: Path | None = None, *,
                targets: Iterable[str] = DEFAULT_TARGETS, cuda_arch: str | Iterable[str] | None = None,
                gpu_targets: str | Iterable[str] | None = None, vulkan_include_dir: Path | None = None,
+               cpu_variants: str | Iterable[str] | None = None,
                extra_cmake_args: Iterable[str] = (), jobs: int | None = None, reconfigure: bool = False,
                fresh: bool = False, use_ccache: bool = True, host: Host | None = None) -> dict:
-    """Configure (when needed) and build TARGETS of SOURCE_DIR for BACKEND; return the manifest's build section."""
+    """Configure (when needed) and build TARGETS of SOURCE_DIR for BACKEND; return the manifest's build section.
+
+    On x64 the build has ggml's runtime-dispatched CPU variants: all of them, or
+    CPU_VARIANTS (e.g. "x64,haswell": a baseline and one modern one, as the tests
+    build to save compile time).
+    """
     start = time.monotonic()
     host = host or backends.current_host()
     source_dir = Path(source_dir).resolve()
-    backends.get(backend)  # unknown backend: fail before touching anything
+    spec = backends.resolve(backend)  # unknown backend: fail before touching anything
+    backend = spec.name
     check_llama_tree(source_dir)
     build_dir = Path(build_dir).resolve() if build_dir else default_build_dir(source_dir, backend)
-    targets = list(targets) or list(DEFAULT_TARGETS)
+    targets = parse_targets(targets)
     extra_cmake_args = list(extra_cmake_args)
+    variants = parse_cpu_variants(cpu_variants, host) if backend != "metal" else []
+    if not (source_dir / "ggml" / "CMakeLists.txt").is_file():
+        variants = []  # not a ggml tree (the tests' stand-in): nothing to dispatch
+    all_variants = variants == backends.cpu_variants(host.os, host.arch)
 
     entry = doctor.require(backend, host, extra_include_dirs=[Path(vulkan_include_dir)] if vulkan_include_dir else [])
     commit, dirty = source_commit(source_dir)
@@ -363,13 +462,23 @@ def build_tree(source_dir: Path, backend: str, build_dir: Path | None = None, *,
                         cuda_arch=cuda_arch, gpu_targets=gpu_targets,
                         vulkan_include_dir=str(vulkan_include_dir) if vulkan_include_dir else None,
                         use_ccache=use_ccache)
+    variant_args: list[str] = []
+    variant_targets: list[str] = []
+    if variants:
+        flags["DFBUILD_CPU_VARIANTS"] = "all" if all_variants else ";".join(variants)
+        variant_args = [f"-DCMAKE_PROJECT_INCLUDE={build_dir / VARIANTS_INCLUDE if not all_variants else ''}"]
+        if not all_variants:  # ggml no longer pulls them in: name them
+            variant_targets = [f"ggml-cpu-{v}" for v in variants]
     cmake = doctor.find_pypi_program("cmake")
     ninja = doctor.find_pypi_program("ninja")
     configure_args = [cmake, "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
-                      f"-DCMAKE_MAKE_PROGRAM={ninja}", *backends.cmake_args(flags), *extra_cmake_args]
+                      f"-DCMAKE_MAKE_PROGRAM={ninja}", *backends.cmake_args(flags), *variant_args,
+                      *extra_cmake_args]
 
     from_scratch = claim_build_dir(build_dir, backend, source_dir, reconfigure=reconfigure, fresh=fresh)
     env = build_env(backend, host, source_dir, build_dir)
+    if variants:
+        (build_dir / VARIANTS_INCLUDE).write_text(_VARIANTS_CMAKE, encoding="utf-8")
     stamp = read_stamp(build_dir) or {}
     log_path = build_dir / LOG_NAME
     needs_configure = (stamp.get("configured_args") != configure_args[1:]
@@ -394,7 +503,8 @@ def build_tree(source_dir: Path, backend: str, build_dir: Path | None = None, *,
 
         with ui.step(f"build {', '.join(targets)} ({backend})"):
             t0 = time.monotonic()
-            build_args = [ninja, "-C", str(build_dir), *(["-j", str(jobs)] if jobs else []), *targets]
+            build_args = [ninja, "-C", str(build_dir), *(["-j", str(jobs)] if jobs else []), *targets,
+                          *variant_targets]
             code, steps, work = _run_logged(build_args, cwd=build_dir, env=env, log=log,
                                       progress_title=f"{backend}: compiling")
             compile_s = time.monotonic() - t0
@@ -404,10 +514,25 @@ def build_tree(source_dir: Path, backend: str, build_dir: Path | None = None, *,
 
     binaries, libraries = _binaries(build_dir, targets, host)
     missing = [t for t in targets if t.startswith("llama-") and not any(Path(b).stem == t for b in binaries)]
+    if ALL_TARGETS in targets and not binaries:
+        missing.append("any program")
     if missing:
         raise BuildError(f"the build finished but {', '.join(missing)} is not in {build_dir / 'bin'}",
                          f"full log: {log_path}")
+    if variants:  # the variants ggml loads at run time must all be there, and no stale others
+        names = {Path(lib).name for lib in libraries}
+        absent = [v for v in variants if not any(n.startswith(f"libggml-cpu-{v}.") or n == f"ggml-cpu-{v}.dll"
+                                                 for n in names)]
+        if absent:
+            raise BuildError(f"the build finished but the CPU variant(s) {', '.join(absent)} are not in "
+                             f"{build_dir / 'bin'}", f"full log: {log_path}")
+        libraries = [lib for lib in libraries if not _stale_variant(Path(lib).name, variants)]
     cache = read_cmake_cache(build_dir)
+    if (flags.get("LLAMA_OPENSSL") == "ON" and "OPENSSL_INCLUDE_DIR" in cache  # a tree that looked for OpenSSL
+            and cache.get("OPENSSL_VERSION_SUPPORTED") not in ("1", "TRUE", "ON")):
+        raise ToolchainMissingError("CMake found no usable OpenSSL 3, so llama-server would say "
+                                    "\"HTTPS is not supported\" to -hf",
+                                    doctor.probe("openssl-headers", host).install or "install libssl-dev")
     section = {
         "backend": backend,
         "host": {"os": host.os, "arch": host.arch},
@@ -420,6 +545,9 @@ def build_tree(source_dir: Path, backend: str, build_dir: Path | None = None, *,
         "extra_cmake_args": extra_cmake_args,
         "toolchain": doctor.toolchain_versions(entry),
         "targets": targets,
+        "cpu_variants": variants,
+        "tls": ("OpenSSL (the system's libssl)" if cache.get("OPENSSL_VERSION_SUPPORTED")
+                else "BoringSSL" if flags.get("LLAMA_BUILD_BORINGSSL") == "ON" else None),
         "binaries": binaries,
         "libraries": libraries,
         "configured": needs_configure,

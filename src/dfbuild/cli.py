@@ -382,7 +382,10 @@ def _render_proof(proof: dict) -> None:
 @click.option("--backend", required=True, help="cpu, cuda, vulkan, hip or metal (see `dfbuild doctor`).")
 @click.option("--build-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Build directory (default: DIR/../build-BACKEND).")
-@click.option("--target", "targets", multiple=True, help="CMake target to build (repeatable; default: llama-server).")
+@click.option("--target", "targets", multiple=True,
+              help="CMake targets to build, e.g. llama-server,llama-cli, or 'all' (repeatable; default: llama-server).")
+@click.option("--cpu-variants", default=None,
+              help="x64 only: the runtime-dispatched CPU variants to build, e.g. x64,haswell (default: all).")
 @click.option("--cuda-arch", default=None, help="CUDA architectures, e.g. 86 or '86;90' (cuda only).")
 @click.option("--gpu-targets", default=None, help="AMD GPU targets or families, e.g. rdna4 or gfx1201 (hip only).")
 @click.option("--vulkan-include-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
@@ -395,23 +398,25 @@ def _render_proof(proof: dict) -> None:
 @no_wait_option
 @json_option
 @handle_errors
-def build(tree, backend, build_dir, targets, cuda_arch, gpu_targets, vulkan_include_dir, cmake_args, jobs,
-          reconfigure, fresh, no_ccache, no_wait, as_json):
+def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_targets, vulkan_include_dir, cmake_args,
+          jobs, reconfigure, fresh, no_ccache, no_wait, as_json):
     """Configure and build a llama.cpp tree for one backend (checks the toolchain first)."""
+    from . import backends
     from . import build as build_stage
     from . import manifest
 
     from . import journal
 
+    spec = backends.get(backend)  # resolved once, here; the stage gets the record
     lock_build_dir = build_dir or build_stage.default_build_dir(Path(tree), backend)
     with _locks(("tree", tree), ("build", lock_build_dir), no_wait=no_wait):
         if (Path(tree) / ".git").is_dir() and journal.recover(Path(tree)):
             ui.warn(f"{tree} is back at its state before the interrupted run; "
                     "run `dfbuild apply` first if you meant to build the patched tree")
         section = build_stage.build_tree(
-            tree, backend, build_dir, targets=targets or build_stage.DEFAULT_TARGETS, cuda_arch=cuda_arch,
-            gpu_targets=gpu_targets, vulkan_include_dir=vulkan_include_dir, extra_cmake_args=cmake_args, jobs=jobs,
-            reconfigure=reconfigure, fresh=fresh, use_ccache=not no_ccache,
+            tree, spec, build_dir, targets=build_stage.parse_targets(targets), cuda_arch=cuda_arch,
+            gpu_targets=gpu_targets, vulkan_include_dir=vulkan_include_dir, cpu_variants=cpu_variants,
+            extra_cmake_args=cmake_args, jobs=jobs, reconfigure=reconfigure, fresh=fresh, use_ccache=not no_ccache,
         )
         if (Path(tree) / ".git").is_dir():
             manifest.update_tree_manifest(Path(tree), "build", section)
@@ -555,7 +560,11 @@ def _human_size(n: int) -> str:
 @click.option("--work", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Working dir: checkout, build dirs, fixtures, smoke logs (default: ./dfbuild-BASE). Reruns resume here.")
 @click.option("--skip-smoke", is_flag=True, help="Package without smoke tests (recorded in the manifest as skipped).")
-@click.option("--target", "targets", multiple=True, help="CMake target to build and ship (repeatable; default: llama-server).")
+@click.option("--target", "targets", multiple=True,
+              help="CMake targets to build and ship, e.g. llama-server,llama-cli, or 'all' for every tool "
+                   "(repeatable; llama-server always included).")
+@click.option("--cpu-variants", default=None,
+              help="x64 only: the runtime-dispatched CPU variants to ship, e.g. x64,haswell (default: all).")
 @click.option("--cuda-arch", default=None, help="CUDA architectures, e.g. 86 or '86;90' (cuda only).")
 @click.option("--gpu-targets", default=None, help="AMD GPU targets or families, e.g. rdna4 (hip only).")
 @click.option("--vulkan-include-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
@@ -565,22 +574,23 @@ def _human_size(n: int) -> str:
 @no_wait_option
 @json_option
 @handle_errors
-def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cuda_arch, gpu_targets, vulkan_include_dir,
-                cmake_args, jobs, no_wait, as_json):
+def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cpu_variants, cuda_arch, gpu_targets,
+                vulkan_include_dir, cmake_args, jobs, no_wait, as_json):
     """Checkout, apply, build, smoke and package BASE: archive, wheel, SHA256SUMS, manifest.json."""
+    from . import backends
     from . import build as build_stage
     from . import release as release_stage
     from . import source
 
+    spec = backends.get(backend)  # resolved once, here; every stage gets the record
     options = {"cuda_arch": cuda_arch, "gpu_targets": gpu_targets, "vulkan_include_dir": vulkan_include_dir,
-               "extra_cmake_args": cmake_args, "jobs": jobs}
+               "cpu_variants": cpu_variants, "extra_cmake_args": cmake_args, "jobs": jobs}
     source.check_base_name(base)
     work_dir = Path(work or release_stage.default_work_dir(base)).resolve()
-    # the work tree (WORK/src), its build dir and OUT, for the whole pipeline
     # the work trees (WORK/src, and WORK/unpatched/src for a proof), their build dirs and OUT, for the whole pipeline
     with _locks(*_work_locks(work_dir, backend), ("out", Path(out)), no_wait=no_wait):
-        full = release_stage.release(base, backend=backend, pr=pr, repo=repo, out=out, work=work,
-                                     skip_smoke=skip_smoke, targets=targets or build_stage.DEFAULT_TARGETS,
+        full = release_stage.release(base, backend=spec, pr=pr, repo=repo, out=out, work=work,
+                                     skip_smoke=skip_smoke, targets=build_stage.parse_targets(targets),
                                      build_options=options)
     if as_json:
         ui.emit_json(full)
@@ -617,14 +627,14 @@ def verify(directory, no_run, run_any, max_unpacked, as_json):
     llama-server --version is run only from archives that passed every check, and by default
     only from archives this dfbuild packaged; --run opts in for others, --no-run runs nothing.
     """
-    from . import release as release_stage
     from . import source
+    from . import verify as verify_stage
 
     if no_run and run_any:
         raise click.UsageError("--run and --no-run contradict each other")
     limits = source.Limits.raised_to(source.parse_size(max_unpacked) if max_unpacked else None)
-    report = release_stage.verify(directory, run_binaries=False if no_run else (True if run_any else None),
-                                  limits=limits)
+    report = verify_stage.verify(directory, run_binaries=False if no_run else (True if run_any else None),
+                                 limits=limits)
     if as_json:
         ui.emit_json(report)
     else:
@@ -668,7 +678,7 @@ def matrix(tag, identifiers, as_json):
         table.add_column(column, overflow="fold")
     for entry in data["include"]:
         runner = entry["runner"] + (f" ({entry['container']})" if entry["container"] else "")
-        table.add_row(entry["id"], runner, entry["artifact"])
+        table.add_row(entry["id"], runner, "\n".join([entry["artifact"], *entry.get("extra_artifacts", [])]))
     ui.console.print(table)
 
 

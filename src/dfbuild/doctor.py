@@ -312,6 +312,10 @@ def probe(name: str, host: Host, *, optional: bool = False, extra_include_dirs: 
         hint = _install_hint(spec, host)
         if kind == "msvc":
             hint = MSVC_HINT
+        if hint and "{cuda_dash}" in hint:  # name the packages of the nvcc actually installed
+            nvcc = probe("nvcc", host) if name != "nvcc" else result
+            numbers = version_tuple(nvcc.version or "")[:2] if nvcc.found else ()
+            hint = hint.replace("{cuda_dash}", "-".join(map(str, numbers)) if len(numbers) == 2 else "12-8")
         result.install = hint or f"install {spec['what']}"
     return result
 
@@ -330,7 +334,8 @@ def check_backend(backend: str, host: Host | None = None, *, extra_include_dirs:
         return entry
 
     common = backends.table()["common"]
-    wanted = [(name, False) for name in (*common["probes"], *spec.probes)]
+    wanted = [(name, False) for name in (*common["probes"], *common.get("host_probes", {}).get(host.os, ()),
+                                          *spec.probes)]
     wanted += [(name, True) for name in common.get("optional_probes", ())]
     for name, optional in wanted:
         key = (name, tuple(map(str, extra_include_dirs)))

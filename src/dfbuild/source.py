@@ -9,6 +9,7 @@ after the base, so later stages never care where the code came from.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import posixpath
@@ -232,13 +233,44 @@ def resolve_commit(repo: git.Repo, rev: str) -> str:
 # --- the cache repos -------------------------------------------------------------
 
 
+_GIT_PROGRESS = re.compile(r"^(?:remote: )?([A-Za-z][A-Za-z ]+):\s+(\d+)% \((\d+)/(\d+)\)(.*)$")
+
+
+def _git_progress(args: list[str], title: str, cwd: Path | None = None) -> None:
+    """Run `git ARGS --progress`, showing its progress (clones of llama.cpp are about 1.4 GB).
+
+    Raises git.GitCommandError like GitPython does, so callers handle both alike.
+    """
+    command = ["git", *args]
+    proc = subprocess.Popen(command, cwd=cwd, env={**os.environ, **NO_PROMPT}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, errors="replace")
+    tail: list[str] = []
+    buffer = ""
+    with ui.Progress(title) as progress:
+        while True:
+            chunk = proc.stderr.read(256)
+            if not chunk:
+                break
+            buffer += chunk
+            *lines, buffer = re.split(r"[\r\n]", buffer)
+            for line in lines:
+                match = _GIT_PROGRESS.match(line.strip())
+                if match:
+                    progress.update(match.group(1).lower(), float(match.group(2)), match.group(5).strip(" ,"))
+                elif line.strip():
+                    tail = (tail + [line.strip()])[-20:]
+    if proc.wait() != 0:
+        raise git.GitCommandError(command, proc.returncode, "\n".join(tail + [buffer.strip()]).strip())
+
+
 def _cached_clone(url: str) -> git.Repo:
     """A bare cache clone of URL, created on first use and fetched on later ones."""
     path = cache_dir() / "repos" / f"{_slug(url)}.git"
     if path.exists():
         repo = git.Repo(path)
         try:
-            repo.git.fetch("--quiet", "--tags", "--force", url, "+refs/heads/*:refs/heads/*", env=NO_PROMPT)
+            _git_progress(["-C", str(path), "fetch", "--progress", "--tags", "--force", url,
+                           "+refs/heads/*:refs/heads/*"], f"fetch {url}")
         except git.GitCommandError as exc:
             raise SourceError(
                 f"cannot fetch from repository {url}: {_git_error(exc)}",
@@ -248,11 +280,7 @@ def _cached_clone(url: str) -> git.Repo:
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        git.Repo.clone_from(url, tmp, bare=True, multi_options=["--quiet"], env=NO_PROMPT)
-    except git.exc.UnsafeProtocolError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise SourceError(f"repository {url!r} uses a transport git would run commands through; refusing it",
-                          "pass an https://, ssh://, git:// URL or a local path") from None
+        _git_progress(["clone", "--bare", "--progress", url, str(tmp)], f"clone {url}")
     except git.GitCommandError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise SourceError(
@@ -266,7 +294,8 @@ def _cached_clone(url: str) -> git.Repo:
 def _fetch_pr(repo: git.Repo, url: str, pr: int) -> str:
     ref = f"refs/dfbuild/pull/{pr}"
     try:
-        repo.git.fetch("--quiet", "--force", url, f"+refs/pull/{pr}/head:{ref}", env=NO_PROMPT)
+        _git_progress(["-C", str(repo.git_dir), "fetch", "--progress", "--force", url,
+                       f"+refs/pull/{pr}/head:{ref}"], f"fetch PR #{pr}")
     except git.GitCommandError as exc:
         raise SourceError(
             f"pull request #{pr} has no ref refs/pull/{pr}/head in {url}: {_git_error(exc)}",
@@ -607,12 +636,32 @@ def _extract(archive: Path, into: Path, limits: Limits | None = None) -> None:
                 if (member.issym() or member.islnk()):
                     _check_link(member)
             # the "data" filter also drops owners, so root-extracted trees stay usable by git
-            tf.extractall(into, members=members, filter="data")
+            if hasattr(tarfile, "data_filter"):
+                tf.extractall(into, members=members, filter="data")
+            else:  # Python < 3.10.12 / 3.11.4 (Debian 12 has 3.11.2): the same checks by hand
+                tf.extractall(into, members=[_data_member(m) for m in members])
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as exc:
         # tarfile lists every compression it tried on separate lines; one line is enough
         reason = (str(exc).splitlines() or [type(exc).__name__])[0].rstrip(":")
         raise ArchiveError(f"cannot read archive {archive}: {reason}",
                            "the file is truncated or not a .tar.gz/.zip; download it again") from None
+
+
+def _data_member(member: tarfile.TarInfo) -> tarfile.TarInfo:
+    """What tarfile's "data" filter does, for Pythons without it (names and links are checked already).
+
+    Only files, directories and links; no setuid/setgid/sticky bits, no group or
+    other write; owned by whoever extracts (no chown to the archive's owners).
+    """
+    if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+        raise ArchiveError(f"archive member '{member.name}' is a device, FIFO or other special file; "
+                           "refusing the whole archive", "only use archives from a source you trust")
+    clean = copy.copy(member)
+    clean.uid, clean.gid = getattr(os, "getuid", lambda: 0)(), getattr(os, "getgid", lambda: 0)()
+    clean.uname = clean.gname = ""
+    if member.isfile() or member.isdir():
+        clean.mode = member.mode & 0o755 | (0o600 if member.isfile() else 0o700)
+    return clean
 
 
 def _check_link(member: tarfile.TarInfo) -> None:

@@ -1,0 +1,91 @@
+"""Just enough ELF for packaging: a file's DT_NEEDED, RUNPATH/RPATH and SONAME.
+
+Release archives and wheels check these (RUNPATH exactly $ORIGIN, no empty
+entry, which would mean the current directory), and the wheel bundles the
+system libraries a manylinux wheel may not assume (libssl, libgomp, ...).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ELF_MAGIC = b"\x7fELF"
+
+# Libraries every manylinux system has (PEP 599/600 policy, glibc and the GCC
+# runtime): never bundled, never reported as a requirement.
+SYSTEM_CORE = re.compile(
+    r"^(libc|libm|libdl|libpthread|librt|libutil|libresolv|libanl|libnsl|ld-linux[-\w.]*|libstdc\+\+|libgcc_s"
+    r"|linux-vdso)\.so(\.\d+)*$")
+
+
+def is_elf(data: bytes) -> bool:
+    """An ELF header: the magic, then a 32/64-bit class and a byte order dfbuild can read."""
+    return len(data) >= 64 and data[:4] == ELF_MAGIC and data[4] in (1, 2) and data[5] in (1, 2)
+
+
+@dataclass
+class ElfInfo:
+    needed: list[str] = field(default_factory=list)
+    runpath: str | None = None
+    rpath: str | None = None
+    soname: str | None = None
+
+
+def read(data: bytes | Path) -> ElfInfo:
+    """The dynamic section's NEEDED, RUNPATH, RPATH and SONAME of an ELF file (bytes or path)."""
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile
+
+    raw = Path(data).read_bytes() if isinstance(data, (str, Path)) else data
+    info = ElfInfo()
+    for section in ELFFile(io.BytesIO(raw)).iter_sections():
+        if not isinstance(section, DynamicSection):
+            continue
+        for tag in section.iter_tags():
+            if tag.entry.d_tag == "DT_NEEDED":
+                info.needed.append(tag.needed)
+            elif tag.entry.d_tag == "DT_RUNPATH":
+                info.runpath = tag.runpath
+            elif tag.entry.d_tag == "DT_RPATH":
+                info.rpath = tag.rpath
+            elif tag.entry.d_tag == "DT_SONAME":
+                info.soname = tag.soname
+    return info
+
+
+def search_path_problem(info: ElfInfo) -> str | None:
+    """Why an ELF's library search path is unsafe or unportable, or None.
+
+    Allowed: no RUNPATH/RPATH at all, or RUNPATH exactly $ORIGIN. An empty entry
+    means the current directory; anything else points at the build machine.
+    """
+    if info.rpath is not None:
+        return f"has DT_RPATH {info.rpath!r} (only RUNPATH $ORIGIN is allowed)"
+    if info.runpath is not None and info.runpath != "$ORIGIN":
+        return f"has RUNPATH {info.runpath!r}, not exactly $ORIGIN"
+    return None
+
+
+def system_library_dirs() -> dict[str, Path]:
+    """soname -> path of the libraries the dynamic loader knows (`ldconfig -p`)."""
+    found: dict[str, Path] = {}
+    ldconfig = shutil.which("ldconfig") or next((p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig")
+                                                 if os.path.exists(p)), None)
+    if ldconfig is None:
+        return found
+    try:
+        output = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return found
+    machine = "x86-64" if os.uname().machine == "x86_64" else "AArch64" if os.uname().machine == "aarch64" else ""
+    for line in output.splitlines():
+        match = re.match(r"^\s*(\S+) \(([^)]*)\) => (\S+)$", line)
+        if match and (not machine or machine in match.group(2)):
+            found.setdefault(match.group(1), Path(match.group(3)))
+    return found

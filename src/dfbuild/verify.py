@@ -1,0 +1,353 @@
+"""`dfbuild verify`: check a release directory before publishing it.
+
+`verify()` checks an OUT directory: SHA256SUMS, each archive's members against
+the file list in its manifest, OUT/manifest.json against the archives, the
+wheel's binaries against the archive's, and that the unpacked llama-server's
+`--version` names the patched commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import tempfile
+import zipfile
+from pathlib import Path, PurePosixPath
+
+from . import backends, owned, source
+from .archive import ARCHIVE_SUFFIXES, Member, archive_root, extract_members, read_members, unsafe_member
+from .errors import VerifyError
+from .paths import sha256_file
+from . import elf
+from .release import MANIFEST_NAME, SUMS_NAME, parse_wheel_name, read_sha256sums
+
+
+_COMMIT_IN_VERSION = re.compile(r"commit ([0-9A-Za-z]+(?:-dirty)?)")
+
+
+def _commit_matches(found: str, expected: str) -> bool:
+    return found == expected or (len(found) >= 7 and not found.endswith("-dirty") and expected.startswith(found))
+
+
+RUN_OPT_IN = "--run"
+
+
+def _check_archive(path: Path, problems: list[str], notes: list[str], run_binaries: bool,
+                   host: backends.Host, *, not_run_why: str = "not run (--no-run)",
+                   limits: source.Limits | None = None) -> dict | None:
+    """Check one archive; return its embedded manifest (None when it cannot be read).
+
+    Its llama-server runs only when RUN_BINARIES and the archive passed every check before that.
+    """
+    problems_before = len(problems)
+    members = read_members(path, limits)
+    root = archive_root(path.name)
+    bad = False
+    for member in members:
+        why = unsafe_member(member.name)
+        if why:
+            problems.append(f"{path.name}: unsafe member {why}")
+            bad = True
+        elif member.name != root and not member.name.startswith(root + "/"):
+            problems.append(f"{path.name}: member {member.name!r} is outside the root directory {root}/")
+            bad = True
+        if member.kind == "link" and (unsafe_member(member.link) or "/" in member.link):
+            problems.append(f"{path.name}: {member.name} links outside its directory ({member.link})")
+            bad = True
+        if member.kind == "other":
+            problems.append(f"{path.name}: {member.name} is neither a file, a directory nor a symlink")
+            bad = True
+    if bad:
+        return None
+    by_name = {m.name[len(root) + 1:]: m for m in members if m.name != root}
+    embedded_member = by_name.get(MANIFEST_NAME)
+    if embedded_member is None or embedded_member.kind != "file":
+        problems.append(f"{path.name}: no {root}/{MANIFEST_NAME}")
+        return None
+    try:
+        embedded = json.loads(embedded_member.data)
+    except ValueError:
+        problems.append(f"{path.name}: {MANIFEST_NAME} is not JSON")
+        return None
+    packed = embedded.get("release") if isinstance(embedded, dict) else None
+    files = packed.get("files") if isinstance(packed, dict) else None
+    if not isinstance(files, list) or not all(isinstance(f, dict) and isinstance(f.get("path"), str) for f in files):
+        problems.append(f"{path.name}: {MANIFEST_NAME} does not have the shape of a dfbuild manifest")
+        return None
+    expected = {f["path"]: f for f in packed.get("files", [])}
+    actual = {n: m for n, m in by_name.items() if m.kind != "dir" and n != MANIFEST_NAME}
+    for name_ in sorted(set(expected) - set(actual)):
+        problems.append(f"{path.name}: {name_} is in the manifest but not in the archive")
+    for name_ in sorted(set(actual) - set(expected)):
+        problems.append(f"{path.name}: {name_} is in the archive but not in the manifest")
+    zipped = path.name.endswith(".zip")
+    for name_ in sorted(set(expected) & set(actual)):
+        record, member = expected[name_], actual[name_]
+        if "link" in record:
+            if zipped:  # zips carry the link's target as a copy
+                continue
+            if member.kind != "link" or member.link != record["link"]:
+                problems.append(f"{path.name}: {name_} should link to {record['link']}")
+            continue
+        if member.kind != "file" or hashlib.sha256(member.data).hexdigest() != record.get("sha256"):
+            problems.append(f"{path.name}: {name_} does not match its sha256 in the manifest")
+        elif os.name != "nt" and f"{member.mode & 0o777:04o}" != record.get("mode"):
+            problems.append(f"{path.name}: {name_} has mode {member.mode & 0o777:04o}, not {record.get('mode')}")
+    for name_, member in sorted(actual.items()):
+        if member.kind == "file" and member.data:
+            _elf_problems(path.name, name_, member.data, problems)
+    notes.append(f"{path.name}: {len(actual)} files match its manifest")
+
+    series_, build_ = (embedded.get(k) if isinstance(embedded.get(k), dict) else {} for k in ("series", "build"))
+    patched = series_.get("head") or build_.get("source_commit")
+    if patched is not None and not isinstance(patched, str):
+        patched = None
+    if not patched:
+        problems.append(f"{path.name}: the manifest names no patched commit")
+        return embedded
+    exe = "bin/llama-server" + (".exe" if packed.get("os") == "windows" else "")
+    if len(problems) > problems_before:
+        why = "not run: the archive failed the checks above"
+    elif not run_binaries:
+        why = not_run_why
+    elif (packed.get("os"), packed.get("arch")) != (host.os, host.arch):
+        why = f"built for {packed.get('os')}/{packed.get('arch')}, not run on {host.os}/{host.arch}"
+    else:
+        why = _run_version(path, members, root, exe, patched, problems, notes)
+    if why:
+        # Cannot run it here: the version stamp must at least be compiled into the shipped files.
+        holders = sorted(n for n, m in actual.items() if m.kind == "file" and patched.encode() in m.data)
+        if holders:
+            notes.append(f"{path.name}: {exe} {why}; the patched commit {patched[:12]} is stamped into "
+                         f"{', '.join(holders)}")
+        else:
+            problems.append(f"{path.name}: {exe} {why}, and no shipped file holds the patched commit {patched[:12]}")
+    return embedded
+
+
+_MISSING_LIBRARY = re.compile(r"error while loading shared libraries: ([^:\s]+)")
+
+
+def _run_version(path: Path, members: list[Member], root: str, exe: str, patched: str,
+                 problems: list[str], notes: list[str]) -> str | None:
+    """Unpack and run `llama-server --version`. Returns why it could not run here, else None."""
+    with tempfile.TemporaryDirectory(prefix="dfbuild-verify-") as tmp:
+        extract_members(members, Path(tmp))
+        binary = Path(tmp) / root / exe
+        env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH")}
+        try:
+            result = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=120,
+                                    cwd=tmp, env=env, errors="replace")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            problems.append(f"{path.name}: the unpacked {exe} does not run: {exc}")
+            return None
+    output = result.stdout + result.stderr
+    missing = _MISSING_LIBRARY.search(output)
+    shipped = {PurePosixPath(m.name).name for m in members}
+    if result.returncode != 0 and missing and missing.group(1) not in shipped:
+        # e.g. libcuda.so.1 comes with the GPU driver, which this machine lacks
+        return f"needs {missing.group(1)} from the system, which is missing here"
+    found = _COMMIT_IN_VERSION.search(output)
+    if result.returncode != 0:
+        problems.append(f"{path.name}: the unpacked {exe} --version exited {result.returncode}: {output.strip()[-300:]}")
+    elif not found or not _commit_matches(found.group(1), patched):
+        problems.append(f"{path.name}: {exe} --version says {found.group(1) if found else 'no commit'}, "
+                        f"not the patched commit {patched[:12]}")
+    else:
+        notes.append(f"{path.name}: unpacked {exe} --version names the patched commit {found.group(1)[:12]}")
+    return None
+
+
+def wheel_platform(platform_tag: str) -> tuple[str | None, str | None]:
+    """(os, arch) in dfbuild's names for a wheel platform tag: linux_x86_64 -> (linux, x64)."""
+    os_name = ("linux" if "linux" in platform_tag else "macos" if platform_tag.startswith("macosx")
+               else "windows" if platform_tag.startswith("win") else None)
+    arch = ("x64" if platform_tag.endswith(("x86_64", "amd64")) else
+            "arm64" if platform_tag.endswith(("aarch64", "arm64")) else None)
+    return os_name, arch
+
+
+def _elf_problems(label: str, name: str, data: bytes, problems: list[str]) -> None:
+    """RUNPATH must be exactly $ORIGIN (or absent): an empty entry would load libraries from the current dir."""
+    if elf.is_elf(data):
+        try:
+            problem = elf.search_path_problem(elf.read(data))
+        except Exception as exc:  # noqa: BLE001 - a damaged ELF is a finding, not a crash
+            problem = f"cannot be read as ELF ({exc})"
+        if problem:
+            problems.append(f"{label}: {name} {problem}")
+
+
+def _check_wheel(path: Path, embedded_by_version: dict[tuple, dict], problems: list[str], notes: list[str]) -> None:
+    fields = parse_wheel_name(path.name)
+    if not fields:
+        problems.append(f"{path.name}: not a wheel file name")
+        return
+    platform_tag = fields["platform"]
+    if platform_tag == "any" or fields["abi"] != "none" or fields["python"] != "py3":
+        problems.append(f"{path.name}: tags {fields['python']}-{fields['abi']}-{platform_tag} "
+                        "are not py3-none-<platform>")
+    os_name, arch = wheel_platform(platform_tag)
+    if os_name == "linux" and not all(tag.startswith("manylinux") for tag in platform_tag.split(".")):
+        problems.append(f"{path.name}: platform tag {platform_tag} is not manylinux (PyPI refuses linux_*)")
+    embedded = embedded_by_version.get((fields["version"], os_name, arch))
+    if embedded is None:
+        problems.append(f"{path.name}: no archive here has wheel version {fields['version']} for {os_name}/{arch}")
+        return
+    package = fields["dist"].lower()
+    expected_dist = (embedded["release"].get("wheel_dist") or "").replace("-", "_")
+    if expected_dist and package != expected_dist:
+        problems.append(f"{path.name}: distribution {fields['dist']} is not {expected_dist}, the archive's backend")
+    files = {f["path"]: f for f in embedded["release"]["files"]}
+    bundled = {b["name"]: b["sha256"] for b in embedded["release"].get("wheel_bundled", [])}
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = set(zf.namelist())
+            shipped = {n[len(f"{package}/bin/"):]: zf.read(n) for n in names
+                       if n.startswith(f"{package}/bin/") and not n.endswith("/")}
+            wheel_manifest = json.loads(zf.read(f"{package}/{MANIFEST_NAME}"))
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError) as exc:
+        problems.append(f"{path.name}: cannot be read as a dfbuild wheel: {exc}")
+        return
+    if wheel_manifest != embedded:
+        problems.append(f"{path.name}: its manifest differs from the archive's")
+    for name_, data in sorted(shipped.items()):
+        _elf_problems(path.name, f"bin/{name_}", data, problems)
+        if name_ in bundled:  # a system library the manylinux wheel carries (recorded in the manifest)
+            if hashlib.sha256(data).hexdigest() != bundled[name_]:
+                problems.append(f"{path.name}: bin/{name_} differs from the library the manifest records")
+            continue
+        record = files.get(f"bin/{name_}")
+        while record and "link" in record:
+            record = files.get(f"bin/{record['link']}")
+        if record is None or hashlib.sha256(data).hexdigest() != record.get("sha256"):
+            problems.append(f"{path.name}: bin/{name_} differs from the archive's")
+    binaries = [f"bin/{Path(b).name}" for b in embedded.get("build", {}).get("binaries", [])]
+    for binary in binaries:
+        if binary[len("bin/"):] not in shipped:
+            problems.append(f"{path.name}: {binary} is missing")
+    notes.append(f"{path.name}: {len(shipped)} files match the archive"
+                 + (f" ({len(bundled)} bundled system libraries)" if bundled else ""))
+
+
+def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.Host | None = None,
+           limits: source.Limits | None = None) -> dict:
+    """Check a release directory; returns {dir, ok, problems, checked}. Never raises on a mismatch.
+
+    RUN_BINARIES: None (the default) runs an archive's llama-server --version only
+    when the archive is one this dfbuild packaged (owned.was_produced); True also
+    runs it from other archives (--run); False never runs anything (--no-run). No
+    binary runs from an archive once any checksum in the directory is wrong.
+    """
+    directory = Path(directory)
+    host = host or backends.current_host()
+    problems: list[str] = []
+    notes: list[str] = []
+    report = {"dir": str(directory), "problems": problems, "checked": notes}
+    sums_path = directory / SUMS_NAME
+    if not sums_path.is_file():
+        problems.append(f"no {SUMS_NAME} in {directory}")
+        report["ok"] = False
+        return report
+    try:
+        sums = read_sha256sums(sums_path)
+    except VerifyError as exc:
+        problems.append(exc.message)
+        sums = {}
+    for name, digest in sorted(sums.items()):
+        if unsafe_member(name) or "/" in name:
+            problems.append(f"{SUMS_NAME} names {name!r}, which is not a file of this directory")
+        elif not (directory / name).is_file():
+            problems.append(f"{name} is in {SUMS_NAME} but missing")
+        elif sha256_file(directory / name) != digest:
+            problems.append(f"{name}: sha256 does not match {SUMS_NAME}")
+    present = sorted(p.name for p in directory.iterdir()
+                     if p.is_file() and (p.name.endswith(ARCHIVE_SUFFIXES) or p.name.endswith(".whl")))
+    for name in present:
+        if name not in sums:
+            problems.append(f"{name} is not listed in {SUMS_NAME}")
+    if sums and not problems:
+        notes.append(f"{SUMS_NAME}: {len(sums)} artifacts match")
+    checksums_ok = bool(sums) and not problems
+
+    embedded_by_archive: dict[str, dict] = {}
+    for name in present:
+        if name.startswith("cudart-"):  # the Windows CUDA runtime DLLs: covered by SHA256SUMS above
+            continue
+        if name.endswith(ARCHIVE_SUFFIXES):
+            if not checksums_ok:
+                allowed, why = False, f"not run: {SUMS_NAME} does not vouch for this directory"
+            elif run_binaries is None:
+                allowed = owned.was_produced(directory / name)
+                why = f"not run: dfbuild did not package this archive here (pass {RUN_OPT_IN} to run it anyway)"
+            else:
+                allowed, why = run_binaries, "not run (--no-run)"
+            try:
+                embedded = _check_archive(directory / name, problems, notes, allowed, host, not_run_why=why,
+                                          limits=limits)
+            except VerifyError as exc:
+                problems.append(exc.message)
+                embedded = None
+            if embedded:
+                embedded_by_archive[name] = embedded
+    # a wheel belongs to the archive of its version (base, series, backend) and platform
+    by_version = {(e["release"].get("wheel_version"), e["release"].get("os"), e["release"].get("arch")): e
+                  for e in embedded_by_archive.values() if isinstance(e.get("release"), dict)}
+    for name in present:
+        if name.endswith(".whl"):
+            _check_wheel(directory / name, by_version, problems, notes)
+
+    top = directory / MANIFEST_NAME
+    if top.is_file():
+        try:
+            full = json.loads(top.read_text(encoding="utf-8"))
+        except ValueError:
+            problems.append(f"{MANIFEST_NAME} is not JSON")
+            full = {}
+        rel = full.get("release") if isinstance(full, dict) else None
+        artifacts = rel.get("artifacts", []) if isinstance(rel, dict) else None
+        if not isinstance(artifacts, list) or not all(
+                isinstance(a, dict) and isinstance(a.get("name"), str) and "sha256" in a and "size" in a
+                for a in artifacts) or not isinstance(rel.get("archive", ""), str):
+            problems.append(f"{MANIFEST_NAME} does not have the shape of a dfbuild manifest")
+            full, rel, artifacts = {}, {}, []
+        for artifact in artifacts:
+            if unsafe_member(artifact["name"]) or "/" in artifact["name"]:
+                problems.append(f"{MANIFEST_NAME} names {artifact['name']!r}, which is not a file of this directory")
+                continue
+            path = directory / artifact["name"]
+            if not path.is_file():
+                problems.append(f"{MANIFEST_NAME} names {artifact['name']}, which is missing")
+            elif sha256_file(path) != artifact["sha256"] or path.stat().st_size != artifact["size"]:
+                problems.append(f"{artifact['name']}: sha256 or size does not match {MANIFEST_NAME}")
+            elif sums.get(artifact["name"]) != artifact["sha256"]:
+                problems.append(f"{artifact['name']}: {MANIFEST_NAME} and {SUMS_NAME} disagree")
+        embedded = embedded_by_archive.get(rel.get("archive"))
+        if rel.get("archive") and embedded is not None:
+            for section in ("source", "series", "build", "smoke"):
+                if full.get(section) != embedded.get(section):
+                    problems.append(f"{MANIFEST_NAME}: the {section} section differs from the one in {rel['archive']}")
+            for key, value in embedded.get("release", {}).items():
+                if rel.get(key) != value:
+                    problems.append(f"{MANIFEST_NAME}: release.{key} differs from the one in {rel['archive']}")
+        elif rel.get("archive"):
+            problems.append(f"{MANIFEST_NAME} describes {rel['archive']}, which could not be checked")
+        else:
+            problems.append(f"{MANIFEST_NAME} has no release section")
+        if not any(p.startswith(MANIFEST_NAME) for p in problems):
+            notes.append(f"{MANIFEST_NAME}: matches {rel.get('archive')}")
+    report["ok"] = not problems
+    return report
+
+
+def check(directory: Path, *, run_binaries: bool | None = None) -> dict:
+    """verify(), raising VerifyError (exit 51) on the first problem."""
+    report = verify(directory, run_binaries=run_binaries)
+    if not report["ok"]:
+        count = len(report["problems"])
+        raise VerifyError(report["problems"][0] + (f" (and {count - 1} more)" if count > 1 else ""),
+                          "do not publish these files; rebuild them with `dfbuild release`")
+    return report
