@@ -530,3 +530,83 @@ def test_real_b10359_cpu_build():
     second = build.build_tree(src, "cpu", cpu_variants=TEST_CPU_VARIANTS)
     assert not second["configured"] and second["up_to_date"]
     assert second["compiled_steps"] == 0
+
+
+# --- the split version stamp (issue: a changed patch rebuilds only what it changes) ----------------
+
+STAMPED_CMAKE = """\
+cmake_minimum_required(VERSION 3.16)
+project(fakellama C CXX)
+set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+set(CMAKE_LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+# as llama.cpp does: the commit goes into a generated build-info.cpp, ggml gets it as a define,
+# and CMake re-runs whenever the git index changes
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/.git/index")
+configure_file(common/build-info.cpp.in ${CMAKE_BINARY_DIR}/common/build-info.cpp)
+add_library(ggml SHARED ggml/ggml.c)
+target_compile_definitions(ggml PRIVATE GGML_COMMIT="${LLAMA_BUILD_COMMIT}")
+add_library(llama SHARED src/llama.c common/speculative.cpp ${CMAKE_BINARY_DIR}/common/build-info.cpp)
+target_link_libraries(llama PRIVATE ggml)
+add_executable(llama-server tools/server/server.c)
+target_link_libraries(llama-server PRIVATE llama)
+"""
+
+STAMPED_SERVER = """\
+#include <stdio.h>
+#include <string.h>
+extern const char * LLAMA_COMMIT;
+int speculate(void);
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--version") == 0) {
+        printf("version: 1 (build 1, commit %s) %d\\n", LLAMA_COMMIT, speculate());
+        return 0;
+    }
+    return 0;
+}
+"""
+
+BUILD_INFO_IN = """\
+char const * LLAMA_COMMIT = "@LLAMA_BUILD_COMMIT@";
+"""
+
+
+@posix_only
+def test_a_changed_patch_recompiles_only_its_file_and_the_stamp(tmp_path):
+    src = tmp_path / "fake" / "src"
+    for path, text in {
+        "CMakeLists.txt": STAMPED_CMAKE,
+        "common/build-info.cpp.in": BUILD_INFO_IN,
+        "common/speculative.cpp": 'extern "C" int speculate(void) { return 1; }\n',
+        "ggml/ggml.c": "const char * ggml_commit(void) { return GGML_COMMIT; }\n",
+        "src/llama.c": "int llama_answer(void) { return 42; }\n",
+        "tools/server/server.c": STAMPED_SERVER,
+    }.items():
+        (src / path).parent.mkdir(parents=True, exist_ok=True)
+        (src / path).write_text(text)
+    git(src, "init", "-q")
+    git(src, "add", "-A")
+    git(src, "commit", "-q", "-m", "fake llama.cpp")
+    base = git(src, "rev-parse", "HEAD")
+    first = run_build(src)
+    server = Path(first["build_dir"]) / "bin" / "llama-server"
+    assert first["flags"]["LLAMA_BUILD_COMMIT"] == base and first["stamped_commit"] == base
+    assert f"commit {base}) 1" in version_of(server)
+
+    # a concern commit, as `dfbuild apply` makes one (dfbuild's identity and the concern trailer)
+    (src / "common" / "speculative.cpp").write_text('extern "C" int speculate(void) { return 2; }\n')
+    env = {**os.environ, "GIT_AUTHOR_NAME": "dfbuild", "GIT_AUTHOR_EMAIL": "dfbuild@localhost",
+           "GIT_COMMITTER_NAME": "dfbuild", "GIT_COMMITTER_EMAIL": "dfbuild@localhost"}
+    subprocess.run(["git", "-C", str(src), "commit", "-q", "-am", "spec : a fix\n\nDfbuild-Concern: zero-fill\n"],
+                   check=True, env=env)
+    patched = git(src, "rev-parse", "HEAD")
+    second = run_build(src)
+
+    assert not second["configured"]  # same configure arguments: the base's commit
+    assert second["flags"]["LLAMA_BUILD_COMMIT"] == base and second["stamped_commit"] == patched
+    assert f"commit {patched}) 2" in version_of(server)
+    log = (Path(second["build_dir"]) / build.LOG_NAME).read_text()
+    compiled = sorted(line.split("Building ")[1].split()[-1] for line in log.splitlines() if "Building " in line)
+    assert [Path(c).name for c in compiled] == ["build-info.cpp.o", "speculative.cpp.o"], log
+    # nothing changed: nothing compiled, and the stamp stays
+    third = run_build(src)
+    assert third["up_to_date"] and f"commit {patched}) 2" in version_of(server)

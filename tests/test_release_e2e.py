@@ -83,7 +83,9 @@ def test_release_writes_the_artifacts_and_a_full_manifest(released):
     assert full["source"]["kind"] == "sdist" and full["source"]["base"] == "b10359"
     assert [c["status"] for c in full["series"]["concerns"]] == ["applied"] * 4
     assert full["build"]["source_commit"] == full["series"]["head"]
-    assert full["build"]["flags"]["LLAMA_BUILD_COMMIT"] == full["series"]["head"]
+    # CMake is told the base (the same before and after the patches); --version names the patched commit
+    assert full["build"]["flags"]["LLAMA_BUILD_COMMIT"] == full["source"]["commit"]
+    assert full["build"]["stamped_commit"] == full["series"]["head"]
     assert full["build"]["toolchain"]
     assert full["smoke"]["passed"] is True and not full["smoke"].get("skipped")
     assert "image" in full["smoke"]["scenarios"]

@@ -1,9 +1,16 @@
 """Stage 3, build: configure and compile a (patched) llama.cpp tree for one backend.
 
 The PyPI cmake and ninja do the work, ccache makes a new build dir of the same
-layout cheap, and the flags come from the backend table plus a version stamp
-(LLAMA_BUILD_NUMBER / LLAMA_BUILD_COMMIT = the tree's HEAD), so `llama-server
---version` names the commit that was built.
+layout cheap, and the flags come from the backend table plus a version stamp, so
+`llama-server --version` names the commit that was built.
+
+The stamp is split so that a changed patch rebuilds only what it changes. CMake
+gets the commit the series goes on (LLAMA_BUILD_COMMIT = the base, the same
+before and after any patch), so the configure arguments and every compile
+command stay the same, and the unpatched and patched builds share the ccache.
+The built commit itself (HEAD, with the patches) is written into the one
+generated file that carries it, common/build-info.cpp, right before ninja
+builds: a new patch recompiles that file and the patched source, and relinks.
 
 A build dir belongs to one (backend, source) pair, recorded in a stamp file; any
 other use is refused unless the caller asks to reconfigure or start fresh.
@@ -110,7 +117,7 @@ def source_commit(source_dir: Path) -> tuple[str, bool]:
 
 
 def build_number(source_dir: Path) -> int:
-    """llama.cpp's build number: from the base name (b10359), a bNNNN tag, else the commit count."""
+    """llama.cpp's build number: from the base name (b10359), a bNNNN tag, else the base's commit count."""
     from . import manifest  # local: manifest is tiny, this keeps the import list honest
 
     base = manifest.load(manifest.tree_manifest_path(source_dir)).get("source", {}).get("base")
@@ -118,8 +125,48 @@ def build_number(source_dir: Path) -> int:
         match = re.fullmatch(r"b(\d+)", candidate or "")
         if match:
             return int(match.group(1))
-    count = _git(source_dir, "rev-list", "--count", "HEAD")
+    # counted up to the base, so the patches on top do not change it (nor the configure arguments)
+    count = _git(source_dir, "rev-list", "--count", stamp_base(source_dir))
     return int(count) if count and count.isdigit() else 0
+
+
+BUILD_INFO_TEMPLATE = "common/build-info.cpp.in"
+_BUILD_INFO_COMMIT = re.compile(r'(char const \* LLAMA_COMMIT = ")([^"]*)(";)')
+
+
+def _stamps_build_info(source_dir: Path) -> bool:
+    """Does this tree take its commit from the generated common/build-info.cpp (every tree since 2024)?"""
+    try:
+        template = (Path(source_dir) / BUILD_INFO_TEMPLATE).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return '"@LLAMA_BUILD_COMMIT@"' in template and bool(_BUILD_INFO_COMMIT.search(
+        template.replace("@LLAMA_BUILD_COMMIT@", "x")))
+
+
+def stamp_base(source_dir: Path) -> str:
+    """The commit the series goes on: what CMake is told, the same before and after any patch."""
+    from . import series  # series knows which commits are dfbuild's concern commits
+
+    return series.series_start(Path(source_dir))
+
+
+def stamp_build_info(build_dir: Path, configured: str, label: str) -> None:
+    """Write LABEL as the commit into the generated build-info.cpp (only when it differs, so ninja sees
+    a change only when there is one)."""
+    path = Path(build_dir) / "common" / "build-info.cpp"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        raise BuildError(f"{path} was not generated, so the built commit cannot be stamped",
+                         "rebuild with --fresh") from None
+    stamped, count = _BUILD_INFO_COMMIT.subn(lambda m: m.group(1) + label + m.group(3), text)
+    if count != 1:
+        raise BuildError(f"{path} does not hold the LLAMA_COMMIT line dfbuild stamps", "rebuild with --fresh")
+    if stamped != text:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(stamped, encoding="utf-8")
+        os.replace(tmp, path)
 
 
 def check_llama_tree(source_dir: Path) -> None:
@@ -458,7 +505,9 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
     if dirty:
         ui.warn(f"{source_dir} has uncommitted changes; the binaries will say {commit[:12]}-dirty")
     number = build_number(source_dir)
-    flags = build_flags(backend, host, commit=commit + ("-dirty" if dirty else ""), number=number, entry=entry,
+    label = commit + ("-dirty" if dirty else "")
+    configured_commit = stamp_base(source_dir) if _stamps_build_info(source_dir) else label
+    flags = build_flags(backend, host, commit=configured_commit, number=number, entry=entry,
                         cuda_arch=cuda_arch, gpu_targets=gpu_targets,
                         vulkan_include_dir=str(vulkan_include_dir) if vulkan_include_dir else None,
                         use_ccache=use_ccache)
@@ -501,6 +550,14 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
         else:
             ui.info(f"    flags unchanged: not reconfiguring {build_dir}")
 
+        if configured_commit != label:
+            # regenerate first (CMake re-runs when the git index changed), then stamp the built commit
+            code, _, _ = _run_logged([ninja, "-C", str(build_dir), "build.ninja"], cwd=build_dir, env=env, log=log)
+            if code != 0:
+                log.close()
+                raise _fail(log_path, "CMake regeneration")
+            stamp_build_info(build_dir, configured_commit, label)
+
         with ui.step(f"build {', '.join(targets)} ({backend})"):
             t0 = time.monotonic()
             build_args = [ninja, "-C", str(build_dir), *(["-j", str(jobs)] if jobs else []), *targets,
@@ -539,6 +596,7 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
         "source_dir": str(source_dir),
         "source_commit": commit,
         "source_dirty": dirty,
+        "stamped_commit": label,  # what --version says (the flags carry the base's commit)
         "build_number": number,
         "build_dir": str(build_dir),
         "flags": flags,

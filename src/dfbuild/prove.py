@@ -83,11 +83,12 @@ class ProofRecord:
         tmp.replace(self.path)
 
 
-def prove(base: str, *, backend: str = "cpu", work: Path, repo: str | None = None, pr: int | None = None,
+def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, repo: str | None = None, pr: int | None = None,
           patches_dir: Path | None = None, sets=None, scenarios=None, build_options: dict | None = None,
           targets=build.DEFAULT_TARGETS) -> dict:
     """Check out BASE twice under WORK, apply the series to one, build both, smoke both; return the proof."""
-    how = backends.get(backend)
+    how = backends.resolve(backend)
+    backend = how.name
     work = Path(work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     curated = series.load_series(patches_dir)

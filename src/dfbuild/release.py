@@ -44,9 +44,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-from . import backends, build, elf, fixtures, manifest, matrix, owned, paths, series, smoke, source, state, ui
+from . import backends, build, elf, fixtures, manifest, matrix, owned, paths, prove, series, smoke, source, state, ui
 from .archive import ZIP_EPOCH_MIN, Entry, archive_root, write_archive
-from .errors import ReleaseError, SmokeFailedError, VerifyError
+from .errors import ReleaseError, SmokeFailedError, StillBrokenError, VerifyError
 from .paths import sha256_file
 
 SUMS_NAME = "SHA256SUMS"
@@ -556,6 +556,17 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
             ser, _ = state.reuse("series", applied["head"], applied)
             manifest.update_tree_manifest(tree, "series", ser)
 
+        proof = None
+        if ser.get("derived"):
+            # a base the series was carried to: behaviour decides what is released (prove.py)
+            if skip_smoke:
+                raise ReleaseError(f"{base}: the series was carried to this base and is unproven, so it cannot be "
+                                   "released without smoke tests", "drop --skip-smoke")
+            with _timed(stages, "prove", "prove the carried series: build and smoke it unpatched and patched"):
+                proof = prove.prove(base, backend=spec, work=work, repo=repo, pr=pr, patches_dir=patches_dir,
+                                    targets=targets, build_options=build_options)
+            tree, build_dir, ser = _proven_release(proof, ser, work, backend)
+
         with _timed(stages, "build", f"build {backend}") as record:
             built = build.build_tree(tree, spec, build_dir, targets=targets, **(build_options or {}))
             record["reused"] = bool(built.get("up_to_date"))
@@ -573,6 +584,9 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
                 fx = fixtures.ensure_fixtures(fixtures_dir)
                 key = _digest([shipped, fixtures_digest(fx), backend])
                 smk = state.cached("smoke", key)
+                if smk is None and proof and proof["outcome"] == "fixed" and proof.get("patched_smoke"):
+                    smk = proof["patched_smoke"]  # the proof smoked these very binaries
+                    state.store("smoke", key, smk)
                 record["reused"] = smk is not None
                 if smk is None:
                     smk = run_smoke_stage(build_dir, fixtures_dir, work / f"smoke-{backend}", spec)
@@ -600,6 +614,31 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
     manifest.save(full, out / MANIFEST_NAME)
     manifest.update_tree_manifest(tree, "release", rel)
     return full
+
+
+def _proven_release(proof: dict, ser: dict, work: Path, backend: str) -> tuple[Path, Path, dict]:
+    """What a proof lets `release` ship: (tree, build dir, series section), or StillBrokenError."""
+    outcome = proof["outcome"]
+    summary = {k: proof.get(k) for k in ("outcome", "proven_at", "unpatched_commit", "patched_commit")}
+    summary["unpatched_failed"] = len((proof.get("unpatched") or {}).get("failed", []))
+    if outcome == "fixed":
+        return work / "src", work / f"build-{backend}", {**ser, "proven": True, "outcome": "fixed", "proof": summary}
+    if outcome == "fixed-upstream":
+        needless = proof.get("no_longer_needed", [])
+        ui.warn(f"fixed upstream: the unpatched tree passes every scenario, so it is released as it is "
+                f"(no longer needed: {', '.join(needless) or 'nothing'})")
+        concerns = [{"id": c["id"], "status": "not-needed", "detail": "fixed upstream (proven by smoke)"}
+                    for c in ser.get("concerns", [])]
+        section = {"base": ser.get("base"), "derived": True, "proven": True, "outcome": "fixed-upstream",
+                   "concerns": concerns, "head": proof["unpatched_commit"], "no_longer_needed": needless,
+                   "proof": summary, "patches_dir": ser.get("patches_dir")}
+        return work / "unpatched" / "src", work / "unpatched" / f"build-{backend}", section
+    first = ((proof.get("patched") or {}).get("first_failure") or {})
+    raise StillBrokenError(
+        f"{proof['base']}: still broken with the series carried: {first.get('scenario', '?')} fails "
+        f"({first.get('log_line') or 'see the log'}); nothing was released",
+        f"logs in {(proof.get('patched') or {}).get('log_dir')}; the series needs a new variant for this base "
+        "(dfbuild series refresh)")
 
 
 def runtime_requirements(entries: list[Entry]) -> dict[str, str]:
