@@ -323,12 +323,14 @@ def _work_locks(work_dir: Path, backend: str) -> list[tuple[str, Path]]:
               help="Working dir (default: ./dfbuild-BASE, shared with `dfbuild release`). Reruns reuse it.")
 @click.option("--set", "sets", multiple=True, help="Fixture set to smoke (repeatable; default: the standard ones).")
 @click.option("--scenario", "scenarios", multiple=True, help="Scenario to run (repeatable; default: all).")
+@click.option("--cpu-variants", default=None,
+              help="x64 CPU variants to build (default: all, as a release; e.g. x64,haswell to save time).")
 @click.option("-j", "--jobs", type=int, default=None, help="Parallel compile jobs (default: ninja's).")
 @patches_option
 @no_wait_option
 @json_option
 @handle_errors
-def prove(base, pr, repo, backend, work, sets, scenarios, jobs, patches_dir, no_wait, as_json):
+def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, patches_dir, no_wait, as_json):
     """Build BASE unpatched and patched, smoke both, and say what the series does for it.
 
     Exit codes: 0 fixed, 44 fixed upstream, 43 still broken, 24 not applicable, 21 conflict.
@@ -342,7 +344,8 @@ def prove(base, pr, repo, backend, work, sets, scenarios, jobs, patches_dir, no_
     work_dir = Path(work or release_stage.default_work_dir(base)).resolve()
     with _locks(*_work_locks(work_dir, backend), no_wait=no_wait):
         proof = prove_stage.prove(base, backend=backend, work=work_dir, repo=repo, pr=pr, patches_dir=patches_dir,
-                                  sets=sets or None, scenarios=scenarios or None, build_options={"jobs": jobs})
+                                  sets=sets or None, scenarios=scenarios or None,
+                                  build_options={"jobs": jobs, "cpu_variants": cpu_variants})
     if as_json:
         ui.emit_json({k: v for k, v in proof.items() if k != "patched_smoke"})
     else:
