@@ -103,9 +103,12 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
         times[name] = round(time.monotonic() - started, 2)
 
     with timed("checkout", f"checkout {base} (patched and unpatched)"):
-        tree = Path(source.checkout(base, pr=pr, repo=repo, dest=work / "src", keep_descendants=True)["dir"])
-        plain = Path(source.checkout(base, pr=pr, repo=repo, dest=work / "unpatched" / "src")["dir"])
-    src_section = manifest.load(manifest.tree_manifest_path(tree)).get("source") or {}
+        src_section = source.checkout(base, pr=pr, repo=repo, dest=work / "src", keep_descendants=True)
+        tree = Path(src_section["dir"])
+        manifest.update_tree_manifest(tree, "source", src_section)
+        plain_section = source.checkout(base, pr=pr, repo=repo, dest=work / "unpatched" / "src")
+        plain = Path(plain_section["dir"])
+        manifest.update_tree_manifest(plain, "source", plain_section)
     with timed("apply", "apply the patch series"):
         try:
             applied = series.apply_series(curated, tree, skip=())
@@ -157,8 +160,9 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
                   "proven_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                   "source": {k: src_section.get(k) for k in ("kind", "repo", "base", "commit")}})
     if outcome == "fixed-upstream":
+        # what the series would have added; a concern already in the tree was upstream's own doing
         proof["no_longer_needed"] = [c["id"] for c in applied["concerns"]
-                                     if c["status"] in ("applied", "already-present")]
+                                     if c["status"] == "applied" or c.get("detail", "").startswith("already present")]
     if patched_section is not None:
         proof["patched_smoke"] = patched_section  # the release reuses it instead of smoking again
     record.put(key, proof)

@@ -476,6 +476,7 @@ def _carry_concern(series: Series, tree: Path, concern: Concern, order: list[str
     patches = {v.base: verify_patch(series, concern, v) for v in candidates if v.file}
     trial = tmp / "trial"
     trial_env = {"GIT_INDEX_FILE": str(trial)}
+    env = {"GIT_INDEX_FILE": str(index)}
     tried = []
     for variant in candidates:
         if variant.file is None:  # the nearest base records the change as upstream: carry that decision
@@ -500,6 +501,9 @@ def _carry_concern(series: Series, tree: Path, concern: Concern, order: list[str
             continue
         shutil.copyfile(index, trial)
         if _try_apply(tree, patch, trial_env, "--3way").returncode == 0:
+            if _index_blob(tree, trial_env) == _index_blob(tree, env):  # both sides made the same change
+                return Step(concern, variant, "applied", f"already in the tree: a 3-way merge of the {variant.base} "
+                            "variant changes nothing", how="upstream")
             os.replace(trial, index)
             return Step(concern, variant, "3-way", f"carried from {variant.base}, conflict-free 3-way merge",
                         how="3-way")

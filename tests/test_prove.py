@@ -1,0 +1,171 @@
+"""The proof and adoption, on synthetic repos: builds and smoke runs stand in.
+
+`prove` decides from behaviour: the unpatched and the patched tree are built
+and smoked. Here the builds are skipped and a smoke stand-in fails a tree
+whose speculative.cpp lacks the synthetic zero-fill line (the "bug"), so every
+outcome comes out of the real decision code. Then `series adopt` turns a
+proven carry into a recorded variant that `series check` recognises by blob.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dfbuild import prove, series
+from dfbuild.errors import SeriesFileError
+from dfbuild.manifest import tree_manifest_path
+
+from helpers import dfbuild, run_git, said
+from test_series import (  # noqa: F401  (fixtures)
+    BASE_LINES,
+    IDS,
+    SPEC,
+    check,
+    commit_edit,
+    head,
+    new_repo,
+    own_cache,
+    statuses,
+    syn,
+    template,
+    text_of,
+    with_concerns,
+)
+
+FIX_LINE = "fill_hole(st, b);"  # zero-fill's line: without it the (fake) server fails image requests
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    """No compiler, no server: a build records its tree; smoke passes a tree that has the fix."""
+    calls = {"build": [], "smoke": []}
+
+    def build_tree(tree, backend, build_dir, **kwargs):
+        calls["build"].append(str(tree))
+        build_dir.mkdir(parents=True, exist_ok=True)
+        (build_dir / "tree").write_text(str(tree))
+        return {"build_dir": str(build_dir), "binaries": ["bin/llama-server"], "libraries": []}
+
+    def run_smoke(build_dir, fixtures_dir, **kwargs):
+        calls["smoke"].append(str(build_dir))
+        fixed = FIX_LINE in (build_dir.parent / "src" / SPEC).read_text() or calls.get("always_pass")
+        broken = calls.get("always_fail")
+        passed = bool(fixed) and not broken
+        result = {"passed": passed, "requests": [{"status": 200 if passed else 500, "error": None}],
+                  "log_findings": [] if passed else [{"pattern": "draft decode failed", "line": 7,
+                                                      "text": "process: llama_process(ctx_dft) failed rc=-1"}],
+                  "failures": [] if passed else ["HTTP 500"]}
+        return {"passed": passed, "failed": [] if passed else ["image/qwen35-grid-plain-agree"],
+                "results": {"image": {"qwen35-grid-plain-agree": result}}, "wall_s": 0.1,
+                "log_dir": str(build_dir.parent / "logs")}
+
+    monkeypatch.setattr(prove.build, "build_tree", build_tree)
+    monkeypatch.setattr(prove.build, "source_commit", lambda tree: (run_git(tree, "rev-parse", "HEAD"), False))
+    monkeypatch.setattr(prove.smoke, "run_smoke", run_smoke)
+    monkeypatch.setattr(prove.fixtures, "ensure_fixtures", lambda d: {"files": {}})
+    return calls
+
+
+def upstream(syn, tmp_path, lines, tag="b120"):
+    """A new upstream release: the synthetic base moved on (a reworded first line), tagged TAG."""
+    run_git(syn.upstream, "checkout", "-q", "-B", "master")
+    commit_edit(syn.upstream, lines, f"upstream : release {tag}")
+    run_git(syn.upstream, "tag", tag)
+    return tag
+
+
+MOVED = ["// synthetic common/speculative.cpp, reworded upstream"] + BASE_LINES[1:]
+
+
+def run_prove(syn, tmp_path, tag):
+    return prove.prove(tag, repo=str(syn.upstream), work=tmp_path / "work", patches_dir=syn.patches)
+
+
+def test_carried_series_that_passes_where_upstream_fails_is_fixed(syn, tmp_path, fakes):
+    tag = upstream(syn, tmp_path, MOVED)
+    proof = run_prove(syn, tmp_path, tag)
+
+    assert proof["outcome"] == "fixed" and proof["derived"] is True
+    assert proof["unpatched"]["passed"] is False and proof["unpatched"]["upstream_symptom"] is True
+    assert proof["patched"]["passed"] is True
+    assert [(c["variant"], c["how"]) for c in proof["concerns"]] == [("base1", "exact")] * 4
+    recorded = json.loads(tree_manifest_path(tmp_path / "work" / "src").read_text())
+    assert recorded["series"]["proven"] is True and recorded["proof"]["outcome"] == "fixed"
+
+    # a rerun recomputes nothing: same commits, fixtures and scenarios
+    builds = len(fakes["build"])
+    again = run_prove(syn, tmp_path, tag)
+    assert again["outcome"] == "fixed" and len(fakes["build"]) == builds
+
+
+def test_unpatched_tree_that_passes_is_fixed_upstream(syn, tmp_path, fakes):
+    tag = upstream(syn, tmp_path, ["// reworded"] + with_concerns(BASE_LINES, ["zero-fill"])[1:])
+    proof = run_prove(syn, tmp_path, tag)
+    assert proof["outcome"] == "fixed-upstream"
+    assert proof["patched"] is None  # nothing left to show once the tree as it is passes
+    assert "zero-fill" not in proof["no_longer_needed"]  # it was in the tree already, not applied
+    assert set(proof["no_longer_needed"]) == {"embedding-skip", "noise-block-base", "warning-downgrade"}
+
+
+def test_patched_tree_that_still_fails_is_still_broken_and_names_the_failure(syn, tmp_path, fakes):
+    fakes["always_fail"] = True
+    proof = run_prove(syn, tmp_path, upstream(syn, tmp_path, MOVED))
+    assert proof["outcome"] == "still-broken"
+    assert proof["patched"]["first_failure"] == {"scenario": "image/qwen35-grid-plain-agree",
+                                                  "log_line": "process: llama_process(ctx_dft) failed rc=-1"}
+
+
+def test_conflict_and_not_applicable_build_nothing(syn, tmp_path, fakes):
+    lines = list(MOVED)
+    lines[lines.index('        LOG_WRN("pos_max < N-1");')] = '        LOG_WRN("pos_max < N-1, upstream");'
+    proof = run_prove(syn, tmp_path, upstream(syn, tmp_path, lines, "b121"))
+    assert proof["outcome"] == "conflict" and "warning-downgrade" in proof["reason"]
+
+    no_dflash = [line.replace("dflash", "drafter") for line in MOVED]
+    proof = prove.prove(upstream(syn, tmp_path, no_dflash, "b122"), repo=str(syn.upstream),
+                        work=tmp_path / "work2", patches_dir=syn.patches)
+    assert proof["outcome"] == "not-applicable"
+    assert fakes["build"] == []
+
+
+def test_cli_prove_exit_codes_say_the_outcome(syn, tmp_path, fakes):
+    tag = upstream(syn, tmp_path, MOVED)
+    result = dfbuild("prove", "--base", tag, "--repo", syn.upstream, "--work", tmp_path / "w", "--patches", syn.patches)
+    assert result.exit_code == 0, said(result)
+    assert f"{tag}: fixed" in said(result)
+    fakes["always_fail"] = True
+    result = dfbuild("prove", "--base", tag, "--repo", syn.upstream, "--work", tmp_path / "w2", "--patches",
+                     syn.patches, "--json")
+    assert result.exit_code == 43 and json.loads(result.stdout)["outcome"] == "still-broken"
+
+
+def test_adopt_records_a_proven_carry_that_check_then_knows_by_blob(syn, tmp_path, fakes):
+    tag = upstream(syn, tmp_path, MOVED)
+    tree = tmp_path / "work" / "src"
+    proof = run_prove(syn, tmp_path, tag)
+    assert proof["outcome"] == "fixed"
+
+    result = dfbuild("series", "adopt", "--dir", tree, "--patches", syn.patches, "--json")
+    assert result.exit_code == 0, said(result)
+    adopted = json.loads(result.stdout)
+    assert adopted["base"] == tag and adopted["outcome"] == "fixed"
+    assert [v["file"] for v in adopted["variants"]] == [f"{tag}/{n:04d}-{cid}.patch" for n, cid in enumerate(IDS, 1)]
+
+    curated = series.load_series(syn.patches)  # sha256 of every new patch file checked on use
+    assert curated.bases[tag]["blob"] == run_git(syn.upstream, "rev-parse", f"{tag}:{SPEC}")
+    assert curated.bases[tag]["provenance"]["carried_from"]["zero-fill"] == "base1 exact"
+    fresh = tmp_path / "fresh"
+    run_git(tmp_path, "clone", "-q", "--branch", tag, str(syn.upstream), str(fresh))
+    report = check(fresh, syn.patches)
+    assert report["base"] == tag and statuses(report) == ["clean"] * 4  # a known base now: no carry
+
+
+def test_adopt_refuses_what_was_not_proven(syn, tmp_path, fakes):
+    tag = upstream(syn, tmp_path, MOVED)
+    tree = tmp_path / "tree"
+    run_git(tmp_path, "clone", "-q", "--branch", tag, str(syn.upstream), str(tree))
+    series.apply_series(syn.load(), tree)
+    with pytest.raises(SeriesFileError):
+        series.adopt(syn.load(), tree)  # carried, but no proof ran on it
