@@ -522,7 +522,7 @@ def carry(series: Series, tree: Path, *, skip: tuple[str, ...] = ()) -> list[Ste
                 for c in series.concerns]
     order = nearest_bases(series, tree, start)
     steps = []
-    with tempfile.TemporaryDirectory(prefix="dfbuild-index-") as tmp:
+    with state.temp_dir("index") as tmp:
         tmp = Path(tmp)
         index = tmp / "carry"
         env = {"GIT_INDEX_FILE": str(index)}
