@@ -13,11 +13,10 @@ import json
 import os
 import re
 import subprocess
-import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath
 
-from . import backends, owned, source
+from . import backends, owned, source, state
 from .archive import ARCHIVE_SUFFIXES, Member, archive_root, extract_members, read_members, unsafe_member
 from .errors import VerifyError
 from .paths import sha256_file
@@ -134,7 +133,7 @@ _MISSING_LIBRARY = re.compile(r"error while loading shared libraries: ([^:\s]+)"
 def _run_version(path: Path, members: list[Member], root: str, exe: str, patched: str,
                  problems: list[str], notes: list[str]) -> str | None:
     """Unpack and run `llama-server --version`. Returns why it could not run here, else None."""
-    with tempfile.TemporaryDirectory(prefix="dfbuild-verify-") as tmp:
+    with state.temp_dir("verify") as tmp:
         extract_members(members, Path(tmp))
         binary = Path(tmp) / root / exe
         env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH")}
