@@ -162,3 +162,18 @@ def test_nearest_base_by_history_then_by_build_number(syn, tree, tmp_path):
     write_series(syn.patches, syn.blob, {cid: [] for cid in IDS}, extra_bases=f'build = 100\n{bases}')
     assert series.nearest_bases(syn.load(), tree, start)[0] == "fromgit"
     assert curated  # the original series still loads
+
+
+def test_an_upstream_decision_is_not_carried_back_to_an_older_release(syn, tmp_path):
+    """b110 records warning-downgrade upstream; a b100 tree predates that, so it is not inherited."""
+    lines = list(BASE_LINES)
+    lines[lines.index('        LOG_WRN("pos_max < N-1");')] = '        LOG_WRN("pos_max < N-1, older wording");'
+    older = tmp_path / "older"
+    new_repo(older, text_of(lines))
+    run_git(older, "tag", "b100")
+    variants = {cid: [patch_variant("base1", syn.patch(cid), syn.patches)] for cid in IDS}
+    variants["warning-downgrade"].append('b110 = {status = "upstream", note = "upstream since b105"}')
+    write_series(syn.patches, syn.blob, variants, extra_bases='build = 90\n\n[bases.b110]\nblob = "' + "1" * 40 + '"\n')
+    report = check(older, syn.patches)
+    assert carried(report)[3][:2] == ("warning-downgrade", "conflict")
+    assert "older than b110" in report["concerns"][3]["detail"]

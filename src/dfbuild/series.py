@@ -467,7 +467,7 @@ def _preimages(series: Series, tree: Path, base: str, tmp: Path) -> bool:
 
 
 def _carry_concern(series: Series, tree: Path, concern: Concern, order: list[str], index: Path,
-                   preimages: dict, tmp: Path) -> Step:
+                   preimages: dict, tmp: Path, start: str) -> Step:
     """Carry one concern on the scratch INDEX: exact, by offset, by 3-way merge, or a conflict.
 
     On success INDEX holds the tree with the concern in, as `apply` will make it.
@@ -480,6 +480,10 @@ def _carry_concern(series: Series, tree: Path, concern: Concern, order: list[str
     tried = []
     for variant in candidates:
         if variant.file is None:  # the nearest base records the change as upstream: carry that decision
+            recorded, build = base_build(series, variant.base), tree_build(tree, start)
+            if recorded is not None and build is not None and build < recorded:
+                tried.append(f"{variant.base} records it upstream, but b{build} is older than {variant.base}")
+                continue  # upstream changes carry forward in time, not back
             note = f": {variant.note}" if variant.note else ""
             return Step(concern, variant, "upstream", f"upstream as recorded for {variant.base}{note}",
                         how=f"upstream (as in {variant.base})")
@@ -553,7 +557,7 @@ def carry(series: Series, tree: Path, *, skip: tuple[str, ...] = ()) -> list[Ste
                                   f"already in the tree: the {variant.base} variant reverse-applies",
                                   how="upstream", blob=_index_blob(tree, env)))
                 continue
-            step = _carry_concern(series, tree, concern, order, index, preimages, tmp)
+            step = _carry_concern(series, tree, concern, order, index, preimages, tmp, start)
             if step.status != "conflict":
                 step.blob = _index_blob(tree, env)
             steps.append(step)
