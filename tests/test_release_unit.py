@@ -617,3 +617,27 @@ def test_a_failing_stage_stops_the_pipeline_with_its_own_error(inputs, stub_stag
     assert result.exit_code == BuildError.exit_code
     assert "boom" in result.stderr
     assert stub_stages["smoke"] == 0 and not (tmp_path / "out").exists()
+
+
+@posix_only
+def test_two_backends_wheels_in_one_folder_pip_installs_the_named_one(released, tmp_path):
+    """One distribution per backend: `pip install llama-dflash-cpu` can only pick the CPU wheel."""
+    rel = released["rel"]
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    cpu = released["out"] / next(a["name"] for a in rel["artifacts"] if a["kind"] == "wheel")
+    shutil.copy2(cpu, folder)
+    work = tmp_path / "vulkan-work"
+    staged = release.stage_wheel_bin(payload(released), work / "bin")
+    vulkan = release.build_wheel(bin_dir=staged, version=rel["wheel_version"].replace(".cpu", ".vulkan"),
+                                 manifest_bytes=b"{}\n", license_path=None, out_dir=folder, work_dir=work, epoch=0,
+                                 backend="vulkan", os_name=HOST.os)
+    assert release.parse_wheel_name(vulkan.name)["dist"] == "llama_dflash_vulkan"
+    for backend in ("cpu", "vulkan"):
+        target = tmp_path / f"site-{backend}"
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+                        "--disable-pip-version-check", "--find-links", str(folder), "--target", str(target),
+                        f"llama-dflash-{backend}"], check=True)
+        installed = sorted(p.name.split("-")[0] for p in target.glob("*.dist-info"))
+        assert installed == [f"llama_dflash_{backend}"], installed
+        assert (target / f"llama_dflash_{backend}" / "bin" / "llama-server").is_file()
