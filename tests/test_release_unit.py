@@ -641,3 +641,37 @@ def test_two_backends_wheels_in_one_folder_pip_installs_the_named_one(released, 
         installed = sorted(p.name.split("-")[0] for p in target.glob("*.dist-info"))
         assert installed == [f"llama_dflash_{backend}"], installed
         assert (target / f"llama_dflash_{backend}" / "bin" / "llama-server").is_file()
+
+
+def test_windows_cuda_runtime_bundle_is_named_and_laid_out_like_llama_cpps(tmp_path):
+    """cudart-llama-dflash-bin-win-cuda-12.4-x64.zip: the runtime DLLs at the top, to unzip next to the .exe."""
+    cuda = tmp_path / "CUDA" / "v12.4"
+    (cuda / "bin").mkdir(parents=True)
+    for name in ("cudart64_12.dll", "cublas64_12.dll", "cublasLt64_12.dll", "nvcc.exe", "cufft64_11.dll"):
+        (cuda / "bin" / name).write_bytes(b"MZ" + name.encode())
+    out = tmp_path / "out"
+    bundle = release.cudart_bundle(out, "12.4", "x64", cuda_path=cuda)
+    assert bundle.name == "cudart-llama-dflash-bin-win-cuda-12.4-x64.zip"
+    with zipfile.ZipFile(bundle) as zf:
+        assert zf.namelist() == ["cublas64_12.dll", "cublasLt64_12.dll", "cudart64_12.dll"]
+    assert release.cudart_bundle(tmp_path / "again", "12.4", "x64", cuda_path=cuda).read_bytes() == bundle.read_bytes()
+    with pytest.raises(ReleaseError, match="cudart64"):
+        release.cudart_bundle(out, "12.4", "x64", cuda_path=tmp_path)
+    # verify checks it through SHA256SUMS only (it has no manifest of its own)
+    release.write_sha256sums(out, [bundle.name])
+    assert not any("cudart" in p and "manifest" in p for p in verify.verify(out, run_binaries=False)["problems"])
+
+
+def test_the_archived_manifest_names_no_path_of_this_machine_and_no_timing(released):
+    """portable(): what goes into the archive's manifest.json is the same from any work folder."""
+    with tarfile.open(released["out"] / released["rel"]["archive"]) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("/manifest.json"))
+        text = tar.extractfile(member).read().decode()
+    for local in (str(released["tmp"]), str(Path.home())):
+        assert local not in text
+    embedded = json.loads(text)
+    assert "build_dir" not in embedded["build"] and "wall_time_s" not in embedded["build"]
+    assert "dir" not in embedded["source"]
+    assert release.portable({"flags": {"CMAKE_C_COMPILER_LAUNCHER": "/usr/bin/ccache"},
+                             "repo": "https://github.com/ggml-org/llama.cpp", "compile_s": 3.2}) == {
+        "flags": {"CMAKE_C_COMPILER_LAUNCHER": "ccache"}, "repo": "https://github.com/ggml-org/llama.cpp"}
