@@ -617,3 +617,61 @@ def test_a_failing_stage_stops_the_pipeline_with_its_own_error(inputs, stub_stag
     assert result.exit_code == BuildError.exit_code
     assert "boom" in result.stderr
     assert stub_stages["smoke"] == 0 and not (tmp_path / "out").exists()
+
+
+@posix_only
+def test_two_backends_wheels_in_one_folder_pip_installs_the_named_one(released, tmp_path):
+    """One distribution per backend: `pip install llama-dflash-cpu` can only pick the CPU wheel."""
+    rel = released["rel"]
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    cpu = released["out"] / next(a["name"] for a in rel["artifacts"] if a["kind"] == "wheel")
+    shutil.copy2(cpu, folder)
+    work = tmp_path / "vulkan-work"
+    staged = release.stage_wheel_bin(payload(released), work / "bin")
+    vulkan = release.build_wheel(bin_dir=staged, version=rel["wheel_version"].replace(".cpu", ".vulkan"),
+                                 manifest_bytes=b"{}\n", license_path=None, out_dir=folder, work_dir=work, epoch=0,
+                                 backend="vulkan", os_name=HOST.os)
+    assert release.parse_wheel_name(vulkan.name)["dist"] == "llama_dflash_vulkan"
+    for backend in ("cpu", "vulkan"):
+        target = tmp_path / f"site-{backend}"
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+                        "--disable-pip-version-check", "--find-links", str(folder), "--target", str(target),
+                        f"llama-dflash-{backend}"], check=True)
+        installed = sorted(p.name.split("-")[0] for p in target.glob("*.dist-info"))
+        assert installed == [f"llama_dflash_{backend}"], installed
+        assert (target / f"llama_dflash_{backend}" / "bin" / "llama-server").is_file()
+
+
+def test_windows_cuda_runtime_bundle_is_named_and_laid_out_like_llama_cpps(tmp_path):
+    """cudart-llama-dflash-bin-win-cuda-12.4-x64.zip: the runtime DLLs at the top, to unzip next to the .exe."""
+    cuda = tmp_path / "CUDA" / "v12.4"
+    (cuda / "bin").mkdir(parents=True)
+    for name in ("cudart64_12.dll", "cublas64_12.dll", "cublasLt64_12.dll", "nvcc.exe", "cufft64_11.dll"):
+        (cuda / "bin" / name).write_bytes(b"MZ" + name.encode())
+    out = tmp_path / "out"
+    bundle = release.cudart_bundle(out, "12.4", "x64", cuda_path=cuda)
+    assert bundle.name == "cudart-llama-dflash-bin-win-cuda-12.4-x64.zip"
+    with zipfile.ZipFile(bundle) as zf:
+        assert zf.namelist() == ["cublas64_12.dll", "cublasLt64_12.dll", "cudart64_12.dll"]
+    assert release.cudart_bundle(tmp_path / "again", "12.4", "x64", cuda_path=cuda).read_bytes() == bundle.read_bytes()
+    with pytest.raises(ReleaseError, match="cudart64"):
+        release.cudart_bundle(out, "12.4", "x64", cuda_path=tmp_path)
+    # verify checks it through SHA256SUMS only (it has no manifest of its own)
+    release.write_sha256sums(out, [bundle.name])
+    assert not any("cudart" in p and "manifest" in p for p in verify.verify(out, run_binaries=False)["problems"])
+
+
+def test_the_archived_manifest_names_no_path_of_this_machine_and_no_timing(released):
+    """portable(): what goes into the archive's manifest.json is the same from any work folder."""
+    with tarfile.open(released["out"] / released["rel"]["archive"]) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("/manifest.json"))
+        text = tar.extractfile(member).read().decode()
+    for local in (str(released["tmp"]), str(Path.home())):
+        assert local not in text
+    embedded = json.loads(text)
+    assert "build_dir" not in embedded["build"] and "wall_time_s" not in embedded["build"]
+    assert "dir" not in embedded["source"]
+    assert release.portable({"flags": {"CMAKE_C_COMPILER_LAUNCHER": "/usr/bin/ccache"},
+                             "repo": "https://github.com/ggml-org/llama.cpp", "compile_s": 3.2}) == {
+        "flags": {"CMAKE_C_COMPILER_LAUNCHER": "ccache"}, "repo": "https://github.com/ggml-org/llama.cpp"}
