@@ -103,7 +103,11 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
         times[name] = round(time.monotonic() - started, 2)
 
     with timed("checkout", f"checkout {base} (patched and unpatched)"):
-        tree = Path(source.checkout(base, pr=pr, repo=repo, dest=work / "src", keep_descendants=True)["dir"])
+        checked_out = source.checkout(base, pr=pr, repo=repo, dest=work / "src", keep_descendants=True)
+        tree = Path(checked_out["dir"])
+        # recorded before apply, as release does: the series section names the base after it, and
+        # `series adopt` takes the base's build number and provenance from it
+        manifest.update_tree_manifest(tree, "source", checked_out)
         plain = Path(source.checkout(base, pr=pr, repo=repo, dest=work / "unpatched" / "src")["dir"])
     src_section = manifest.load(manifest.tree_manifest_path(tree)).get("source") or {}
     with timed("apply", "apply the patch series"):
