@@ -10,6 +10,7 @@ whichever runs first proves it, the other reuses the recorded proof.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -42,7 +43,7 @@ def test_newest_release_is_proven_fixed(tmp_path):
     report = json.loads(result.stdout)
     newest = report["candidates"][0]
     assert newest["name"] == "b11434" and newest["proven_now"]
-    assert newest["work"] == str(CACHE / "work" / "b11434")
+    assert Path(newest["work"]) == (CACHE / "work" / "b11434").resolve()
     assert newest["outcome"] == "fixed", newest["detail"]
     assert result.exit_code == 0, said(result)
     assert [e["name"] for e in report["candidates"] if e["outcome"] is None] == report["pending"] != []  # --limit 1
