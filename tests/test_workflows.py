@@ -217,7 +217,9 @@ def test_track_calls_dfbuild_track_and_adopt():
     track_step = next(s for s in jobs["track"]["steps"] if "dfbuild track" in s.get("run", ""))
     assert "--prove" in track_step["run"] and "--json" in track_step["run"] and "--backend cpu" in track_step["run"]
     scripts = "\n".join(run_steps(jobs["track"]))
-    assert "dfbuild series adopt --dir" in scripts
+    # the checkout's patches/ (an installed dfbuild's default is its own packaged copy): adopt writes there
+    assert "--patches patches" in track_step["run"]
+    assert "dfbuild series adopt --patches patches --dir" in scripts
     assert "gh pr create" in "\n".join(run_steps(jobs["adopt"]))
     assert "gh issue create" in "\n".join(run_steps(jobs["report"]))
     release = "\n".join(run_steps(jobs["release"]))
@@ -245,7 +247,8 @@ def test_track_permissions_are_least_privilege():
     expected = {"track": {"contents": "read"},
                 "adopt": {"contents": "write", "pull-requests": "write"},
                 "report": {"issues": "write"},
-                "release": {"actions": "write"}}
+                "release": {"actions": "write"},
+                "errors": {}}
     assert {name: job["permissions"] for name, job in workflow["jobs"].items()} == expected
     # only the job that pushes keeps the checkout's token
     for name, job in workflow["jobs"].items():
@@ -285,6 +288,7 @@ def test_track_outcome_steps_read_dfbuilds_json(tmp_path):
     steps = {s.get("id"): s for s in load(TRACK)["jobs"]["track"]["steps"]}
     outputs = run_step(steps["outcomes"]["run"], tmp_path)
     assert outputs["problems"] == "2"  # proven in this run: the recorded conflict was filed before
+    assert outputs["errors"] == ""
     assert json.loads(outputs["release"])["name"] == "b11440"
 
     # the adopt step calls `dfbuild series adopt` on each tree proven fixed now (a stub dfbuild here)
@@ -295,4 +299,5 @@ def test_track_outcome_steps_read_dfbuilds_json(tmp_path):
     env = {"PATH": f"{stub.parent}{os.pathsep}{os.environ['PATH']}", "CALLS": str(tmp_path / "calls")}
     outputs = run_step(steps["adopt"]["run"], tmp_path, env)
     assert outputs["adopted"] == "b11440"
-    assert (tmp_path / "calls").read_text() == f"series adopt --dir {tmp_path / 'work' / 'b11440' / 'src'}\n"
+    assert (tmp_path / "calls").read_text() == \
+        f"series adopt --patches patches --dir {tmp_path / 'work' / 'b11440' / 'src'}\n"
