@@ -153,10 +153,12 @@ def sweep(curated: series.Series, builds: list[int], step: int, scratch: Path, k
 
 
 def counts(entries: list[dict]) -> dict:
+    """How often each decision was made; offsets count as one decision ("offset")."""
     tally: dict[str, int] = {}
     for entry in entries:
         for value in entry["decisions"].values():
-            tally[value] = tally.get(value, 0) + 1
+            key = "offset" if value.startswith("offset") else value
+            tally[key] = tally.get(key, 0) + 1
     return dict(sorted(tally.items()))
 
 

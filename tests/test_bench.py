@@ -153,3 +153,38 @@ def test_cross_build_ratios_pair_repetitions_and_pool_the_baseline():
     # pooled none baseline per rep: (10 + 12.5) / 2 = 11.25 -> 30/11.25 and 40/11.25, same spec on both builds
     assert x["text_speedup_vs_pooled_none"]["patched"]["median"] == pytest.approx(35 / 11.25, abs=1e-3)
     assert x["patched_over_unpatched_text_speedup_pooled"] == pytest.approx(1.0)
+
+
+# --- bench/drift.py: decisions, boundaries, the report ------------------------------------------
+
+def test_drift_names_decisions_and_treats_a_moving_offset_as_no_change():
+    import drift
+
+    from dfbuild import series
+
+    concern = series.Concern("zero-fill", "t", "r", {})
+    variant = series.Variant("b11312", "patch", "b11312/0002-zero-fill.patch", "0" * 64)
+    assert drift.decision(series.Step(concern, variant, "offset", how="offset +59")) == "offset +59"
+    assert drift.decision(series.Step(concern, variant, "applied", how="upstream")) == "upstream"
+    assert drift.decision(series.Step(concern, variant, "upstream", how="upstream (as in b11312)")) == "inherited upstream"
+    assert drift.decision(series.Step(concern, None, "not-applicable")) == "not applicable"
+    assert drift.decision(series.Step(concern, variant, "clean")) == "known"  # a known base's own variant
+    moved = [{"decisions": {"zero-fill": "offset -51", "embedding-skip": "conflict"}},
+             {"decisions": {"zero-fill": "offset -47", "embedding-skip": "conflict"}},
+             {"decisions": {"zero-fill": "exact", "embedding-skip": "conflict"}}]
+    assert drift.signature(moved[0]) == drift.signature(moved[1]) != drift.signature(moved[2])
+    assert drift.counts(moved) == {"conflict": 3, "exact": 1, "offset": 2}
+
+
+def test_drift_report_tables_every_checked_release():
+    import drift
+
+    data = {"measured_at": "2026-11-30T16:00:00Z", "machine": {"cpu": "test"}, "first_dflash": 9837,
+            "listing": {"count": 3, "first": 9093, "last": 11434},
+            "releases": [{"build": 9093, "checked_for": "first with DFlash", "wall_s": 1.0,
+                          "decisions": {"zero-fill": "not applicable"}},
+                         {"build": 11434, "checked_for": "every 5th", "wall_s": 2.0,
+                          "decisions": {"zero-fill": "offset +59"}}]}
+    text = drift.markdown(data)
+    assert "| b11434 | every 5th | offset +59 |" in text and "| offset | 1 |" in text
+    assert "not applicable" not in text.split("| decision | count |")[1].split("Wall time")[0]
