@@ -45,3 +45,22 @@ def dfbuild(*args):
 def said(result) -> str:
     """What the user read on stderr, with rich's line wrapping undone."""
     return " ".join(result.stderr.split())
+
+
+def zeros(size: int):
+    """A readable stream of SIZE zero bytes made on the fly: huge archive members without huge memory."""
+    import io
+
+    class Zeros(io.RawIOBase):
+        left = size
+
+        def readable(self):
+            return True
+
+        def readinto(self, buffer):
+            n = min(len(buffer), self.left)
+            buffer[:n] = bytes(n)
+            self.left -= n
+            return n
+
+    return io.BufferedReader(Zeros(), 1 << 20)

@@ -7,7 +7,6 @@ injection and concurrency sweeps are in test_crash_safety.py.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import tarfile
@@ -30,7 +29,7 @@ from dfbuild.errors import (
     UsageError,
 )
 
-from helpers import dfbuild, run_git, said, write_fake_llama
+from helpers import dfbuild, run_git, said, write_fake_llama, zeros
 from test_crash_safety import run_forked, wait
 from test_series import SPEC, bare_upstream, head, snapshot, syn, template, tree  # noqa: F401
 
@@ -318,19 +317,7 @@ def _bomb(tmp_path: Path, size: int) -> Path:
         info = tarfile.TarInfo("bomb-1.0/zeros.bin")
         info.size = size
 
-        class Zeros(io.RawIOBase):
-            left = size
-
-            def readable(self):
-                return True
-
-            def readinto(self, buffer):
-                n = min(len(buffer), self.left)
-                buffer[:n] = bytes(n)
-                self.left -= n
-                return n
-
-        tf.addfile(info, io.BufferedReader(Zeros(), 1 << 20))
+        tf.addfile(info, zeros(size))
     return archive
 
 

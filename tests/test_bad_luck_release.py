@@ -5,7 +5,6 @@ Uses the fake build, fake wheel and stubbed stages of test_release_unit.py.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -20,6 +19,7 @@ from dfbuild.cli import main
 from dfbuild.errors import BuildDirMismatchError, FixtureError, ReleaseError
 
 from test_release_unit import fake_wheel, inputs, posix_only, run_package, stub_stages, write_full_release  # noqa: F401
+from helpers import zeros
 
 
 def invoke(*args):
@@ -164,19 +164,7 @@ def test_item10_verify_does_not_read_a_huge_member_into_memory(tmp_path):
         info = tarfile.TarInfo("llama-b1-dflash-bin-ubuntu-cpu-x64/zeros")
         info.size = size
 
-        class Zeros(io.RawIOBase):
-            left = size
-
-            def readable(self):
-                return True
-
-            def readinto(self, buffer):
-                n = min(len(buffer), self.left)
-                buffer[:n] = bytes(n)
-                self.left -= n
-                return n
-
-        tar.addfile(info, io.BufferedReader(Zeros(), 1 << 20))
+        tar.addfile(info, zeros(size))
     _sums_for(out, archive.name)
     report = verify.verify(out, run_binaries=False)
     assert any("times its size" in p for p in report["problems"]), report["problems"]

@@ -308,6 +308,19 @@ PROVE_EXIT = {"fixed": 0, "fixed-upstream": errors.FIXED_UPSTREAM_EXIT,
               "conflict": errors.PatchConflictError.exit_code}
 
 
+def proof_options(func):
+    """--set/--scenario/--cpu-variants/-j: how `prove` and `track` build and smoke both trees."""
+    for option in reversed([
+        click.option("--set", "sets", multiple=True, help="Fixture set to smoke (repeatable; default: the standard ones)."),
+        click.option("--scenario", "scenarios", multiple=True, help="Scenario to run (repeatable; default: all)."),
+        click.option("--cpu-variants", default=None,
+                     help="x64 CPU variants to build (default: all, as a release; e.g. x64,haswell to save time)."),
+        click.option("-j", "--jobs", type=int, default=None, help="Parallel compile jobs (default: ninja's)."),
+    ]):
+        func = option(func)
+    return func
+
+
 def _work_locks(work_dir: Path, backend: str) -> list[tuple[str, Path]]:
     """The locks of a release/prove work dir: both trees and both build dirs."""
     return [("tree", work_dir / "src"), ("tree", work_dir / "unpatched" / "src"),
@@ -321,11 +334,7 @@ def _work_locks(work_dir: Path, backend: str) -> list[tuple[str, Path]]:
 @click.option("--backend", default="cpu", show_default=True, help="Backend to build and smoke both trees with.")
 @click.option("--work", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Working dir (default: ./dfbuild-BASE, shared with `dfbuild release`). Reruns reuse it.")
-@click.option("--set", "sets", multiple=True, help="Fixture set to smoke (repeatable; default: the standard ones).")
-@click.option("--scenario", "scenarios", multiple=True, help="Scenario to run (repeatable; default: all).")
-@click.option("--cpu-variants", default=None,
-              help="x64 CPU variants to build (default: all, as a release; e.g. x64,haswell to save time).")
-@click.option("-j", "--jobs", type=int, default=None, help="Parallel compile jobs (default: ninja's).")
+@proof_options
 @patches_option
 @no_wait_option
 @json_option
@@ -399,11 +408,7 @@ OUTCOME_STYLE = {"fixed": "green", "fixed-upstream": "blue", "not-applicable": "
               show_default=True, help="One work dir per candidate: WORK_ROOT/NAME (as `dfbuild prove --work`).")
 @click.option("--state", "state_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="The record of outcomes (default: in dfbuild's cache, per source and backend).")
-@click.option("--set", "sets", multiple=True, help="Fixture set to smoke (repeatable; default: the standard ones).")
-@click.option("--scenario", "scenarios", multiple=True, help="Scenario to run (repeatable; default: all).")
-@click.option("--cpu-variants", default=None,
-              help="x64 CPU variants to build (default: all, as a release; e.g. x64,haswell to save time).")
-@click.option("-j", "--jobs", type=int, default=None, help="Parallel compile jobs (default: ninja's).")
+@proof_options
 @patches_option
 @no_wait_option
 @json_option

@@ -28,7 +28,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import backends, build, fixtures, manifest, series, smoke, source, ui
+from . import backends, build, fixtures, manifest, series, smoke, source, state, ui
 from .errors import NotApplicableError, PatchConflictError
 
 OUTCOMES = ("fixed", "fixed-upstream", "still-broken", "not-applicable", "conflict")
@@ -78,9 +78,7 @@ class ProofRecord:
 
     def put(self, key: str, proof: dict) -> None:
         self.data[key] = proof
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(manifest.dumps(self.data) + "\n", encoding="utf-8")
-        tmp.replace(self.path)
+        state.atomic_write_text(self.path, manifest.dumps(self.data) + "\n")
 
 
 def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, repo: str | None = None, pr: int | None = None,
