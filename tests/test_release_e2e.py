@@ -10,7 +10,7 @@ installs into a fresh venv and its llama-server names the patched commit;
 gives byte-identical artifacts, and so does a release from another work folder.
 
 The tests build two CPU variants (x64, the baseline, and haswell) rather than
-all of them, to keep the cold CI run short: TEST_CPU_VARIANTS.
+all of them, to keep the cold CI run short: realtrees.RELEASE_CPU_VARIANTS.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import pytest
 
 from dfbuild import archive, elf, fixtures, release, smoke
 
-from realtrees import TEST_CPU_VARIANTS
+from realtrees import RELEASE_CPU_VARIANTS
 
 pytestmark = [
     pytest.mark.integration,
@@ -44,7 +44,7 @@ def dfbuild(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 def release_into(out: Path, work: Path) -> dict:
     result = dfbuild("release", "--base", "b10359", "--backend", "cpu", "--out", str(out), "--work", str(work),
-                     *(["--cpu-variants", TEST_CPU_VARIANTS] if TEST_CPU_VARIANTS else []), "-j", "2", "--json")
+                     *(["--cpu-variants", RELEASE_CPU_VARIANTS] if RELEASE_CPU_VARIANTS else []), "-j", "2", "--json")
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout)
 
@@ -97,7 +97,7 @@ def test_release_writes_the_artifacts_and_a_full_manifest(released):
     assert wheel["version"] == rel["wheel_version"] and wheel["version"].startswith("0.0.10359+dflash.")
     assert (wheel["python"], wheel["abi"]) == ("py3", "none") and wheel["platform"].startswith("manylinux_")
     assert wheel["dist"] == "llama_dflash_cpu"
-    expected_variants = TEST_CPU_VARIANTS.split(",") if TEST_CPU_VARIANTS else []
+    expected_variants = RELEASE_CPU_VARIANTS.split(",") if RELEASE_CPU_VARIANTS else []
     assert full["build"]["cpu_variants"] == rel["cpu_variants"] == expected_variants
     assert full["build"]["tls"].startswith("OpenSSL") and "libssl.so.3" in rel["requires"]
 

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from dfbuild import build, series
 from dfbuild.cli import main
 
-from realtrees import CACHE, TEST_CPU_VARIANTS, built_tree, checkout_tree, server_binary
+from realtrees import CACHE, SLOW_BASES, TEST_CPU_VARIANTS, built_tree, checkout_tree, server_binary
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +56,7 @@ def test_series_applies_once_and_reapplying_changes_nothing(base):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("base", BASES)
+@pytest.mark.parametrize("base", [b for b in BASES if b in SLOW_BASES])
 def test_speculative_cpp_compiles_after_each_patch(base):
     """Apply the series one concern at a time and compile just the object after each."""
     curated = series.load_series()
@@ -79,7 +79,7 @@ def test_speculative_cpp_compiles_after_each_patch(base):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("base", BASES)
+@pytest.mark.parametrize("base", [b for b in BASES if b in SLOW_BASES])
 def test_patched_tree_builds_llama_server_that_names_its_commit(base):
     section = built_tree(base, patched=True)
     binary = server_binary(section)
