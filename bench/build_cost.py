@@ -47,6 +47,8 @@ from benchlib import log
 from dfbuild import doctor
 
 PARTS = ("apply", "cold", "rebuild", "release")
+# `--cpu-variants` for every build and release the bench runs (set by main; empty: dfbuild's default, all)
+VARIANT_ARGS: list[str] = []
 GOAL_RATIO = 1.05
 
 
@@ -124,7 +126,7 @@ def cold_pair(runner: Runner, tree: Path, work: Path, targets: list[str], reps: 
         nonlocal configure_args
         build_dir, ccache = work / f"cold-dfbuild-{rep}", work / f"ccache-dfbuild-{rep}"
         _fresh(build_dir, ccache)
-        args = [*dfb, "build", "--dir", str(tree), "--backend", "cpu", "--build-dir", str(build_dir), "--json",
+        args = [*dfb, "build", "--dir", str(tree), "--backend", "cpu", "--build-dir", str(build_dir), "--json", *VARIANT_ARGS,
                 *[a for t in targets for a in ("--target", t)], *(["-j", str(jobs)] if jobs else [])]
         wall, out = runner.run(f"cold-dfbuild-{rep}", args, env_extra={"CCACHE_DIR": str(ccache)})
         section = json.loads(out)
@@ -178,7 +180,8 @@ def measure_rebuild(runner: Runner, tree: Path, reps: int) -> dict:
     """Rebuilds of llama-server after nothing, a touch, and a changed patch (committed)."""
     dfb = dfbuild_command()
     build_dir = tree.parent / "build-cpu"
-    build_args = [*dfb, "build", "--dir", str(tree), "--backend", "cpu", "--build-dir", str(build_dir), "--json"]
+    build_args = [*dfb, "build", "--dir", str(tree), "--backend", "cpu", "--build-dir", str(build_dir), "--json",
+                  *VARIANT_ARGS]
     speculative = tree / "common" / "speculative.cpp"
     original_head = git(tree, "rev-parse", "HEAD")
 
@@ -225,7 +228,7 @@ def measure_release(runner: Runner, work: Path, base: str) -> dict:
     dfb = dfbuild_command()
     release_work, out = work / "release", work / "release-dist"
     _fresh(release_work, out)
-    args = [*dfb, "release", "--base", base, "--backend", "cpu", "--work", str(release_work), "--out", str(out),
+    args = [*dfb, "release", "--base", base, "--backend", "cpu", "--work", str(release_work), "--out", str(out), *VARIANT_ARGS,
             "--json"]
     first_s, first = runner.run("release-fresh", args)
     rerun_s, rerun = runner.run("release-rerun", args)
@@ -266,6 +269,8 @@ def parse_args(argv=None):
     p.add_argument("--apply-reps", type=int, default=3)
     p.add_argument("--rebuild-reps", type=int, default=3)
     p.add_argument("--jobs", "-j", type=int, default=None, help="ninja -j for both (default: ninja's)")
+    p.add_argument("--cpu-variants", default=None,
+                   help="CPU variants every build compiles (e.g. x64, to replay the tests' ccache; default: all)")
     p.add_argument("--nice", type=int, default=10, help="run every build under nice -n N (0: not niced)")
     p.add_argument("--work-dir", type=Path, default=benchlib.DEFAULT_CACHE / "build-cost",
                    help="trees, build dirs and private ccaches (build dirs are deleted after each run)")
@@ -281,6 +286,7 @@ def main(argv=None) -> int:
         log(f"unknown parts: {', '.join(sorted(unknown))}; choose from {', '.join(PARTS)}")
         return 2
     targets = [t for t in opts.targets.split(",") if t]
+    VARIANT_ARGS[:] = ["--cpu-variants", opts.cpu_variants] if opts.cpu_variants else []
     work = opts.work_dir.resolve()
     tree = work / "tree" / "src"  # NAME/src + NAME/build-cpu: the layout whose ccache entries are shared
     env = dict(os.environ)
