@@ -156,6 +156,38 @@ def test_binaries_are_relocatable(tree, tmp_path):
             assert elf.read(moved / name).runpath == "$ORIGIN", name
 
 
+def build_naming_its_file(root: Path, **kwargs) -> bytes:
+    """A fake tree whose libllama holds __FILE__ (ggml's asserts print theirs), built; the library's bytes."""
+    src = make_fake_tree(root)
+    (src / "src" / "llama.c").write_text('const char * llama_source = __FILE__;\nint llama_answer(void) { return 42; }\n')
+    git(src, "commit", "-q", "-am", "llama.c names its file")
+    build.build_tree(src, "cpu", **kwargs)
+    return next((src.parent / "build-cpu" / "bin").glob("libllama.so*")).read_bytes()
+
+
+@posix_only
+def test_binaries_carry_no_build_folder(tmp_path):
+    """CMake hands the compiler absolute paths; __FILE__ must come out relative to the tree."""
+    data = build_naming_its_file(tmp_path / "one", use_ccache=False)
+    assert b"\0src/llama.c\0" in data
+    assert str(tmp_path).encode() not in data
+
+
+@posix_only
+@pytest.mark.skipif(shutil.which("ccache") is None, reason="needs ccache")
+def test_trees_in_two_folders_share_ccache_and_neither_path_is_shipped(tmp_path, monkeypatch):
+    monkeypatch.setenv("CCACHE_DIR", str(tmp_path / "ccache"))
+    libraries = [build_naming_its_file(tmp_path / name) for name in ("first", "second")]
+    stats = subprocess.run(["ccache", "--print-stats"], capture_output=True, text=True).stdout
+    hits = {k: int(v) for k, v in (line.split("\t") for line in stats.splitlines() if "\t" in line)}
+    # llama.c of the second tree is a hit (server.c is not: the version stamp names another commit)
+    assert hits.get("direct_cache_hit", 0) + hits.get("preprocessed_cache_hit", 0) >= 1, stats
+    # (ccache's base_dir hands the compiler a path relative to the build dir: ../src/src/llama.c)
+    assert libraries[0] == libraries[1]
+    for data in libraries:
+        assert b"src/llama.c\0" in data and str(tmp_path).encode() not in data
+
+
 @posix_only
 def test_dirty_tree_says_so_in_the_version(tree):
     (tree / "src" / "llama.c").write_text("int llama_answer(void) { return 42; } /* edited */\n")

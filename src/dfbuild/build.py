@@ -323,6 +323,23 @@ def build_flags(backend: "backends.Backend | str", host: Host, *, commit: str, n
     return flags
 
 
+def relative_file_args(host: Host, source_dir: Path, build_dir: Path) -> list[str]:
+    """CMake arguments that make __FILE__ relative to the tree (gcc and clang: not on Windows).
+
+    ggml's asserts and aborts print __FILE__, and CMake hands the compiler absolute
+    paths, so without a prefix map every binary would carry the build folder.
+    ccache's base_dir rewrites the mapped paths too, so trees in different folders
+    still share its entries (and an entry compiled elsewhere brings no foreign path).
+    The user's CFLAGS/CXXFLAGS are kept: CMake ignores them once CMAKE_<LANG>_FLAGS is given.
+    """
+    if host.os == "windows":
+        return []
+    maps = " ".join(f"-fmacro-prefix-map={Path(d).resolve()}/={label}"
+                    for d, label in ((source_dir, ""), (build_dir, "build/")))  # the last match wins
+    return [f"-DCMAKE_{lang}_FLAGS={' '.join(filter(None, [os.environ.get(env, '').strip(), maps]))}"
+            for lang, env in (("C", "CFLAGS"), ("CXX", "CXXFLAGS"))]
+
+
 def build_env(backend: str, host: Host, source_dir: Path, build_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     # ccache: hash paths relative to the common parent, so X/src + X/build-cpu hits the
@@ -522,7 +539,7 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
     ninja = doctor.find_pypi_program("ninja")
     configure_args = [cmake, "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
                       f"-DCMAKE_MAKE_PROGRAM={ninja}", *backends.cmake_args(flags), *variant_args,
-                      *extra_cmake_args]
+                      *relative_file_args(host, source_dir, build_dir), *extra_cmake_args]
 
     from_scratch = claim_build_dir(build_dir, backend, source_dir, reconfigure=reconfigure, fresh=fresh)
     env = build_env(backend, host, source_dir, build_dir)
@@ -552,11 +569,17 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
 
         if configured_commit != label:
             # regenerate first (CMake re-runs when the git index changed), then stamp the built commit
+            build_info = build_dir / "common" / "build-info.cpp"
+            before = (build_info.read_bytes(), build_info.stat().st_mtime_ns) if build_info.is_file() else None
             code, _, _ = _run_logged([ninja, "-C", str(build_dir), "build.ninja"], cwd=build_dir, env=env, log=log)
             if code != 0:
                 log.close()
                 raise _fail(log_path, "CMake regeneration")
             stamp_build_info(build_dir, configured_commit, label)
+            if before and build_info.read_bytes() == before[0]:
+                # CMake wrote the base's commit back and the stamp restored the built one: the same
+                # bytes as before, so keep the old time too, or ninja would recompile and relink for nothing
+                os.utime(build_info, ns=(before[1], before[1]))
 
         with ui.step(f"build {', '.join(targets)} ({backend})"):
             t0 = time.monotonic()
