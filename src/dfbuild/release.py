@@ -619,7 +619,9 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
 def _proven_release(proof: dict, ser: dict, work: Path, backend: str) -> tuple[Path, Path, dict]:
     """What a proof lets `release` ship: (tree, build dir, series section), or StillBrokenError."""
     outcome = proof["outcome"]
-    summary = {k: proof.get(k) for k in ("outcome", "proven_at", "unpatched_commit", "patched_commit")}
+    # no proven_at: the summary goes into the archive's manifest, which must not depend on when or where
+    # the proof ran (two work folders give byte-identical archives); WORK/proof-<backend>.json keeps the time
+    summary = {k: proof.get(k) for k in ("outcome", "unpatched_commit", "patched_commit")}
     summary["unpatched_failed"] = len((proof.get("unpatched") or {}).get("failed", []))
     if outcome == "fixed":
         return work / "src", work / f"build-{backend}", {**ser, "proven": True, "outcome": "fixed", "proof": summary}

@@ -24,7 +24,9 @@ from . import elf
 from .release import MANIFEST_NAME, SUMS_NAME, parse_wheel_name, read_sha256sums
 
 
-_COMMIT_IN_VERSION = re.compile(r"commit ([0-9A-Za-z]+(?:-dirty)?)")
+# "version: 0.2.0-dev (build 10359, commit <sha>)" or, in other releases, "version: 10355 (<sha>)"
+_COMMIT_IN_VERSION = (re.compile(r"commit ([0-9A-Za-z]+(?:-dirty)?)"),
+                      re.compile(r"version: \d+ \(([0-9A-Fa-f]{7,}(?:-dirty)?)\)"))
 
 
 def _commit_matches(found: str, expected: str) -> bool:
@@ -149,7 +151,7 @@ def _run_version(path: Path, members: list[Member], root: str, exe: str, patched
     if result.returncode != 0 and missing and missing.group(1) not in shipped:
         # e.g. libcuda.so.1 comes with the GPU driver, which this machine lacks
         return f"needs {missing.group(1)} from the system, which is missing here"
-    found = _COMMIT_IN_VERSION.search(output)
+    found = next((m for m in (p.search(output) for p in _COMMIT_IN_VERSION) if m), None)
     if result.returncode != 0:
         problems.append(f"{path.name}: the unpacked {exe} --version exited {result.returncode}: {output.strip()[-300:]}")
     elif not found or not _commit_matches(found.group(1), patched):
