@@ -20,6 +20,7 @@ Two parts, written to bench/drift.json, with a table and a plot in RESULTS.md:
     python bench/drift.py                     # decisions, every 5th release (~10 min, network bound)
     python bench/drift.py --prove-sample 8    # and 8 proofs (hours on 2 cores: ~2 cold builds each)
     python bench/drift.py --report-only       # redraw from drift.json
+    python bench/drift.py --report-only --proofs-from proof-b*.json --proofs-machine 'a 16-core box'  # merge proofs
 """
 
 from __future__ import annotations
@@ -162,6 +163,11 @@ def counts(entries: list[dict]) -> dict:
     return dict(sorted(tally.items()))
 
 
+def machine_line() -> str:
+    info = benchlib.machine_info()
+    return f"{info['cores']} cores, {info['cpu']}"
+
+
 def run_proofs(builds: list[int], sample: int, work_root: Path, cpu_variants: str | None) -> list[dict]:
     """`dfbuild prove` on SAMPLE releases spread over BUILDS (the newest included)."""
     picks = sorted({builds[round(i * (len(builds) - 1) / max(sample - 1, 1))] for i in range(sample)})
@@ -178,12 +184,12 @@ def run_proofs(builds: list[int], sample: int, work_root: Path, cpu_variants: st
             proof = json.loads(result.stdout)
         except ValueError:
             proof = {"outcome": "error", "reason": result.stderr.strip().splitlines()[-1:] or ["?"]}
-        proofs.append(summarise_proof(build, proof, wall, result.returncode))
+        proofs.append(summarise_proof(build, proof, wall, result.returncode, machine_line()))
         log(f"    {proofs[-1]['outcome']} in {wall}s")
     return proofs
 
 
-def summarise_proof(build: int, proof: dict, wall: float | None, code: int | None) -> dict:
+def summarise_proof(build: int, proof: dict, wall: float | None, code: int | None, machine: str | None = None) -> dict:
     times = proof.get("times", {})
     return {"build": build, "outcome": proof.get("outcome"), "exit_code": code, "wall_s": wall,
             "build_s": round(times.get("build_unpatched", 0) + times.get("build_patched", 0), 1) or None,
@@ -192,8 +198,15 @@ def summarise_proof(build: int, proof: dict, wall: float | None, code: int | Non
             "unpatched_runs": (proof.get("unpatched") or {}).get("runs"),
             "patched_passed": (proof.get("patched") or {}).get("passed"),
             "first_failure": ((proof.get("patched") or {}).get("first_failure")),
-            "concerns": {c["id"]: f"{c.get('variant')} {c.get('how')}" for c in proof.get("concerns", [])},
-            "reason": proof.get("reason")}
+            "concerns": {c["id"]: concern_word(c) for c in proof.get("concerns", [])},
+            "reason": proof.get("reason"), "machine": machine}
+
+
+def concern_word(concern: dict) -> str:
+    """How the proof carried one concern: the variant and how, or (a known base's own variant) its patch's base."""
+    variant = concern.get("variant") or (concern.get("file") or "").split("/", 1)[0] or None
+    how = concern.get("how") or concern.get("status")
+    return f"{variant} {how}" if variant else str(how)
 
 
 # --- the report ---------------------------------------------------------------------------------
@@ -258,14 +271,26 @@ def markdown(data: dict) -> str:
     proofs = data.get("proofs", [])
     if proofs:
         lines += ["", "Proofs (`dfbuild prove`, CPU, both trees built and smoked):", "",
-                  "| release | outcome | unpatched failed | patched | build s | smoke s | carried |",
+                  "| release | outcome | unpatched failed | patched | build s (unpatched + patched) "
+                  "| smoke s (unpatched + patched) | carried |",
                   "| --- | --- | --- | --- | --- | --- | --- |"]
         for p in sorted(proofs, key=lambda p: p["build"]):
             patched = {True: "passed", False: "FAILED", None: "-"}[p.get("patched_passed")]
+            times = p.get("times", {})
             lines.append(f"| b{p['build']} | {p['outcome']} | {p.get('unpatched_failed')} of {p.get('unpatched_runs')} "
-                         f"| {patched} | {p.get('build_s') or '-'} | {p.get('smoke_s') or '-'} | "
+                         f"| {patched} | {pair(times, 'build')} | {pair(times, 'smoke')} | "
                          + "; ".join(f"{k}: {v}" for k, v in p.get("concerns", {}).items()) + " |")
+        machines: dict[str, list[str]] = {}
+        for p in sorted(proofs, key=lambda p: p["build"]):
+            machines.setdefault(p.get("machine") or "this machine", []).append(f"b{p['build']}")
+        lines += [""] + [f"Proven on {machine}: {', '.join(builds)}." for machine, builds in machines.items()]
     return "\n".join(lines) + "\n"
+
+
+def pair(times: dict, step: str) -> str:
+    """'unpatched + patched' seconds of one step, '-' where it did not run."""
+    got = [times.get(f"{step}_{tree}") for tree in ("unpatched", "patched")]
+    return " + ".join(f"{t:.1f}" if t is not None else "-" for t in got) if any(t is not None for t in got) else "-"
 
 
 def write_report(data: dict) -> None:
@@ -286,6 +311,8 @@ def main(argv=None) -> int:
     p.add_argument("--step", type=int, default=5, help="check every STEP-th release (plus boundaries)")
     p.add_argument("--prove-sample", type=int, default=0, help="prove this many releases for real (builds!)")
     p.add_argument("--proofs-from", type=Path, nargs="*", default=[], help="`dfbuild prove --json` outputs to merge")
+    p.add_argument("--proofs-machine", help="where the --proofs-from proofs ran, as the report names it "
+                   "(default: this machine)")
     p.add_argument("--cpu-variants", default="x64,haswell", help="CPU variants the proofs build")
     p.add_argument("--work", type=Path, default=benchlib.DEFAULT_CACHE / "drift")
     p.add_argument("--out", type=Path, default=DRIFT_JSON)
@@ -322,7 +349,7 @@ def main(argv=None) -> int:
         proof = json.loads(path.read_text())
         build = int(str(proof["base"]).lstrip("b"))
         merged = [q for q in data.get("proofs", []) if q["build"] != build]
-        data["proofs"] = merged + [summarise_proof(build, proof, None, None)]
+        data["proofs"] = merged + [summarise_proof(build, proof, None, None, opts.proofs_machine or machine_line())]
     data["counts"] = counts([e for e in data["releases"] if "not applicable" not in e["decisions"].values()])
     opts.out.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     log(f"wrote {opts.out}: {data['counts']}")
