@@ -594,6 +594,22 @@ def test_pipeline_records_stage_times_and_a_rerun_reuses_smoke_and_artifacts(inp
 
 
 @posix_only
+def test_a_tree_patched_now_or_found_patched_gives_the_same_archive(inputs, stub_stages, monkeypatch, tmp_path):
+    # a fresh work folder applies the series now; the proof's work folder finds it already there
+    fresh = inputs["sections"]["series"]
+    found = {**fresh, "changed": False,
+             "concerns": [{**{k: v for k, v in c.items() if k != "commit"}, "status": "already-present",
+                           "detail": "already present"} for c in fresh["concerns"]]}
+    made = []
+    for name, section in (("fresh", fresh), ("found", found)):
+        monkeypatch.setattr(series, "apply_series", lambda curated, tree, section=section, **kwargs: section)
+        made.append(release.release("b10359", backend="cpu", out=tmp_path / name / "out", work=tmp_path / name / "work"))
+    assert made[0]["release"]["artifacts"] == made[1]["release"]["artifacts"]  # names and sha256
+    assert made[0]["series"] == made[1]["series"]
+    assert {c["status"] for c in made[0]["series"]["concerns"]} == {"applied"}
+
+
+@posix_only
 def test_failing_smoke_stops_before_packaging(inputs, stub_stages, tmp_path):
     stub_stages["smoke_passes"] = False
     out = tmp_path / "out"

@@ -602,6 +602,7 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
         state.save()
 
         with _timed(stages, "package", f"package into {out}") as record:
+            ser = series.released_form(ser)  # the tree's own manifest keeps how this run applied it
             rel = package({"source": src, "series": ser, "build": bld, "smoke": smk}, tree=tree,
                           patches_root=curated.root, out_dir=out, work_dir=work / f"package-{backend}", state=state)
             record["reused"] = rel.pop("reused")

@@ -691,6 +691,24 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
     return section
 
 
+def released_form(section: dict) -> dict:
+    """SECTION as a release records it: what the patched tree holds, not how this run got there.
+
+    A fresh tree gets its concerns 'applied' (with the commits just made and how
+    each hunk went in); a rerun on the same tree finds them 'already-present'. The
+    patched head is the same commit either way, so the archive's manifest must not
+    tell the two apart: otherwise two work folders give two different archives.
+    """
+    concerns = []
+    for concern in section.get("concerns", []):
+        entry = {k: v for k, v in concern.items() if k != "commit"}  # `head` names the result
+        if entry.get("status") in ("applied", "already-present"):
+            entry["status"] = "applied"
+            entry.pop("detail", None)  # "already present" or hunk offsets: how this run went; `how` stays
+        concerns.append(entry)
+    return {**{k: v for k, v in section.items() if k != "changed"}, "concerns": concerns}
+
+
 def _tree_label(tree: Path, start: str) -> str:
     from . import manifest
 
