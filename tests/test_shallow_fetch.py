@@ -194,6 +194,13 @@ def test_short_sha_inside_history_deepens_the_default_branch_on_demand(upstream,
     assert upstream.main[7] in held and upstream.main[0] not in held
 
 
+def test_head_is_the_default_branch_tip(upstream, tmp_path, own_cache):
+    data = checkout(upstream, "HEAD", tmp_path / "llama")
+    assert data["commit"] == upstream.main[9]
+    held = commits_in(cache_repo(own_cache))
+    assert upstream.main[9] in held and upstream.main[0] not in held  # down to b105 only, for the build number
+
+
 def test_sha_the_server_will_not_send_by_id_is_found_by_deepening(upstream, tmp_path, own_cache, monkeypatch):
     """Protocol v0 sends only advertised tips: the commit is then looked for in the default branch."""
     monkeypatch.setattr(source, "REMOTE_PROTOCOL", "protocol.version=0")
@@ -244,16 +251,22 @@ def test_refetching_a_ref_keeps_the_history_the_cache_already_has(upstream, tmp_
     assert run_git(tmp_path / "one", "rev-list", "--count", "HEAD") == "6"  # DIR got what the cache had
 
 
-def test_rev_not_in_the_prs_history_is_refused_after_deepening_the_pr(upstream, tmp_path):
+def test_rev_not_in_the_prs_history_is_refused_after_deepening_the_pr(upstream, tmp_path, own_cache):
     dest = tmp_path / "llama"
     result = dfbuild("checkout", "--base", upstream.side[:7], "--pr", PR, "--repo", upstream.url, "--dir", dest)
     assert result.exit_code != 0
     assert f"is not in the history of PR #{PR}" in said(result)
     assert not dest.exists()
+    # to tell, the PR's whole history was fetched, and the side branch's tip: nothing else
+    held = commits_in(cache_repo(own_cache))
+    assert held == {*upstream.pr, *upstream.main[:8], upstream.side}
 
 
 def test_an_old_full_clone_cache_keeps_working(upstream, tmp_path, own_cache):
-    """A cache an older dfbuild made (every branch and tag) is fetched into the old way and stays whole."""
+    """A cache an older dfbuild made (every branch and tag) is fetched into the old way and stays whole.
+
+    (A guard for the old caches: the old code passes it too, but for the helper it uses to find the cache.)
+    """
     old = source._cache_path(upstream.url)
     old.parent.mkdir(parents=True)
     run_git(tmp_path, "clone", "-q", "--bare", upstream.url, str(old))

@@ -754,12 +754,38 @@ def _backup_ref(repo: git.Repo, branch: str) -> str:
     return ref
 
 
+def _link_objects(cache_git_dir: Path, git_dir: Path) -> None:
+    """What `git clone --local` does, which git refuses for a shallow source: the cache's object files
+    hardlinked into GIT_DIR (copied across filesystems), and where its history ends (the shallow file).
+
+    Seconds, where a fetch from the cache would pack the objects again.
+    """
+    source_objects, objects = cache_git_dir / "objects", git_dir / "objects"
+    for folder, _, files in os.walk(source_objects):
+        rel = Path(folder).relative_to(source_objects)
+        if rel.parts[:1] == ("info",):
+            continue  # alternates and pack lists belong to the cache
+        (objects / rel).mkdir(parents=True, exist_ok=True)
+        for name in files:
+            if name.startswith("tmp_") or name.endswith(".lock"):
+                continue
+            try:
+                os.link(source_objects / rel / name, objects / rel / name)
+            except FileExistsError:
+                pass
+            except OSError:
+                shutil.copy2(source_objects / rel / name, objects / rel / name)
+    if (cache_git_dir / "shallow").is_file():
+        shutil.copyfile(cache_git_dir / "shallow", git_dir / "shallow")
+
+
 def _materialise(cache: git.Repo, commit: str, dest: Path, branch: str, force: bool, origin: str,
                  keep_descendants: bool = False, tags: list[str] | tuple = ()) -> None:
     repo = _prepare_dir(dest, force)
     cache_dir_ = str(Path(cache.git_dir))
-    # a shallow cache is read by a fetch: a clone takes only its branches and tags (not
-    # refs/dfbuild/*), and the fetch must be let to record where the cache's history ends
+    # a shallow cache is not cloned: git would not link its objects (a shallow source) and
+    # would take only its branches and tags (not refs/dfbuild/*); a fetch into an existing
+    # DIR must be let to record where the cache's history ends (--update-shallow)
     wanted = [commit, *(f"+refs/tags/{tag}:refs/tags/{tag}" for tag in tags)]
     fetch_args = ("-c", "protocol.version=2", "fetch", "--quiet", "--no-tags", "--update-shallow", cache_dir_)
     if repo is None and is_shallow_cache(cache):
@@ -768,7 +794,9 @@ def _materialise(cache: git.Repo, commit: str, dest: Path, branch: str, force: b
             made = git.Repo(partial)
             made.git.config(*KEEP_BYTES)  # before the first checkout writes any file
             made.git.remote("add", "origin", origin)
-            made.git.execute(["git", *fetch_args, *wanted])
+            _link_objects(Path(cache.git_dir), Path(made.git_dir))
+            for tag in tags:
+                made.git.update_ref(f"refs/tags/{tag}", cache.git.rev_parse(f"refs/tags/{tag}"))
             state.fault_point("checkout: cloned")
             made.git.checkout("--quiet", "-B", branch, commit)
             state.fault_point("checkout: checked out beside DIR")
