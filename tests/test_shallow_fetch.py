@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -313,3 +314,17 @@ def test_build_number_of_a_shallow_tree_without_a_release_tag_is_unknown(upstrea
     tree = tmp_path / "tree"
     run_git(tmp_path, "clone", "-q", "--depth", "1", "--no-tags", upstream.url, str(tree))
     assert build.build_number(tree) == 0  # not 1, the length of what was fetched
+
+
+def test_a_carry_fetches_a_known_base_into_a_shallow_tree(upstream, tmp_path, own_cache):
+    """A 3-way carry needs a known base's pre-image, which a full clone had in its history: by tag or commit."""
+    tree = tmp_path / "llama"
+    checkout(upstream, "b105", tree)
+    blob = f"{upstream.main[2]}:common/speculative.cpp"
+    assert subprocess.run(["git", "-C", str(tree), "cat-file", "-e", blob]).returncode != 0
+
+    assert source.fetch_base_into(tree, "b100", None)  # by its tag
+    assert run_git(tree, "cat-file", "-p", blob) == "// speculative decoding, revision 2"
+    assert source.fetch_base_into(tree, "elsewhere", upstream.main[8])  # by its full commit id
+    assert commits_in(cache_repo(own_cache)) == {upstream.main[5], upstream.main[2], upstream.main[8]}
+    assert not source.fetch_base_into(tree, "no-such-tag", None)

@@ -462,14 +462,18 @@ def _preimages(series: Series, tree: Path, base: str, tmp: Path) -> bool:
 
     A variant's patch records the blob it applies to: the base's
     speculative.cpp with that variant's earlier concerns in. The base's blob
-    comes from TREE itself when its history has it, else from the known base's
-    cached tree (an offline base is fetched once); the later ones are made by
+    comes from TREE itself when its history has it (a shallow checkout fetches
+    the base's commit, or its tag, from its origin first), else from
+    the known base's cached tree (an offline base is fetched once); the later ones are made by
     applying the variant's patches in order to a scratch index. Nothing but
     objects is written, and nothing is committed.
     """
     blob = series.bases.get(base, {}).get("blob")
     if not blob:
         return False
+    if _git(tree, "cat-file", "-e", f"{blob}^{{blob}}", check=False).returncode != 0:
+        # a shallow checkout: the base's commit (or tag), fetched from the tree's origin on demand
+        source.fetch_base_into(tree, base, series.bases.get(base, {}).get("commit"))
     if _git(tree, "cat-file", "-e", f"{blob}^{{blob}}", check=False).returncode != 0:
         data = source.known_base_blob(base, blob)
         if data is None:

@@ -582,6 +582,41 @@ def ensure_commit(url: str, sha: str) -> bool:
         return _has_commit(path, sha)
 
 
+def fetch_base_into(tree: Path, name: str, commit: str | None) -> bool:
+    """Bring known base NAME (its full COMMIT id, else the tag NAME) into TREE, a checkout of a git base,
+    through its origin's cache; whether it is there now.
+
+    A shallow checkout lacks the history a full clone brought along (a known
+    base's pre-image for a 3-way carry): that one commit is fetched then, one
+    commit deep. Nothing is fetched for a tree whose origin has no cache (an
+    sdist, an import).
+    """
+    tree = Path(tree)
+    url = subprocess.run(["git", "-C", str(tree), "remote", "get-url", "origin"], capture_output=True,
+                         text=True).stdout.strip()
+    path = _cache_path(url) if url else None
+    if path is None or not path.exists():
+        return False
+    if commit and re.fullmatch(r"[0-9a-f]{40}", commit):
+        if not ensure_commit(url, commit):
+            return False
+        wanted = commit
+    elif valid_ref_name(f"refs/tags/{name}"):
+        wanted = f"refs/tags/{name}"
+        with locked(cache_dir() / "repos" / _slug(url)):
+            cache = git.Repo(path)
+            try:
+                _fetch(cache, url, [f"+{wanted}:{wanted}"], f"fetch tag {name}",
+                       depth=1 if is_shallow_cache(cache) else None)
+            except git.GitCommandError:
+                return False
+    else:
+        return False
+    fetched = subprocess.run(["git", "-C", str(tree), "-c", "protocol.version=2", "fetch", "--quiet", "--no-tags",
+                              "--update-shallow", str(path), wanted], capture_output=True)
+    return fetched.returncode == 0
+
+
 def _fetch_pr(repo: git.Repo, url: str, pr: int) -> str:
     ref = f"refs/dfbuild/pull/{pr}"
     try:
