@@ -21,6 +21,9 @@ Four measurements, each through the `dfbuild` command line as a user runs it:
   changes too and CMake re-runs).
 * release: `dfbuild release` in a fresh work dir (shared ccache), then a rerun
   that resumes; the time per stage from the manifest's `release.stages`.
+* fetch: time to first apply (`dfbuild apply --base b10359 --repo MIRROR` on an
+  empty DFBUILD_CACHE_DIR) with the old full bare clone against the shallow
+  fetch of the one tag, from a synthetic local mirror (see make_mirror).
 
 One command (all parts; about 20 minutes on 2 shared cores):
 
@@ -35,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -46,7 +50,7 @@ from benchlib import log
 
 from dfbuild import doctor
 
-PARTS = ("apply", "cold", "rebuild", "release")
+PARTS = ("apply", "cold", "rebuild", "release", "fetch")
 # `--cpu-variants` for every build and release the bench runs (set by main; empty: dfbuild's default, all)
 VARIANT_ARGS: list[str] = []
 GOAL_RATIO = 1.05
@@ -243,6 +247,165 @@ def measure_release(runner: Runner, work: Path, base: str) -> dict:
     return result
 
 
+# --- fetch: time to first apply from a git repository, full clone vs shallow fetch ------------
+
+MIRROR_VERSION = "1"  # bump when the synthetic mirror's recipe changes (it is rebuilt then)
+MILESTONES = ("b10355", "b10359", "b11312", "b11434")  # real trees, imported from their sdists
+FIRST_TAG = 10000
+
+
+def _milestone_tree(mirror: Path, name: str) -> list[str]:
+    """fast-import lines putting milestone NAME's real tree in place (its objects are in MIRROR)."""
+    lines = []
+    for entry in git(mirror, "ls-tree", "-r", "-z", f"refs/import/{name}").split("\0"):
+        if not entry:
+            continue
+        meta, path = entry.split("\t", 1)
+        mode, kind, sha = meta.split()
+        if kind == "blob":
+            lines.append(f"M {mode} {sha} {path}\n")
+    return lines
+
+
+def make_mirror(path: Path, junk_kib: int, branches: int) -> dict:
+    """A local bare mirror shaped like llama.cpp's GitHub repo (built once, kept beside the work dir).
+
+    llama.cpp's own history is not available offline, so the mirror is synthetic,
+    made of real parts: a master branch of 1435 commits tagged b10000 .. b11434,
+    one tag per commit as llama.cpp tags its builds; the trees of the real
+    releases b10355, b10359, b11312 and b11434 (imported from their sdists) as
+    milestones at their tags; and churn between them: every commit rewrites two
+    of eight files of JUNK_KIB KiB random (incompressible) bytes under junk/, so
+    history outweighs any one snapshot as it does upstream. BRANCHES side
+    branches of 8 commits each add more of it, reachable only from their branch.
+    """
+    stamp = path / "dfbuild-bench-mirror"
+    recipe = f"{MIRROR_VERSION} {junk_kib} {branches}"
+    if stamp.is_file() and stamp.read_text() == recipe:
+        return json.loads((path / "dfbuild-bench-mirror.json").read_text())
+    _cleanup(path)
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "master", str(path)], check=True)
+    imports = benchlib.TEST_CACHE / "imports"
+    available = [name for name in MILESTONES if (imports / f"{name}.git").is_dir()]
+    if "b10359" not in available:
+        raise SystemExit(f"fetch: the b10359 import is missing under {imports}; run `dfbuild checkout --base b10359` "
+                         f"with DFBUILD_CACHE_DIR={benchlib.TEST_CACHE} once (or the integration tests)")
+    # the imports' objects are borrowed (they are loose: a fetch would pack them twice), then packed in below
+    (path / "objects" / "info" / "alternates").write_text(
+        "".join(f"{imports / f'{name}.git' / 'objects'}\n" for name in available))
+    for name in available:
+        git(path, "update-ref", f"refs/import/{name}", git(imports / f"{name}.git", "rev-parse", f"{name}^{{commit}}"))
+    rng = random.Random(10359)
+    size = junk_kib * 1024
+
+    def junk(index: int) -> bytes:
+        data = rng.randbytes(size)
+        return b"M 100644 inline junk/f%d.bin\ndata %d\n" % (index, size) + data + b"\n"
+
+    def commit(ref: str, mark: int, message: str, parent: int | None) -> bytes:
+        text = (f"commit {ref}\nmark :{mark}\ncommitter Bench <bench@localhost> {1700000000 + mark} +0000\n"
+                f"data {len(message)}\n{message}\n" + (f"from :{parent}\n" if parent else ""))
+        return text.encode()
+
+    proc = subprocess.Popen(["git", "-C", str(path), "fast-import", "--quiet", "--force"], stdin=subprocess.PIPE)
+    last = FIRST_TAG + 1434
+    current = None
+    for i in range(last - FIRST_TAG + 1):
+        build = FIRST_TAG + i
+        milestone = next((m for m in reversed(available) if int(m[1:]) <= build), available[0])
+        proc.stdin.write(commit("refs/heads/master", i + 1, f"commit {build}", i or None))
+        if milestone != current:  # a release's real tree, plus the junk files
+            current = milestone
+            proc.stdin.write(b"deleteall\n" + "".join(_milestone_tree(path, milestone)).encode())
+            for j in range(8):
+                proc.stdin.write(junk(j))
+        else:
+            proc.stdin.write(junk(i % 8) + junk((i + 3) % 8))
+        proc.stdin.write(f"\nreset refs/tags/b{build}\nfrom :{i + 1}\n\n".encode())
+    mark = last - FIRST_TAG + 2
+    for k in range(branches):
+        fork = 1 + (k * 97) % (last - FIRST_TAG + 1)
+        for n in range(8):
+            proc.stdin.write(commit(f"refs/heads/feature-{k}", mark, f"feature {k}.{n}", fork if n == 0 else None))
+            proc.stdin.write(junk((k + n) % 8) + b"\n")
+            mark += 1
+    proc.stdin.close()
+    if proc.wait() != 0:
+        raise SystemExit("fetch: git fast-import failed building the mirror")
+    for name in available:
+        git(path, "update-ref", "-d", f"refs/import/{name}")
+    git(path, "repack", "-a", "-d", "-q")  # one pack, borrowed objects included, as a server keeps it
+    (path / "objects" / "info" / "alternates").unlink()
+    info = {
+        "commits": int(git(path, "rev-list", "--all", "--count")),
+        "branches": len(git(path, "for-each-ref", "refs/heads").splitlines()),
+        "tags": len(git(path, "for-each-ref", "refs/tags").splitlines()),
+        "packed_mb": round(_size(path / "objects") / 1e6, 1),
+        "milestones": available,
+        "junk_kib": junk_kib,
+    }
+    (path / "dfbuild-bench-mirror.json").write_text(json.dumps(info))
+    stamp.write_text(recipe)
+    return info
+
+
+def _size(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def measure_fetch(runner: Runner, work: Path, junk_kib: int, branches: int, reps: int) -> dict:
+    """Time to first apply, `dfbuild apply --base b10359 --repo MIRROR` on an empty cache: the old full
+    clone (emulated exactly: `git clone --bare` into the cache, as dfbuild did, then the same command,
+    which reads an existing full clone the old way) against the shallow fetch. The order alternates per
+    repetition; the mirror is a local file:// repo, so the network costs nothing and the server's work
+    (packing what is sent) runs on this machine."""
+    from dfbuild import source  # the cache path of a URL
+
+    mirror = work / "fetch-mirror.git"
+    started = time.monotonic()
+    info = make_mirror(mirror, junk_kib, branches)
+    log(f"  mirror: {info['commits']} commits, {info['branches']} branches, {info['tags']} tags, "
+        f"{info['packed_mb']} MB packed ({time.monotonic() - started:.0f}s to make or check)")
+    url = mirror.as_uri()
+    expected = git(mirror, "rev-parse", "refs/tags/b10359^{commit}")
+    dfb = dfbuild_command()
+    runs = {"full": [], "shallow": []}
+    for rep in range(reps):
+        for mode in (("full", "shallow") if rep % 2 == 0 else ("shallow", "full")):
+            cache, tree = work / f"fetch-cache-{mode}", work / f"fetch-tree-{mode}"
+            _cleanup(cache, tree)
+            env = {"DFBUILD_CACHE_DIR": str(cache)}
+            clone_s = 0.0
+            if mode == "full":
+                repo = cache / "repos" / f"{source._slug(url)}.git"
+                repo.parent.mkdir(parents=True)
+                clone_s, _ = runner.run(f"fetch-full-clone-{rep}", ["git", "clone", "--bare", "--quiet", url,
+                                                                   str(repo)])
+            apply_s, out = runner.run(f"fetch-{mode}-apply-{rep}",
+                                      [*dfb, "apply", "--base", "b10359", "--repo", url, "--dir", str(tree),
+                                       "--json"], env_extra=env)
+            data = json.loads(out)
+            if data["source"]["commit"] != expected or not data["series"]["changed"]:
+                raise SystemExit(f"fetch: the {mode} run did not patch b10359 ({data['source']['commit']})")
+            (repo,) = (cache / "repos").glob("*.git")
+            runs[mode].append({
+                "clone_s": clone_s, "apply_s": apply_s, "first_apply_s": clone_s + apply_s,
+                "cache_mb": round(_size(repo) / 1e6, 1),
+                "cache_commits": int(git(repo, "rev-list", "--all", "--count")),
+                "cache_shallow": git(repo, "rev-parse", "--is-shallow-repository") == "true",
+            })
+            _cleanup(cache, tree)
+    result = {"mirror": info, "base": "b10359", "reps": reps}
+    for mode, rows in runs.items():
+        result[mode] = {key: benchlib.summary([row[key] for row in rows])
+                        for key in ("clone_s", "apply_s", "first_apply_s")}
+        result[mode].update({key: rows[-1][key] for key in ("cache_mb", "cache_commits", "cache_shallow")})
+    result["full_over_shallow"] = round(result["full"]["first_apply_s"]["median"]
+                                        / result["shallow"]["first_apply_s"]["median"], 2)
+    result["cache_mb_full_over_shallow"] = round(result["full"]["cache_mb"] / result["shallow"]["cache_mb"], 1)
+    return result
+
+
 def _fresh(*dirs: Path) -> None:
     _cleanup(*dirs)
     for d in dirs:
@@ -274,6 +437,10 @@ def parse_args(argv=None):
     p.add_argument("--nice", type=int, default=10, help="run every build under nice -n N (0: not niced)")
     p.add_argument("--work-dir", type=Path, default=benchlib.DEFAULT_CACHE / "build-cost",
                    help="trees, build dirs and private ccaches (build dirs are deleted after each run)")
+    p.add_argument("--junk-kib", type=int, default=48, help="fetch: KiB of each random file the synthetic "
+                   "mirror's commits rewrite (two per commit; default 48)")
+    p.add_argument("--mirror-branches", type=int, default=40, help="fetch: side branches of the mirror (default 40)")
+    p.add_argument("--fetch-reps", type=int, default=2, help="fetch: repetitions, alternating the order (default 2)")
     p.add_argument("--results", type=Path, default=benchlib.RESULTS_JSON)
     return p.parse_args(argv)
 
@@ -295,7 +462,7 @@ def main(argv=None) -> int:
     section = benchlib.load_results(opts.results).get("build_cost", {})
     machine = benchlib.machine_info()
     started = time.monotonic()
-    if "apply" in parts or not (tree / ".git").exists():
+    if "apply" in parts or ({"cold", "rebuild"} & set(parts) and not (tree / ".git").exists()):
         log("apply: dfbuild checkout + dfbuild apply")
         section["apply"] = measure_apply(runner, tree, opts.base, opts.apply_reps)
     if "cold" in parts:
@@ -307,6 +474,9 @@ def main(argv=None) -> int:
     if "release" in parts:
         log("release: fresh work dir, then a rerun")
         section["release"] = measure_release(runner, work, opts.base)
+    if "fetch" in parts:
+        log("fetch: time to first apply on an empty cache, full clone vs shallow fetch, from a local mirror")
+        section["fetch"] = measure_fetch(runner, work, opts.junk_kib, opts.mirror_branches, opts.fetch_reps)
     machine["load_average_at_end"] = benchlib.load_average()
 
     # the headline ratio: the full llama-server build when it was measured, else the cheaper target's

@@ -218,7 +218,7 @@ def test_known_base_alone_reaches_for_github(tmp_path, monkeypatch):
     """Unpatched, the table sends `--base 5ecbe1a` to GitHub; offline that is a clear error."""
     tried = []
 
-    def no_network(args, title, cwd=None):
+    def no_network(args, title, cwd=None, **_):
         url = next(a for a in args if a.startswith("https://"))
         tried.append(url)
         raise git.GitCommandError(["git", *args], 128, "fatal: unable to access: Could not resolve host: github.com")
@@ -363,7 +363,9 @@ def test_unreachable_repository(tmp_path, own_cache):
     dest = tmp_path / "llama"
     result = dfbuild("checkout", "--base", "abc1234", "--repo", missing, "--dir", dest)
     assert result.exit_code == SourceError.exit_code
-    assert f"cannot reach repository {missing}: fatal: repository '{missing}' does not exist" in said(result)
+    # git's own words for a path that is no repository (ls-remote's; a clone said "does not exist")
+    assert f"cannot reach repository {missing}: fatal: '{missing}' does not appear to be a git repository" \
+        in said(result)
     assert "hint:" in said(result)
     assert not dest.exists()
     assert list((own_cache / "repos").glob("*.git*")) == []  # no half-made clone left behind

@@ -126,6 +126,8 @@ def build_number(source_dir: Path) -> int:
         match = re.fullmatch(r"b(\d+)", candidate or "")
         if match:
             return int(match.group(1))
+    if _git(source_dir, "rev-parse", "--is-shallow-repository") == "true":
+        return 0  # a shallow checkout's history is cut: its commit count is no build number
     # counted up to the base, so the patches on top do not change it (nor the configure arguments)
     count = _git(source_dir, "rev-list", "--count", stamp_base(source_dir))
     return int(count) if count and count.isdigit() else 0

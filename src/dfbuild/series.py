@@ -411,17 +411,39 @@ def tree_build(tree: Path, rev: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def history_distance(tree: Path, one: str, other: str) -> int | None:
+    """How many commits lie between ONE and OTHER (either side of their merge base), or None if unknown.
+
+    A shallow repo (dfbuild fetches only what it needs) may hold both commits
+    but not the history that joins them; counted anyway, git would call them
+    close. The count stands only when the two meet and no commit counted is
+    one whose parents were left out.
+    """
+    shallow_file = _git(tree, "rev-parse", "--git-path", "shallow", check=False).stdout.strip()
+    shallow_path = Path(shallow_file) if Path(shallow_file).is_absolute() else Path(tree) / shallow_file
+    roots = set(shallow_path.read_text().split()) if shallow_file and shallow_path.is_file() else set()
+    if roots:
+        if _git(tree, "merge-base", one, other, check=False).returncode != 0:
+            return None  # no common history here: unknown, not far
+        listed = _git(tree, "rev-list", f"{one}...{other}", check=False)
+        if listed.returncode != 0 or roots & set(listed.stdout.split()):
+            return None
+        return len(listed.stdout.split())
+    count = _git(tree, "rev-list", "--count", f"{one}...{other}", check=False).stdout.strip()
+    return int(count) if count.isdigit() else None
+
+
 def nearest_bases(series: Series, tree: Path, rev: str) -> list[str]:
     """The known bases, nearest to REV first: by history where the repo holds a base's
-    commit, else by build number, else the newest first."""
+    commit (and the history between), else by build number, else the newest first."""
     by_history = {}
     for name, info in series.bases.items():
         commit = info.get("commit")
         found = _git(tree, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}", check=False) if commit else None
         if found is not None and found.returncode == 0:
-            count = _git(tree, "rev-list", "--count", f"{found.stdout.strip()}...{rev}", check=False).stdout.strip()
-            if count.isdigit():
-                by_history[name] = int(count)
+            distance = history_distance(tree, found.stdout.strip(), rev)
+            if distance is not None:
+                by_history[name] = distance
     build = tree_build(tree, rev)
 
     def key(name: str) -> tuple:
@@ -440,14 +462,18 @@ def _preimages(series: Series, tree: Path, base: str, tmp: Path) -> bool:
 
     A variant's patch records the blob it applies to: the base's
     speculative.cpp with that variant's earlier concerns in. The base's blob
-    comes from TREE itself when its history has it, else from the known base's
-    cached tree (an offline base is fetched once); the later ones are made by
+    comes from TREE itself when its history has it (a shallow checkout fetches
+    the base's commit, or its tag, from its origin first), else from
+    the known base's cached tree (an offline base is fetched once); the later ones are made by
     applying the variant's patches in order to a scratch index. Nothing but
     objects is written, and nothing is committed.
     """
     blob = series.bases.get(base, {}).get("blob")
     if not blob:
         return False
+    if _git(tree, "cat-file", "-e", f"{blob}^{{blob}}", check=False).returncode != 0:
+        # a shallow checkout: the base's commit (or tag), fetched from the tree's origin on demand
+        source.fetch_base_into(tree, base, series.bases.get(base, {}).get("commit"))
     if _git(tree, "cat-file", "-e", f"{blob}^{{blob}}", check=False).returncode != 0:
         data = source.known_base_blob(base, blob)
         if data is None:
