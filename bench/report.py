@@ -193,9 +193,19 @@ def build_cost_tables(cost: dict) -> str:
                 f"| nothing | {_spread(r['unchanged_s'])} | no compile, no link |",
                 f"| `touch common/speculative.cpp` | {_spread(r['touch_s'])} | "
                 f"{touched.get('compiled_steps')} compile/link steps (a ccache hit, then relinks) |",
+                *([f"| an edit of it, not committed | {_spread(r['edit_s'])} | "
+                   f"{r['edit_runs'][0].get('compiled_steps')} compile/link steps (the file compiles) |"]
+                  if r.get("edit_s") else []),
                 f"| one patch changed (new code, new commit) | {_spread(r['changed_patch_s'])} | "
                 f"{'CMake re-runs (the version stamp changed), ' if changed.get('configured') else ''}"
                 f"{changed.get('compiled_steps')} compile/link steps |", ""]
+        if r.get("changed_over_edit"):
+            ratio = r["changed_over_edit"]
+            out += [f"A changed patch over the same edit uncommitted, pairwise: **{ratio['median']:.2f}** "
+                    f"({ratio['min']:.2f}–{ratio['max']:.2f}, {ratio['n']} pairs); goal ≤ "
+                    f"{r['changed_over_edit_goal']}: {'met' if ratio['max'] <= r['changed_over_edit_goal'] else 'not met'}. "
+                    f"Over a touch: {r['changed_over_touch']['median']:.2f} (a touch keeps the bytes, so ccache "
+                    "answers its compile).", ""]
     if cost.get("release"):
         rel = cost["release"]
         order = ["checkout", "apply", "build", "smoke", "package"]
