@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
 TEST_CMAKE_ARGS = "'-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG' '-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG'"
 TEST_CACHE = Path(os.environ.get("DFBUILD_TEST_CACHE", Path.home() / ".cache" / "dfbuild-tests"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ctrl_c_reaches_the_tests_children():
+    # A runner started in the background (nohup, `cmd &` in a script) hands pytest SIGINT ignored,
+    # and every child inherits that: the interrupt tests' Ctrl-C would then do nothing. Python's
+    # own handler here is inherited by forked children, and an exec'd child starts at the default.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
 
 
 @pytest.fixture(scope="session", autouse=True)
