@@ -8,7 +8,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from dfbuild import cli
+from dfbuild import cli, paths, series, state, ui
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "Upstream Dev",
@@ -64,3 +64,14 @@ def zeros(size: int):
             return n
 
     return io.BufferedReader(Zeros(), 1 << 20)
+
+
+def private_cache(tmp_path: Path, monkeypatch) -> Path:
+    """A dfbuild cache dir of the test's own, no series or fault-injection override from the
+    environment, and no wrapping of long paths in messages (for an autouse fixture)."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(paths.CACHE_ENV, str(cache))
+    monkeypatch.delenv(series.SERIES_ENV, raising=False)
+    monkeypatch.delenv(state.STOP_AFTER_ENV, raising=False)
+    monkeypatch.setattr(ui.console, "soft_wrap", True)
+    return cache

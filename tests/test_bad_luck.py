@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from dfbuild import journal, manifest, paths, series, source, state, ui
+from dfbuild import journal, manifest, paths, series, source, state
 from dfbuild.errors import (
     ArchiveError,
     DirtyTreeError,
@@ -29,19 +29,14 @@ from dfbuild.errors import (
     UsageError,
 )
 
-from helpers import dfbuild, run_git, said, write_fake_llama, zeros
+from helpers import dfbuild, private_cache, run_git, said, write_fake_llama, zeros
 from test_crash_safety import run_forked, wait
 from test_series import SPEC, bare_upstream, head, snapshot, syn, template, tree  # noqa: F401
 
 
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch) -> Path:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv(paths.CACHE_ENV, str(cache))
-    monkeypatch.delenv(series.SERIES_ENV, raising=False)
-    monkeypatch.delenv(state.STOP_AFTER_ENV, raising=False)
-    monkeypatch.setattr(ui.console, "soft_wrap", True)
-    return cache
+    return private_cache(tmp_path, monkeypatch)
 
 
 def apply_cmd(syn, bare, dest, *extra):

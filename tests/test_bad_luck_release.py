@@ -6,7 +6,6 @@ Uses the fake build, fake wheel and stubbed stages of test_release_unit.py.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tarfile
 from pathlib import Path

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import cli, journal, paths, source, state, ui
+from dfbuild import cli, journal, paths, source, state
 
-from helpers import run_git
+from helpers import private_cache, run_git
 from test_series import IDS, Synthetic, template  # noqa: F401  (template: the module fixture syn copies)
 from test_series import bare_upstream, head
 
@@ -36,11 +36,7 @@ REPORT = Path(os.environ.get("DFBUILD_CRASH_REPORT", "")) if os.environ.get("DFB
 
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch) -> Path:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv(paths.CACHE_ENV, str(cache))
-    monkeypatch.delenv(state.STOP_AFTER_ENV, raising=False)
-    monkeypatch.setattr(ui.console, "soft_wrap", True)
-    return cache
+    return private_cache(tmp_path, monkeypatch)
 
 
 def run_forked(args, *, env: dict | None = None, kill_after: float | None = None, sig: int = signal.SIGKILL,

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import paths, source, ui
+from dfbuild import paths, source
 from dfbuild.errors import ArchiveError, NotLlamaTreeError
 from dfbuild.manifest import tree_manifest_path
 
-from helpers import dfbuild, run_git, said
+from helpers import dfbuild, private_cache, run_git, said
 
 SPECULATIVE = "// speculative decoding\nvoid common_speculative_impl_draft_dflash();\n"
 STALE_GIT_FILE = "gitdir: ../../.git/modules/vendor/llama.cpp\n"
@@ -81,9 +81,8 @@ def tar_with_extra(archive: Path, src_root: Path, **extra) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path / "cache"))
-    monkeypatch.setattr(ui.console, "soft_wrap", True)
+def own_cache(tmp_path, monkeypatch) -> Path:
+    return private_cache(tmp_path, monkeypatch)
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ from dfbuild.errors import (
 )
 from dfbuild.manifest import tree_manifest_path
 
-from helpers import dfbuild, run_git, said, write_fake_llama
+from helpers import dfbuild, private_cache, run_git, said, write_fake_llama
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPEC = "common/speculative.cpp"
@@ -264,11 +264,7 @@ def tree(syn, tmp_path) -> Path:
 
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch) -> Path:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv(paths.CACHE_ENV, str(cache))
-    monkeypatch.delenv(series.SERIES_ENV, raising=False)
-    monkeypatch.setattr(ui.console, "soft_wrap", True)
-    return cache
+    return private_cache(tmp_path, monkeypatch)
 
 
 # --- clean apply -------------------------------------------------------------------------------

@@ -17,9 +17,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from dfbuild import build, paths, series, source, ui
+from dfbuild import build, series, source
 
-from helpers import dfbuild, run_git, said
+from helpers import dfbuild, private_cache, run_git, said
 
 PR = 7
 MAIN_COMMITS = 10
@@ -48,10 +48,7 @@ def llama_files(speculative: str) -> dict[str, str]:
 
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch) -> Path:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv(paths.CACHE_ENV, str(cache))
-    monkeypatch.setattr(ui.console, "soft_wrap", True)
-    return cache
+    return private_cache(tmp_path, monkeypatch)
 
 
 @pytest.fixture

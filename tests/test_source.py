@@ -25,7 +25,7 @@ from dfbuild import paths, source, ui
 from dfbuild.errors import DirtyTreeError, NotLlamaTreeError, SourceError, UnknownBaseError
 from dfbuild.manifest import tree_manifest_path
 
-from helpers import dfbuild, run_git, said, write_fake_llama
+from helpers import dfbuild, private_cache, run_git, said, write_fake_llama
 
 PR = 27342
 
@@ -45,11 +45,7 @@ def head(tree: Path) -> str:
 
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch) -> Path:
-    """A cache dir per test, and no wrapping of long paths in messages."""
-    cache = tmp_path / "cache"
-    monkeypatch.setenv(paths.CACHE_ENV, str(cache))
-    monkeypatch.setattr(ui.console, "soft_wrap", True)
-    return cache
+    return private_cache(tmp_path, monkeypatch)
 
 
 @pytest.fixture
