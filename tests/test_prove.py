@@ -10,10 +10,11 @@ proven carry into a recorded variant that `series check` recognises by blob.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from dfbuild import prove, series
+from dfbuild import build, prove, series, smoke
 from dfbuild.errors import SeriesFileError
 from dfbuild.manifest import tree_manifest_path
 
@@ -46,6 +47,8 @@ def fakes(monkeypatch):
         calls["build"].append(str(tree))
         build_dir.mkdir(parents=True, exist_ok=True)
         (build_dir / "tree").write_text(str(tree))
+        (build_dir / "bin").mkdir(exist_ok=True)
+        (build_dir / "bin" / "llama-server").write_text((Path(tree) / SPEC).read_text())  # the code it "runs"
         return {"build_dir": str(build_dir), "binaries": ["bin/llama-server"], "libraries": []}
 
     def run_smoke(build_dir, fixtures_dir, **kwargs):
@@ -93,6 +96,14 @@ def test_carried_series_that_passes_where_upstream_fails_is_fixed(syn, tmp_path,
     assert [(c["variant"], c["how"]) for c in proof["concerns"]] == [("base1", "exact")] * 4
     recorded = json.loads(tree_manifest_path(tmp_path / "work" / "src").read_text())
     assert recorded["series"]["proven"] is True and recorded["proof"]["outcome"] == "fixed"
+
+    # the patched binaries' pass is remembered for a release of them; the unpatched failure is not
+    work = tmp_path / "work"
+    def remembered(build_dir):
+        payload = build.payload_digest({"build_dir": str(build_dir), "binaries": ["bin/llama-server"]})
+        return smoke.recall(smoke.memo_key(payload, {"files": {}}, "cpu"))
+    assert remembered(work / "build-cpu")["passed"] is True
+    assert remembered(work / "unpatched" / "build-cpu") is None
 
     # a rerun recomputes nothing: same commits, fixtures and scenarios
     builds = len(fakes["build"])

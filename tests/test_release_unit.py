@@ -27,6 +27,7 @@ from click.testing import CliRunner
 from dfbuild import archive, backends, build, fixtures, release, series, source, verify
 from dfbuild.cli import main
 from dfbuild.errors import ReleaseError, SmokeFailedError
+from helpers import private_cache
 
 posix_only = pytest.mark.skipif(os.name == "nt", reason="the fake llama-server is a shell script")
 
@@ -525,6 +526,7 @@ def stub_stages(inputs, fake_wheel, monkeypatch):
     """checkout/apply/build/smoke replaced by fakes that return the fake build's sections."""
     calls = {"smoke": 0}
     s = inputs["sections"]
+    private_cache(inputs["tmp"], monkeypatch)  # smoke counts: no pass remembered by another test
 
     def fake_checkout(base, *, pr=None, repo=None, dest=None, force=False, keep_descendants=False):
         assert keep_descendants, "release must keep the applied series"
@@ -591,6 +593,21 @@ def test_pipeline_records_stage_times_and_a_rerun_reuses_smoke_and_artifacts(inp
     assert not third["release"]["stages"]["package"]["reused"]
     assert third["release"]["artifacts"][0]["sha256"] != first["release"]["artifacts"][0]["sha256"]
     assert verify.verify(out)["ok"]
+
+
+@posix_only
+def test_the_same_binaries_released_from_another_work_folder_reuse_their_passed_smoke(inputs, stub_stages, tmp_path):
+    first = release.release("b10359", backend="cpu", out=tmp_path / "a" / "out", work=tmp_path / "a" / "work")
+    assert stub_stages["smoke"] == 1
+    second = release.release("b10359", backend="cpu", out=tmp_path / "b" / "out", work=tmp_path / "b" / "work")
+    assert stub_stages["smoke"] == 1, "the same binaries and fixtures passed smoke already"
+    assert second["release"]["stages"]["smoke"]["reused"] and second["smoke"] == first["smoke"]
+    assert second["release"]["artifacts"] == first["release"]["artifacts"]
+    # other binaries are smoked again
+    lib = Path(inputs["sections"]["build"]["build_dir"]) / "bin" / "libimpl.so"
+    lib.write_bytes(b"\x7fELF changed")
+    release.release("b10359", backend="cpu", out=tmp_path / "c" / "out", work=tmp_path / "c" / "work")
+    assert stub_stages["smoke"] == 2
 
 
 @posix_only

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import errors, smoke
+from dfbuild import errors, paths, smoke
 from dfbuild.cli import main
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
@@ -323,3 +323,20 @@ def test_a_port_taken_before_bind_is_retried_on_a_new_port(build_dir, tmp_path):
     with smoke.LlamaServer(smoke.server_binary(build_dir), [], tmp_path / "s.log", env=env) as server:
         assert server.request("GET", "/health").status == 200
     assert (tmp_path / "tried").exists()
+
+
+def test_only_a_passed_run_is_remembered_and_an_unreadable_record_counts_as_none(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path / "cache"))
+    fx = {"seed": 0, "files": {"a.gguf": {"sha256": "1" * 64}}}
+    key = smoke.memo_key("payload", fx, "cpu")
+    assert smoke.recall(key) is None
+    smoke.remember(key, {"passed": False, "failed": ["image/x"]})
+    assert smoke.recall(key) is None  # a failure always runs again
+    smoke.remember(key, {"passed": True, "failed": []})
+    assert smoke.recall(key) == {"passed": True, "failed": []}
+    # anything that decides the outcome is in the key
+    assert len({key, smoke.memo_key("other payload", fx, "cpu"), smoke.memo_key("payload", fx, "vulkan"),
+                smoke.memo_key("payload", {**fx, "seed": 1}, "cpu"),
+                smoke.memo_key("payload", fx, "cpu", scenarios=["image"])}) == 5
+    smoke._memo_path(key).write_text("{ half written")
+    assert smoke.recall(key) is None

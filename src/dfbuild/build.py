@@ -20,6 +20,7 @@ no-op, and an interrupted build resumes where ninja stopped.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -34,6 +35,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from . import backends, doctor, ui
 from .backends import Host
+from .paths import sha256_file
 from .errors import BuildDirMismatchError, BuildError, NotLlamaTreeError, SourceError, ToolchainMissingError
 
 STAMP_NAME = "dfbuild-stamp.json"
@@ -663,3 +665,14 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
     stamp["last_build"] = {"commit": commit, "targets": targets, "binaries": binaries}
     write_stamp(build_dir, stamp)
     return section
+
+
+def payload_digest(build_section: dict) -> str:
+    """A hash of everything a build ships (its binaries and libraries, by content): two builds
+    with the same payload digest run the same code, whatever folder they were built in."""
+    build_dir = Path(build_section["build_dir"])
+    parts = {}
+    for rel in [*build_section["binaries"], *build_section.get("libraries", [])]:
+        path = build_dir / rel
+        parts[rel] = "link:" + os.readlink(path) if path.is_symlink() else sha256_file(path)
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()

@@ -356,7 +356,7 @@ def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, pa
                                   sets=sets or None, scenarios=scenarios or None,
                                   build_options={"jobs": jobs, "cpu_variants": cpu_variants})
     if as_json:
-        ui.emit_json({k: v for k, v in proof.items() if k != "patched_smoke"})
+        ui.emit_json(proof)
     else:
         _render_proof(proof)
     sys.exit(PROVE_EXIT[proof["outcome"]])

@@ -161,8 +161,8 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
         # what the series would have added; a concern already in the tree was upstream's own doing
         proof["no_longer_needed"] = [c["id"] for c in applied["concerns"]
                                      if c["status"] == "applied" or c.get("detail", "").startswith("already present")]
-    if patched_section is not None:
-        proof["patched_smoke"] = patched_section  # the release reuses it instead of smoking again
+    if patched_section is not None:  # a release of these very binaries reuses a pass (smoke.recall)
+        smoke.remember(smoke.memo_key(build.payload_digest(built), fx, backend, sets, scenarios), patched_section)
     record.put(key, proof)
     _record_in_tree(tree, proof)
     return proof
@@ -176,4 +176,4 @@ def _record_in_tree(tree: Path, proof: dict) -> None:
         section["proven"] = proof["outcome"] in ("fixed", "fixed-upstream")
         section["outcome"] = proof["outcome"]
         manifest.update_tree_manifest(tree, "series", section)
-    manifest.update_tree_manifest(tree, "proof", {k: v for k, v in proof.items() if k != "patched_smoke"})
+    manifest.update_tree_manifest(tree, "proof", proof)

@@ -467,21 +467,6 @@ def run_smoke_stage(build_dir: Path, fixtures_dir: Path, log_dir: Path,
                            extra_server_args=how.smoke_server_args, env=how.smoke_env)
 
 
-def fixtures_digest(fixtures_section: dict) -> str:
-    return _digest({"seed": fixtures_section.get("seed"),
-                    "files": {name: f["sha256"] for name, f in fixtures_section.get("files", {}).items()}})
-
-
-def payload_digest(build_section: dict) -> str:
-    """A hash of everything the build ships: binaries and libraries, by content."""
-    build_dir = Path(build_section["build_dir"])
-    parts = {}
-    for rel in [*build_section["binaries"], *build_section["libraries"]]:
-        path = build_dir / rel
-        parts[rel] = "link:" + os.readlink(path) if path.is_symlink() else sha256_file(path)
-    return _digest(parts)
-
-
 class _State:
     """WORK/release-<backend>.json: each stage's key and section from the last successful run."""
 
@@ -570,7 +555,7 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
         with _timed(stages, "build", f"build {backend}") as record:
             built = build.build_tree(tree, spec, build_dir, targets=targets, **(build_options or {}))
             record["reused"] = bool(built.get("up_to_date"))
-            shipped = payload_digest(built)
+            shipped = build.payload_digest(built)
             bld, _ = state.reuse("build", _digest([shipped, built.get("flags"), built.get("source_commit")]), built)
             manifest.update_tree_manifest(tree, "build", bld)
         state.save()
@@ -582,11 +567,13 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
             else:
                 fixtures_dir = work / "fixtures"
                 fx = fixtures.ensure_fixtures(fixtures_dir)
-                key = _digest([shipped, fixtures_digest(fx), backend])
+                key = smoke.memo_key(shipped, fx, backend)
                 smk = state.cached("smoke", key)
-                if smk is None and proof and proof["outcome"] == "fixed" and proof.get("patched_smoke"):
-                    smk = proof["patched_smoke"]  # the proof smoked these very binaries
-                    state.store("smoke", key, smk)
+                if smk is None:
+                    # a proof of these very binaries, or a release of them from another work folder
+                    smk = smoke.recall(key)
+                    if smk is not None:
+                        state.store("smoke", key, smk)
                 record["reused"] = smk is not None
                 if smk is None:
                     smk = run_smoke_stage(build_dir, fixtures_dir, work / f"smoke-{backend}", spec)
@@ -595,9 +582,10 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
                         raise SmokeFailedError(
                             f"smoke failed on {len(failed)} scenario(s): {', '.join(failed[:5])}",
                             f"logs in {smk.get('log_dir')}; rerun after fixing, or --skip-smoke (recorded) to package anyway")
+                    smoke.remember(key, smk)
                     state.store("smoke", key, smk)
                 else:
-                    ui.info("    binaries and fixtures unchanged: reusing the passed smoke result")
+                    ui.info("    binaries and fixtures already passed smoke: reusing that result")
             manifest.update_tree_manifest(tree, "smoke", smk)
         state.save()
 

@@ -14,6 +14,7 @@ list, /health polled while the process is watched, and an unconditional stop
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -27,7 +28,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import errors, fixtures
+from . import errors, fixtures, paths, state
 
 # --- the server handle ----------------------------------------------------------
 
@@ -659,3 +660,37 @@ def run_smoke(build_dir: Path, fixtures_dir: Path, *, sets=None, scenarios=None,
         "passed": not failed,
         "wall_s": round(time.monotonic() - started, 1),
     }
+
+
+# --- passed runs, remembered by what decides them ---------------------------------------------
+#
+# A smoke run's outcome depends on the bytes of the binaries it ran, the bytes of
+# the fixtures, the backend and the scenarios: nothing else. So a passed run is
+# remembered in dfbuild's cache under a key made of exactly those, and any run on
+# the same inputs (the release after a proof of the same binaries, a release of the
+# same tree from another work folder) uses it instead of running again. Only
+# passes are remembered: a failure is always run again.
+
+
+def memo_key(payload_digest: str, fixtures_section: dict, backend: str, sets=None, scenarios=None) -> str:
+    """The key of a smoke run: binaries' and fixtures' content, backend, fixture sets, scenarios."""
+    files = {name: f["sha256"] for name, f in fixtures_section.get("files", {}).items()}
+    parts = [payload_digest, fixtures_section.get("seed"), files, backend,
+             list(sets or DEFAULT_SETS), list(scenarios or DEFAULT_SCENARIOS)]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _memo_path(key: str) -> Path:
+    return paths.cache_dir() / "smoke-passed" / f"{key}.json"
+
+
+def recall(key: str) -> dict | None:
+    """The smoke section of a passed run with this key, or None (never recorded, or unreadable)."""
+    section = state.read_json(_memo_path(key), "remembered smoke result")
+    return section if section.get("passed") is True else None
+
+
+def remember(key: str, section: dict) -> None:
+    """Record SECTION under KEY if it passed (written atomically: a reader sees all of it or nothing)."""
+    if section.get("passed") is True and not section.get("skipped"):
+        state.atomic_write_text(_memo_path(key), json.dumps(section, indent=2, sort_keys=True) + "\n")
