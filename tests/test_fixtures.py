@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from realtrees import SLOW_BASES, server_for
+from realtrees import REAL_BASE, SLOW_BASES, server_for
 from click.testing import CliRunner
 
 from dfbuild import fixtures, paths, smoke
@@ -176,10 +176,10 @@ def server_binary_for(base: str) -> Path:
 
 @pytest.mark.integration
 @pytest.mark.slow
-# The pinned bases only (DFBUILD_TEST_BASES): their loaders match the fixture writer. REAL_BASE
-# (b10355) predates it for one set: its loader wants 15 tensors in the "plain-disagree" draft, which has 14;
-# the sets its smoke uses load and pass (test_any_head.py).
-@pytest.mark.parametrize("base", [b for b in ("b10359", "b11312") if b in SLOW_BASES])
+# REAL_BASE (b11434, the tree CI builds anyway) and the pinned bases in DFBUILD_TEST_BASES: their loaders
+# match the fixture writer. b10355 predates it for one set (its loader wants 15 tensors in the
+# "plain-disagree" draft, which has 14); the sets its smoke uses load and pass (test_any_head.py).
+@pytest.mark.parametrize("base", [b for b in (REAL_BASE, "b10359", "b11312") if b in SLOW_BASES])
 def test_every_fixture_set_loads_in_llama_server(base, written, tmp_path):
     binary = server_binary_for(base)
     problems = []
