@@ -49,11 +49,12 @@ def fakes(monkeypatch):
         (build_dir / "tree").write_text(str(tree))
         (build_dir / "bin").mkdir(exist_ok=True)
         (build_dir / "bin" / "llama-server").write_text((Path(tree) / SPEC).read_text())  # the code it "runs"
-        return {"build_dir": str(build_dir), "binaries": ["bin/llama-server"], "libraries": []}
+        return {"build_dir": str(build_dir), "binaries": ["bin/llama-server"], "libraries": [],
+                "source_commit": run_git(tree, "rev-parse", "HEAD"), "source_dirty": False}
 
     def run_smoke(build_dir, fixtures_dir, **kwargs):
         calls["smoke"].append(str(build_dir))
-        fixed = FIX_LINE in (build_dir.parent / "src" / SPEC).read_text() or calls.get("always_pass")
+        fixed = FIX_LINE in (build_dir / "bin" / "llama-server").read_text() or calls.get("always_pass")
         broken = calls.get("always_fail")
         passed = bool(fixed) and not broken
         result = {"passed": passed, "requests": [{"status": 200 if passed else 500, "error": None}],

@@ -95,8 +95,12 @@ def fake_build(monkeypatch):
         binary.write_text(f"#!{sys.executable}\nimport os, runpy, sys\nos.environ['FAKE_SERVER_MODE'] = {mode!r}\n"
                           f"sys.argv[0] = {str(FAKE)!r}\nrunpy.run_path({str(FAKE)!r}, run_name='__main__')\n")
         binary.chmod(0o755)
-        built.append((Path(source_dir), mode))
-        return {"backend": "cpu", "build_dir": str(build_dir), "binaries": ["bin/llama-server"], "fake": True}
+        commit = run_git(source_dir, "rev-parse", "HEAD")
+        # one tree, built at its base (unpatched) and then at the patched commit (prove.py)
+        label = "unpatched" if commit == build.stamp_base(Path(source_dir)) else "patched"
+        built.append((Path(source_dir), label, mode))
+        return {"backend": "cpu", "build_dir": str(build_dir), "binaries": ["bin/llama-server"], "fake": True,
+                "source_commit": commit, "source_dirty": False}
 
     monkeypatch.setattr(build, "build_tree", build_tree)
     return built
@@ -202,10 +206,11 @@ def test_prove_gives_each_candidate_its_outcome_and_a_rerun_recomputes_nothing(s
         assert (tmp_path / "track-work" / name / "proof-cpu.json").is_file()
         assert entries[name]["tree"] == str(tmp_path / "track-work" / name / "src")
     # the unpatched trees got the bug, the patched ones the fix (b102's patched tree stays broken)
-    modes = {(tree.parent.name if tree.parent.name != "unpatched" else tree.parent.parent.name + "-unpatched"): mode
-             for tree, mode in fake_build}
+    modes = {tree.parent.name + ("-unpatched" if label == "unpatched" else ""): mode
+             for tree, label, mode in fake_build}
+    # (b105 has every concern upstream: nothing is applied, so both builds are of its base commit)
     assert modes == {f"{pr_head}-unpatched": "bug", pr_head: "ok", "b101-unpatched": "bug", "b101": "ok",
-                     "b102-unpatched": "bug", "b102": "bug", "b105-unpatched": "ok", "b105": "ok"}
+                     "b102-unpatched": "bug", "b102": "bug", "b105-unpatched": "ok"}
     # the newest release proven is what the release workflow ships
     assert report["newest_proven"] == {"name": "b105", "kind": "release", "build": 105,
                                        "commit": entries["b105"]["commit"], "repo": str(upstream), "pr": None,

@@ -397,10 +397,11 @@ def first_error(lines: Iterable[str]) -> str | None:
 
 
 def _run_logged(args: list[str], *, cwd: Path, env: dict, log,
-                progress_title: str | None = None) -> tuple[int, int, int]:
+                progress_title: str | None = None, compiled: list[str] | None = None) -> tuple[int, int, int]:
     """Run ARGS, copying its output to LOG; show ninja's [n/N] as a progress bar.
 
     Returns (exit code, total steps ninja announced, compile/link steps it ran).
+    COMPILED, when given, gets the object file of each compile step ninja ran.
     """
     log.write("$ " + " ".join(args) + "\n")
     log.flush()
@@ -421,6 +422,8 @@ def _run_logged(args: list[str], *, cwd: Path, env: dict, log,
                     continue
                 done, total = int(match.group(1)), int(match.group(2))
                 work += bool(_WORK_STEP.match(match.group(3)))
+                if compiled is not None and match.group(3).startswith("Building "):
+                    compiled.append(match.group(3).split()[-1])  # "Building CXX object DIR/x.cpp.o"
                 if task is None:
                     task = progress.add_task(progress_title, total=total)
                 progress.update(task, completed=done, total=total)
@@ -604,8 +607,9 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
             t0 = time.monotonic()
             build_args = [ninja, "-C", str(build_dir), *(["-j", str(jobs)] if jobs else []), *targets,
                           *variant_targets]
+            compiled: list[str] = []
             code, steps, work = _run_logged(build_args, cwd=build_dir, env=env, log=log,
-                                      progress_title=f"{backend}: compiling")
+                                            progress_title=f"{backend}: compiling", compiled=compiled)
             compile_s = time.monotonic() - t0
         if code != 0:
             log.close()
@@ -655,6 +659,9 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
         "up_to_date": work == 0,  # nothing compiled or linked
         "steps": steps,
         "compiled_steps": work,
+        # the objects this run compiled: an incremental build (a patch, or a proof's patched build on
+        # top of the unpatched one) should list only the patched file and the version stamp
+        "compiled_objects": compiled,
         "configure_s": round(configure_s, 2),
         "compile_s": round(compile_s, 2),
         "wall_time_s": round(time.monotonic() - start, 2),

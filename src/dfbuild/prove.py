@@ -13,25 +13,50 @@ own words. So dfbuild builds the base twice, as it is and with the series
 - conflict:       the series cannot be carried to the tree (the concern and hunk are named).
 
 Layout under WORK (the same as `dfbuild release`, so a release after a proof
-reuses both builds): src + build-<backend> (patched) and unpatched/src +
-unpatched/build-<backend>, whose paths relative to their parent are the same,
-so the second build hits the ccache the first one filled. A proof is recorded
-in WORK/proof-<backend>.json under a key of both commits, the fixtures and
-the scenarios, so a rerun recomputes nothing.
+reuses the build): ONE source tree, src, and its build dir build-<backend>.
+The two trees differ only in common/speculative.cpp, so the proof does not
+compile the world twice (without ccache, that was two cold builds):
+
+1. src is put back on the base commit (`git checkout --detach`) and built in
+   build-<backend>: the one cold build;
+2. what smoke runs of it (llama-server and the shared libraries it loads, found
+   through their $ORIGIN RUNPATH) is copied into unpatched/build-<backend>/bin,
+   with a record of the commit it was built from and the build request; it is
+   written beside and renamed into place, so an interrupted run leaves either
+   no copy or a whole one, and only a build whose HEAD was the base (clean) is
+   ever copied: a patched build is never labelled unpatched;
+3. src goes back to the patched commit and build-<backend> is rebuilt
+   incrementally: speculative.cpp and the version stamp (build-info.cpp)
+   compile, the rest relinks (the stamp is split for this: build.py).
+
+A rerun reuses the unpatched copy while its record matches (base commit,
+backend, targets, build options) and its files are intact. A proof is recorded
+in WORK/proof-<backend>.json under a key of both commits, the fixtures and the
+scenarios, so a rerun recomputes nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from . import backends, build, fixtures, manifest, series, smoke, source, state, ui
-from .errors import NotApplicableError, PatchConflictError
+from .errors import BuildDirMismatchError, BuildError, NotApplicableError, PatchConflictError
+from .paths import sha256_file
 
 OUTCOMES = ("fixed", "fixed-upstream", "still-broken", "not-applicable", "conflict")
+UNPATCHED_RECORD = "dfbuild-unpatched.json"
+# part of a proof's key: proofs made with the two-tree layout (WORK/unpatched/src built on its own) are
+# redone once, so every record says how its builds went (proof["builds"])
+LAYOUT = "one-tree"
+# build options that change how a build runs, not what it makes
+_RUN_ONLY_OPTIONS = ("jobs", "use_ccache", "reconfigure", "fresh")
 
 
 def _digest(data) -> str:
@@ -81,10 +106,131 @@ class ProofRecord:
         state.atomic_write_text(self.path, manifest.dumps(self.data) + "\n")
 
 
+# --- the unpatched build: the base commit, built in the patched tree's own build dir -----------
+
+
+def unpatched_dir(work: Path, backend: str) -> Path:
+    """WORK/unpatched/build-<backend>: the copy of the unpatched binaries that smoke runs."""
+    return Path(work) / "unpatched" / f"build-{backend}"
+
+
+def _request_key(commit: str, backend: str, targets, options: dict) -> str:
+    """What the unpatched binaries are made of: the commit and the build request (not how it ran)."""
+    wanted = {k: v for k, v in sorted(options.items()) if k not in _RUN_ONLY_OPTIONS and v is not None}
+    if "cpu_variants" in wanted:
+        try:  # "x64,haswell" and ["x64", "haswell"] ask for the same build
+            wanted["cpu_variants"] = build.parse_cpu_variants(wanted["cpu_variants"], backends.current_host())
+        except Exception:  # build_tree says what is wrong with them
+            pass
+    return _digest([commit, backend, build.parse_targets(targets), wanted, build.env_cmake_args()])
+
+
+def _files_of(folder: Path, section: dict) -> dict[str, str]:
+    files = {}
+    for rel in [*section["binaries"], *section.get("libraries", [])]:
+        path = folder / rel
+        files[rel] = "link:" + os.readlink(path) if path.is_symlink() else sha256_file(path)
+    return files
+
+
+def read_unpatched(work: Path, backend: str, key: str | None = None, commit: str | None = None) -> dict | None:
+    """The unpatched copy's build section when its record matches KEY (or COMMIT) and its files are intact."""
+    folder = unpatched_dir(work, backend)
+    try:
+        record = json.loads((folder / UNPATCHED_RECORD).read_text(encoding="utf-8"))
+        section = dict(record["build"], build_dir=str(folder))
+        if (key is not None and record.get("key") != key) or (commit is not None and record.get("commit") != commit):
+            return None
+        if _files_of(folder, section) != record["files"]:
+            ui.warn(f"{folder} no longer holds the files it was made with; building the unpatched tree again")
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return section
+
+
+def _git(tree: Path, *args: str, check: bool = True) -> str:
+    result = subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True, errors="replace")
+    if check and result.returncode != 0:
+        raise BuildError(f"git {' '.join(args)} failed in {tree}: {result.stderr.strip()}",
+                         "check the tree with `git status`; a rerun puts it back on the patched commit")
+    return result.stdout.strip()
+
+
+def _keep_unpatched(built: dict, folder: Path, key: str, commit: str) -> dict:
+    """Copy what smoke runs of BUILT (programs, shared libraries: bin/) into FOLDER, all or nothing."""
+    source_dir = Path(built["build_dir"])
+    staging = folder.with_name(f".{folder.name}.dfbuild-partial")
+    trash = folder.with_name(f".{folder.name}.dfbuild-old")
+    for debris in (staging, trash):  # a run stopped half-way left these; they are dfbuild's own
+        if debris.exists():
+            shutil.rmtree(debris)
+    for rel in [*built["binaries"], *built.get("libraries", [])]:
+        src, dst = source_dir / rel, staging / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            os.symlink(os.readlink(src), dst)  # a library's soname link, within bin/
+        else:
+            shutil.copy2(src, dst)  # RUNPATH $ORIGIN: the copies find each other in bin/
+    section = dict(built, build_dir=str(folder), built_in=built["build_dir"])
+    record = {"commit": commit, "key": key, "files": _files_of(staging, section), "build": section}
+    state.atomic_write_text(staging / UNPATCHED_RECORD, manifest.dumps(record) + "\n")
+    if folder.exists():
+        # an older copy, or a work dir of the two-tree layout (a real build dir of WORK/unpatched/src):
+        # both dfbuild's; anything else there is not ours to delete
+        if not ((folder / UNPATCHED_RECORD).is_file() or (folder / build.STAMP_NAME).is_file()):
+            raise BuildDirMismatchError(f"{folder} holds files dfbuild did not write; nothing was touched",
+                                        "move it away, or use another --work dir")
+        os.replace(folder, trash)
+    os.replace(staging, folder)
+    shutil.rmtree(trash, ignore_errors=True)
+    return section
+
+
+def build_unpatched(tree: Path, backend: "backends.Backend | str", work: Path, commit: str, *,
+                    targets=build.DEFAULT_TARGETS, options: dict | None = None) -> dict:
+    """The unpatched build of TREE (its base COMMIT) in TREE's own build dir, kept in WORK/unpatched.
+
+    TREE is checked out at COMMIT for the build and put back on its branch (or
+    commit) afterwards, even after an error or Ctrl-C; a kill -9 in between leaves
+    it detached at the base, and the next checkout + apply put it back (apply's
+    commits are reproducible). Returns the build section of the copy.
+    """
+    backend = backends.resolve(backend).name
+    options = dict(options or {})
+    tree = Path(tree).resolve()
+    folder = unpatched_dir(work, backend)
+    key = _request_key(commit, backend, targets, options)
+    kept = read_unpatched(work, backend, key)
+    if kept is not None:
+        ui.info(f"    unpatched binaries of {commit[:12]} already built ({folder})")
+        return dict(kept, reused=True)
+    head, dirty = build.source_commit(tree)
+    if dirty:
+        raise BuildError(f"{tree} has uncommitted changes, so its base cannot be built unpatched",
+                         "commit or stash them (git stash), then rerun")
+    branch = _git(tree, "symbolic-ref", "-q", "--short", "HEAD", check=False)
+    if head != commit:
+        _git(tree, "checkout", "-q", "--detach", commit)
+    try:
+        built = build.build_tree(tree, backend, Path(work) / f"build-{backend}", targets=targets, **options)
+        # only a clean build of the base commit is kept as unpatched
+        if built.get("source_commit") != commit or built.get("source_dirty"):
+            raise BuildError(f"the unpatched build of {tree} was of {built.get('source_commit')}"
+                             f"{' (dirty)' if built.get('source_dirty') else ''}, not of the base {commit}",
+                             "rerun; nothing was kept as unpatched")
+        kept = _keep_unpatched(built, folder, key, commit)
+    finally:
+        if head != commit:  # back on the patched commit, whatever happened
+            _git(tree, "checkout", "-q", *([branch] if branch else ["--detach", head]))
+    return dict(kept, reused=False)
+
+
 def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, repo: str | None = None, pr: int | None = None,
           patches_dir: Path | None = None, sets=None, scenarios=None, build_options: dict | None = None,
           targets=build.DEFAULT_TARGETS) -> dict:
-    """Check out BASE twice under WORK, apply the series to one, build both, smoke both; return the proof."""
+    """Check out BASE under WORK, apply the series, build the base and then the patched tree in one
+    build dir (the second build is incremental), smoke both; return the proof."""
     how = backends.resolve(backend)
     backend = how.name
     work = Path(work).resolve()
@@ -100,13 +246,10 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
             yield
         times[name] = round(time.monotonic() - started, 2)
 
-    with timed("checkout", f"checkout {base} (patched and unpatched)"):
+    with timed("checkout", f"checkout {base}"):
         src_section = source.checkout(base, pr=pr, repo=repo, dest=work / "src", keep_descendants=True)
         tree = Path(src_section["dir"])
         manifest.update_tree_manifest(tree, "source", src_section)
-        plain_section = source.checkout(base, pr=pr, repo=repo, dest=work / "unpatched" / "src")
-        plain = Path(plain_section["dir"])
-        manifest.update_tree_manifest(plain, "source", plain_section)
     with timed("apply", "apply the patch series"):
         try:
             applied = series.apply_series(curated, tree, skip=())
@@ -115,14 +258,14 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
         except PatchConflictError as exc:
             return {**proof, "outcome": "conflict", "reason": exc.message, "times": times}
     manifest.update_tree_manifest(tree, "series", applied)
-    proof.update({"unpatched_commit": build.source_commit(plain)[0],
+    proof.update({"unpatched_commit": build.stamp_base(tree),  # the commit below dfbuild's concern commits
                   "patched_commit": applied["head"], "derived": bool(applied.get("derived")),
                   "concerns": applied["concerns"]})
 
     fixtures_dir = work / "fixtures"
     fx = fixtures.ensure_fixtures(fixtures_dir)
     key = _digest([proof["unpatched_commit"], proof["patched_commit"], backend, sorted(sets or []),
-                   sorted(scenarios or []), {n: f["sha256"] for n, f in fx.get("files", {}).items()}])
+                   sorted(scenarios or []), {n: f["sha256"] for n, f in fx.get("files", {}).items()}, LAYOUT])
     record = ProofRecord(work / f"proof-{backend}.json")
     known = record.get(key)
     if known:
@@ -131,11 +274,17 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
         return known
 
     options = build_options or {}
-    with timed("build_unpatched", f"build {backend} (unpatched)"):
-        build.build_tree(plain, backend, plain.parent / f"build-{backend}", targets=targets, **options)
-    with timed("build_patched", f"build {backend} (patched)"):
+    with timed("build_unpatched", f"build {backend} (unpatched: the base commit)"):
+        plain = build_unpatched(tree, how, work, proof["unpatched_commit"], targets=targets, options=options)
+    with timed("build_patched", f"build {backend} (patched: incremental, in the same build dir)"):
         built = build.build_tree(tree, backend, work / f"build-{backend}", targets=targets, **options)
     manifest.update_tree_manifest(tree, "build", built)
+    proof["builds"] = {label: {"build_dir": section.get("built_in", section["build_dir"]),
+                               "commit": section.get("source_commit"), "reused": bool(section.get("reused")),
+                               "compiled_steps": section.get("compiled_steps"),
+                               "compiled_objects": section.get("compiled_objects"),
+                               "wall_time_s": section.get("wall_time_s")}
+                       for label, section in (("unpatched", plain), ("patched", built))}
 
     def run(build_dir: Path, label: str) -> dict:
         def progress(result: dict) -> None:
@@ -147,7 +296,7 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
                                extra_server_args=how.smoke_server_args, env=how.smoke_env)
 
     with timed("smoke_unpatched", "smoke the unpatched tree (it should fail)"):
-        unpatched = smoke_summary(run(plain.parent / f"build-{backend}", "unpatched"))
+        unpatched = smoke_summary(run(unpatched_dir(work, backend), "unpatched"))
     patched_section = None
     if not unpatched["passed"]:
         with timed("smoke_patched", "smoke the patched tree"):

@@ -111,8 +111,8 @@ def toolkit_version(build_section: dict) -> str | None:
 # release: paths, logs, timings. The archive's manifest.json (and OUT/manifest.json)
 # leave them out, so two work folders give byte-identical archives.
 _LOCAL_KEYS = {"dir", "build_dir", "source_dir", "log", "log_dir", "fixtures_dir", "server", "server_args",
-               "configured", "up_to_date", "steps", "compiled_steps", "log_findings", "failure_excerpt",
-               "log_offset", "reused"}
+               "configured", "up_to_date", "steps", "compiled_steps", "compiled_objects", "built_in", "log_findings",
+               "failure_excerpt", "log_offset", "reused"}
 _TIMING_KEY = re.compile(r"(^|_)(s|ms|sec|seconds|wall|time)$")
 # an absolute path (POSIX or Windows), not part of a URL
 _ABS_PATH = re.compile(r"(?<![\w:/.])(?:[A-Za-z]:[\\/]|/)(?:[^\s;,:\"'=/\\]+[\\/])*([^\s;,:\"'=/\\]+)")
@@ -131,8 +131,9 @@ def portable(section):
     return section
 
 
-def source_date_epoch(tree: Path) -> int:
-    """$SOURCE_DATE_EPOCH when set, else the commit date of the tree's HEAD (the patched commit)."""
+def source_date_epoch(tree: Path, commit: str | None = None) -> int:
+    """$SOURCE_DATE_EPOCH when set, else the commit date of COMMIT (default: the tree's HEAD, the patched
+    commit; a fixed-upstream release names the base it ships)."""
     override = os.environ.get("SOURCE_DATE_EPOCH")
     if override:
         try:
@@ -140,7 +141,7 @@ def source_date_epoch(tree: Path) -> int:
         except ValueError:
             raise ReleaseError(f"SOURCE_DATE_EPOCH={override!r} is not a number of seconds",
                                "unset it or give an integer") from None
-    result = subprocess.run(["git", "-C", str(tree), "log", "-1", "--format=%ct", "HEAD"],
+    result = subprocess.run(["git", "-C", str(tree), "log", "-1", "--format=%ct", commit or "HEAD"],
                             capture_output=True, text=True)
     if result.returncode != 0 or not result.stdout.strip().isdigit():
         raise ReleaseError(f"cannot read the commit date of {tree}", "release a tree made by `dfbuild apply`")
@@ -550,14 +551,21 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
             with _timed(stages, "prove", "prove the carried series: build and smoke it unpatched and patched"):
                 proof = prove.prove(base, backend=spec, work=work, repo=repo, pr=pr, patches_dir=patches_dir,
                                     targets=targets, build_options=build_options)
-            tree, build_dir, ser = _proven_release(proof, ser, work, backend)
+            build_dir, ser = _proven_release(proof, ser, work, backend)
+        # fixed upstream: the release is the unpatched binaries the proof kept, not the tree's HEAD
+        as_is = build_dir == prove.unpatched_dir(work, backend)
 
         with _timed(stages, "build", f"build {backend}") as record:
-            built = build.build_tree(tree, spec, build_dir, targets=targets, **(build_options or {}))
-            record["reused"] = bool(built.get("up_to_date"))
+            if as_is:  # the proof's copy, or the base built again in the tree's build dir when it is gone
+                built = prove.build_unpatched(tree, spec, work, ser["head"], targets=targets, options=build_options)
+                record["reused"] = bool(built.pop("reused", False))
+            else:
+                built = build.build_tree(tree, spec, build_dir, targets=targets, **(build_options or {}))
+                record["reused"] = bool(built.get("up_to_date"))
             shipped = build.payload_digest(built)
             bld, _ = state.reuse("build", _digest([shipped, built.get("flags"), built.get("source_commit")]), built)
-            manifest.update_tree_manifest(tree, "build", bld)
+            if not as_is:  # the tree's own record describes its HEAD, the patched commit
+                manifest.update_tree_manifest(tree, "build", bld)
         state.save()
 
         with _timed(stages, "smoke", "smoke tests" + (" (skipped: --skip-smoke)" if skip_smoke else "")) as record:
@@ -586,13 +594,15 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
                     state.store("smoke", key, smk)
                 else:
                     ui.info("    binaries and fixtures already passed smoke: reusing that result")
-            manifest.update_tree_manifest(tree, "smoke", smk)
+            if not as_is:
+                manifest.update_tree_manifest(tree, "smoke", smk)
         state.save()
 
         with _timed(stages, "package", f"package into {out}") as record:
             ser = series.released_form(ser)  # the tree's own manifest keeps how this run applied it
             rel = package({"source": src, "series": ser, "build": bld, "smoke": smk}, tree=tree,
-                          patches_root=curated.root, out_dir=out, work_dir=work / f"package-{backend}", state=state)
+                          patches_root=curated.root, out_dir=out, work_dir=work / f"package-{backend}", state=state,
+                          commit=ser.get("head") if as_is else None)
             record["reused"] = rel.pop("reused")
         state.save()
 
@@ -601,19 +611,24 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
             "release": rel}
     owned.claim(out, [MANIFEST_NAME], ReleaseError, legacy=release_files)
     manifest.save(full, out / MANIFEST_NAME)
-    manifest.update_tree_manifest(tree, "release", rel)
+    if not as_is:
+        manifest.update_tree_manifest(tree, "release", rel)
     return full
 
 
-def _proven_release(proof: dict, ser: dict, work: Path, backend: str) -> tuple[Path, Path, dict]:
-    """What a proof lets `release` ship: (tree, build dir, series section), or StillBrokenError."""
+def _proven_release(proof: dict, ser: dict, work: Path, backend: str) -> tuple[Path, dict]:
+    """What a proof lets `release` ship: (build dir, series section), or StillBrokenError.
+
+    Both builds come from the one tree WORK/src (prove.py): fixed ships its build dir,
+    fixed upstream the copy of the unpatched binaries (WORK/unpatched/build-<backend>).
+    """
     outcome = proof["outcome"]
     # no proven_at: the summary goes into the archive's manifest, which must not depend on when or where
     # the proof ran (two work folders give byte-identical archives); WORK/proof-<backend>.json keeps the time
     summary = {k: proof.get(k) for k in ("outcome", "unpatched_commit", "patched_commit")}
     summary["unpatched_failed"] = len((proof.get("unpatched") or {}).get("failed", []))
     if outcome == "fixed":
-        return work / "src", work / f"build-{backend}", {**ser, "proven": True, "outcome": "fixed", "proof": summary}
+        return work / f"build-{backend}", {**ser, "proven": True, "outcome": "fixed", "proof": summary}
     if outcome == "fixed-upstream":
         needless = proof.get("no_longer_needed", [])
         ui.warn(f"fixed upstream: the unpatched tree passes every scenario, so it is released as it is "
@@ -623,7 +638,7 @@ def _proven_release(proof: dict, ser: dict, work: Path, backend: str) -> tuple[P
         section = {"base": ser.get("base"), "derived": True, "proven": True, "outcome": "fixed-upstream",
                    "concerns": concerns, "head": proof["unpatched_commit"], "no_longer_needed": needless,
                    "proof": summary, "patches_dir": ser.get("patches_dir")}
-        return work / "unpatched" / "src", work / "unpatched" / f"build-{backend}", section
+        return prove.unpatched_dir(work, backend), section
     first = ((proof.get("patched") or {}).get("first_failure") or {})
     raise StillBrokenError(
         f"{proof['base']}: still broken with the series carried: {first.get('scenario', '?')} fails "
@@ -690,7 +705,7 @@ def cudart_bundle(out_dir: Path, toolkit: str, arch: str, cuda_path: Path | None
 
 
 def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, work_dir: Path,
-            state: _State | None = None) -> dict:
+            state: _State | None = None, commit: str | None = None) -> dict:
     """Write the archive, the wheel and SHA256SUMS into OUT_DIR; return the release section.
 
     SECTIONS holds source, series, build and smoke. When STATE says the same
@@ -708,7 +723,7 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
     toolkit = toolkit_version(build_section)
     name = matrix.artifact_name(tag, os_name, backend, arch, toolkit)
     root = archive_root(name)
-    epoch = source_date_epoch(tree)
+    epoch = source_date_epoch(tree, commit)
     version = wheel_version(build_section.get("build_number", 0), series_hash(sections["series"]), backend)
 
     entries = collect_payload(build_section, tree, patches_root, sections["series"])
