@@ -10,12 +10,15 @@ proven carry into a recorded variant that `series check` recognises by blob.
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from dfbuild import build, prove, series, smoke
-from dfbuild.errors import SeriesFileError
+from dfbuild.errors import BuildError, SeriesFileError
 from dfbuild.manifest import tree_manifest_path
 
 from helpers import dfbuild, run_git, said
@@ -181,3 +184,158 @@ def test_adopt_refuses_what_was_not_proven(syn, tmp_path, fakes):
     series.apply_series(syn.load(), tree)
     with pytest.raises(SeriesFileError):
         series.adopt(syn.load(), tree)  # carried, but no proof ran on it
+
+
+# --- one compile: the patched build is an incremental rebuild of the unpatched one ------------------
+# A real cmake + ninja build of the synthetic tree: its speculative.cpp compiles against a stand-in
+# speculative.h, and llama-server says which commit it was built from and whether the fix ran.
+
+SPEC_H = """\
+#pragma once
+#include <vector>
+typedef std::vector<int> tokens;
+struct batch { int n_tokens = 1; bool embd = false; };
+struct dflash { int n_past = 0; int pos_max = 0; tokens prompt; bool filled = false; };
+static tokens noise;
+inline void mirror(dflash &, const batch &, int) {}
+inline void fill_hole(dflash & st, const batch &) { st.filled = true; }
+inline void decode(dflash &, int, const tokens &) {}
+inline int sample(dflash &) { return 0; }
+#define LOG_WRN(...) ((void) 0)
+#define LOG_DBG(...) ((void) 0)
+""" + "".join(f"inline void draft_step_{i:02d}() {{}}\n" for i in range(1, 13))
+
+BUILT_SERVER = """\
+#include <cstdio>
+#include "../../common/speculative.h"
+extern char const * LLAMA_COMMIT;
+int process(dflash & st, const batch & b);
+int main() {
+    dflash st;
+    process(st, batch());
+    std::printf("commit %s fixed=%d\\n", LLAMA_COMMIT, st.filled ? 1 : 0);
+    return 0;
+}
+"""
+
+BUILT_CMAKE = """\
+cmake_minimum_required(VERSION 3.16)
+project(fakellama C CXX)
+set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+set(CMAKE_LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/.git/index")
+configure_file(common/build-info.cpp.in ${CMAKE_BINARY_DIR}/common/build-info.cpp)
+add_library(ggml SHARED ggml/ggml.c)
+target_compile_definitions(ggml PRIVATE GGML_COMMIT="${LLAMA_BUILD_COMMIT}")
+add_library(llama-common SHARED common/speculative.cpp ${CMAKE_BINARY_DIR}/common/build-info.cpp src/llama.c)
+target_link_libraries(llama-common PRIVATE ggml)
+add_executable(llama-server tools/server/server.cpp)
+target_link_libraries(llama-server PRIVATE llama-common)
+"""
+
+
+@pytest.fixture
+def buildable(syn, tmp_path, monkeypatch):
+    """An unseen release of the synthetic tree that really builds; smoke runs its llama-server."""
+    files = {"CMakeLists.txt": BUILT_CMAKE, "common/speculative.h": SPEC_H,
+             "common/build-info.cpp.in": 'char const * LLAMA_COMMIT = "@LLAMA_BUILD_COMMIT@";\n',
+             "ggml/ggml.c": "const char * ggml_commit(void) { return GGML_COMMIT; }\n",
+             "src/llama.c": "int llama_answer(void) { return 42; }\n",
+             "tools/server/server.cpp": BUILT_SERVER}
+    run_git(syn.upstream, "checkout", "-q", "-B", "master")
+    for rel, text in files.items():
+        (syn.upstream / rel).parent.mkdir(parents=True, exist_ok=True)
+        (syn.upstream / rel).write_text(text)
+    tag = upstream(syn, tmp_path, MOVED)  # commits the build files with the release
+    runs = []
+
+    def run_smoke(build_dir, fixtures_dir, **kwargs):
+        out = subprocess.run([str(Path(build_dir) / "bin" / "llama-server")], capture_output=True, text=True,
+                             check=True).stdout
+        runs.append((Path(build_dir), out.strip()))
+        passed = "fixed=1" in out
+        result = {"passed": passed, "log_findings": [], "failures": [] if passed else ["HTTP 500"]}
+        return {"passed": passed, "failed": [] if passed else ["image/qwen35-grid-plain-agree"],
+                "results": {"image": {"qwen35-grid-plain-agree": result}}, "wall_s": 0.1}
+
+    monkeypatch.setattr(prove.smoke, "run_smoke", run_smoke)
+    monkeypatch.setattr(prove.smoke, "upstream_symptom", lambda result: not result["passed"])
+    monkeypatch.setattr(prove.fixtures, "ensure_fixtures", lambda d: {"files": {}})
+    return tag, runs
+
+
+def compiled_in_last_build(build_dir: Path) -> list[str]:
+    """The objects ninja compiled in the build dir's last build, from the log dfbuild keeps."""
+    log = (build_dir / build.LOG_NAME).read_text()
+    return sorted(Path(line.split()[-1]).name for line in log.splitlines()
+                  if line.startswith("[") and "] Building " in line)
+
+
+@pytest.mark.skipif(sys.platform.startswith("win"), reason="the stand-in is built with the host's C/C++ compiler")
+def test_an_unseen_base_compiles_once_and_its_patched_build_compiles_only_the_patch_and_the_stamp(
+        syn, tmp_path, buildable):
+    tag, runs = buildable
+    work = tmp_path / "work"
+    proof = prove.prove(tag, repo=str(syn.upstream), work=work, patches_dir=syn.patches,
+                        build_options={"use_ccache": False})
+    assert proof["outcome"] == "fixed", proof
+
+    # one build dir, built twice: the patched build recompiled the patched file and the version stamp only
+    builds = proof["builds"]
+    assert builds["unpatched"]["build_dir"] == builds["patched"]["build_dir"] == str(work / "build-cpu")
+    assert builds["unpatched"]["compiled_steps"] >= 4  # the cold build: everything
+    assert sorted(Path(o).name for o in builds["patched"]["compiled_objects"]) == [
+        "build-info.cpp.o", "speculative.cpp.o"]
+    assert compiled_in_last_build(work / "build-cpu") == ["build-info.cpp.o", "speculative.cpp.o"]
+    assert not (work / "unpatched" / "src").exists()  # no second tree to build
+
+    # smoke ran the unpatched binaries (the base commit, without the fix), then the patched ones
+    unpatched_dir = work / "unpatched" / "build-cpu"
+    assert runs == [(unpatched_dir, f"commit {proof['unpatched_commit']} fixed=0"),
+                    (work / "build-cpu", f"commit {proof['patched_commit']} fixed=1")]
+    assert proof["unpatched_commit"] == run_git(syn.upstream, "rev-parse", tag)
+    assert run_git(work / "src", "rev-parse", "HEAD") == proof["patched_commit"]  # the tree is back on it
+    assert run_git(work / "src", "symbolic-ref", "--short", "HEAD") == f"dfbuild/{tag}"
+    # the kept copy is bin/ only, and runs on its own (RUNPATH $ORIGIN: its own libraries, not the patched ones)
+    assert {p.name for p in unpatched_dir.iterdir()} == {"bin", prove.UNPATCHED_RECORD}
+    shutil.rmtree(work / "build-cpu" / "bin")
+    out = subprocess.run([str(unpatched_dir / "bin" / "llama-server")], capture_output=True, text=True).stdout
+    assert out.strip() == f"commit {proof['unpatched_commit']} fixed=0"
+
+
+@pytest.mark.skipif(sys.platform.startswith("win"), reason="the stand-in is built with the host's C/C++ compiler")
+def test_the_unpatched_copy_is_reused_checked_and_never_a_patched_build(syn, tmp_path, buildable, monkeypatch):
+    tag, runs = buildable
+    work = tmp_path / "work"
+    options = {"use_ccache": False}
+    prove.prove(tag, repo=str(syn.upstream), work=work, patches_dir=syn.patches, build_options=options)
+    tree, folder = work / "src", work / "unpatched" / "build-cpu"
+    base = run_git(syn.upstream, "rev-parse", tag)
+
+    # the same request again: the copy is reused, no build runs
+    monkeypatch.setattr(prove.build, "build_tree", lambda *a, **k: pytest.fail("built again"))
+    kept = prove.build_unpatched(tree, "cpu", work, base, options=options)
+    assert kept["reused"] and kept["source_commit"] == base and kept["build_dir"] == str(folder)
+    monkeypatch.undo()
+
+    # a build that turns out not to be of the base (here: faked as the patched commit) is never kept
+    real = build.build_tree
+
+    def wrong_commit(*args, **kwargs):
+        section = real(*args, **kwargs)
+        return {**section, "source_commit": run_git(tree, "rev-parse", "dfbuild/" + tag)}
+
+    (folder / "bin" / "llama-server").write_bytes(b"tampered")  # the record no longer matches: rebuild
+    monkeypatch.setattr(prove.build, "build_tree", wrong_commit)
+    with pytest.raises(BuildError):
+        prove.build_unpatched(tree, "cpu", work, base, options=options)
+    assert (folder / "bin" / "llama-server").read_bytes() == b"tampered"  # not replaced by that build
+    assert not list(folder.parent.glob(".build-cpu.*"))
+    assert run_git(tree, "symbolic-ref", "--short", "HEAD") == f"dfbuild/{tag}"  # back on the patched commit
+    monkeypatch.undo()
+
+    # a real rebuild replaces the damaged copy whole, with the base's binaries
+    again = prove.build_unpatched(tree, "cpu", work, base, options=options)
+    assert not again["reused"]
+    out = subprocess.run([str(folder / "bin" / "llama-server")], capture_output=True, text=True).stdout
+    assert out.strip() == f"commit {base} fixed=0"
