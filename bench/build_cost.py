@@ -22,6 +22,15 @@ Four measurements, each through the `dfbuild` command line as a user runs it:
   patch <= 1.5 x edit.
 * release: `dfbuild release` in a fresh work dir (shared ccache), then a rerun
   that resumes; the time per stage from the manifest's `release.stages`.
+* unseen (issue 20): with ccache off (CCACHE_DISABLE=1, as on GPU images and
+  fresh machines), one cold `dfbuild build` of llama-server at the base, then
+  `dfbuild release` (or `prove`, --unseen-command) of the same base in a fresh
+  work dir with a copy of the series that has never heard of it
+  (DFBUILD_PATCHES_DIR), so it is carried and proven: the base builds once and
+  the patched tree is an incremental rebuild. Goal: the release's builds (and,
+  reported beside it, its whole wall time, smoke included) <= 1.1 x the cold build.
+  `--base b11434` is the real case (carried from b11312 at +59);
+  `--backend cuda --cuda-arch 90` on a GPU machine.
 * fetch: time to first apply (`dfbuild apply --base b10359 --repo MIRROR` on an
   empty DFBUILD_CACHE_DIR) with the old full bare clone against the shallow
   fetch of the one tag, from a synthetic local mirror (see make_mirror).
@@ -51,11 +60,12 @@ from benchlib import log
 
 from dfbuild import doctor
 
-PARTS = ("apply", "cold", "rebuild", "release", "fetch")
+PARTS = ("apply", "cold", "rebuild", "release", "fetch", "unseen")
 # `--cpu-variants` for every build and release the bench runs (set by main; empty: dfbuild's default, all)
 VARIANT_ARGS: list[str] = []
 GOAL_RATIO = 1.05
 CHANGED_OVER_EDIT_GOAL = 1.5
+UNSEEN_GOAL = 1.1
 
 
 def dfbuild_command() -> list[str]:
@@ -270,6 +280,77 @@ def measure_release(runner: Runner, work: Path, base: str) -> dict:
     return result
 
 
+# --- unseen: a release of a base the series has no variant for, ccache off ---------------------
+
+
+def series_without(base: str, dest: Path, patches: Path | None = None) -> Path:
+    """A copy of the series (PATCHES, default: dfbuild's) that has never heard of BASE."""
+    import tomlkit
+
+    from dfbuild import series
+
+    shipped = Path(patches or series.default_patches_dir())
+    _cleanup(dest)
+    shutil.copytree(shipped, dest, ignore=shutil.ignore_patterns(base))
+    doc = tomlkit.parse((dest / "series.toml").read_text(encoding="utf-8"))
+    doc.get("bases", {}).pop(base, None)
+    for concern in doc.get("concern", []):
+        concern.get("variants", {}).pop(base, None)
+    (dest / "series.toml").write_text(tomlkit.dumps(doc), encoding="utf-8")
+    return dest
+
+
+def measure_unseen(runner: Runner, work: Path, base: str, *, backend: str = "cpu", cuda_arch: str | None = None,
+                   command: str = "release", repo: str | None = None, patches: Path | None = None,
+                   jobs: int | None = None) -> dict:
+    """One cold build of BASE, then the release (or proof) of BASE as an unseen base; ccache off in both."""
+    dfb = dfbuild_command()
+    env = {"CCACHE_DISABLE": "1"}  # no ccache anywhere: most users have none (issue 20)
+    repo_args = ["--repo", str(repo)] if repo else []
+    build_args = [*VARIANT_ARGS, *(["--cuda-arch", cuda_arch] if cuda_arch else []),
+                  *(["-j", str(jobs)] if jobs else [])]
+    cold_root, release_work, out = work / "unseen-cold", work / "unseen-work", work / "unseen-dist"
+    _cleanup(cold_root, release_work, out)
+    runner.run("unseen-checkout", [*dfb, "checkout", "--base", base, *repo_args, "--dir", str(cold_root / "src")],
+               env_extra=env)
+    cold_s, cold_out = runner.run("unseen-cold-build", [
+        *dfb, "build", "--dir", str(cold_root / "src"), "--backend", backend, "--build-dir",
+        str(cold_root / f"build-{backend}"), "--no-ccache", "--json", *build_args], env_extra=env)
+    cold = json.loads(cold_out)
+    _cleanup(cold_root)  # its disk, not its time: the release below starts from nothing
+
+    unseen = series_without(base, work / "unseen-patches", patches)
+    env["DFBUILD_PATCHES_DIR"] = str(unseen)
+    if command == "release":
+        args = [*dfb, "release", "--base", base, *repo_args, "--backend", backend, "--work", str(release_work),
+                "--out", str(out), "--json", *build_args]
+    else:  # prove has no --cuda-arch: it builds the backend's default architectures
+        args = [*dfb, "prove", "--base", base, *repo_args, "--backend", backend, "--work", str(release_work),
+                "--json", *VARIANT_ARGS, *(["-j", str(jobs)] if jobs else [])]
+    wall_s, _ = runner.run(f"unseen-{command}", args, env_extra=env)
+    proofs = json.loads((release_work / f"proof-{backend}.json").read_text(encoding="utf-8"))
+    proof = next(iter(proofs.values()))
+    times = proof.get("times", {})
+    build_s = times.get("build_unpatched", 0.0) + times.get("build_patched", 0.0)
+    result = {
+        "base": base, "backend": backend, "cuda_arch": cuda_arch, "command": command, "ccache": "disabled",
+        "cold_build_s": round(cold_s, 2),
+        "cold_compiled_steps": cold.get("compiled_steps"),
+        f"{command}_wall_s": round(wall_s, 2),
+        "outcome": proof.get("outcome"),
+        "proof_times": times,
+        "builds": proof.get("builds"),
+        "build_s": round(build_s, 2),
+        "builds_over_cold": round(build_s / cold_s, 3) if cold_s else None,
+        "wall_over_cold": round(wall_s / cold_s, 3) if cold_s else None,
+        "goal": UNSEEN_GOAL,
+    }
+    result["goal_met"] = result["builds_over_cold"] is not None and result["builds_over_cold"] <= UNSEEN_GOAL
+    if command == "release" and (out / "manifest.json").is_file():
+        result["release_stages"] = json.loads((out / "manifest.json").read_text())["release"]["stages"]
+    return result
+
+
 # --- fetch: time to first apply from a git repository, full clone vs shallow fetch ------------
 
 MIRROR_VERSION = "1"  # bump when the synthetic mirror's recipe changes (it is rebuilt then)
@@ -447,7 +528,8 @@ def _cleanup(*dirs: Path) -> None:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
+    p.add_argument("--parts", default=",".join(p for p in PARTS if p != "unseen"),
+                   help=f"comma-separated subset of {','.join(PARTS)} (default: all but unseen, two cold builds)")
     p.add_argument("--base", default="b10359", help="base to check out and patch (default b10359, offline)")
     p.add_argument("--targets", default="ggml", help="comma-separated CMake targets of the cold comparison "
                                                       "(default ggml; llama-server for the full build)")
@@ -464,6 +546,12 @@ def parse_args(argv=None):
                    "mirror's commits rewrite (two per commit; default 48)")
     p.add_argument("--mirror-branches", type=int, default=40, help="fetch: side branches of the mirror (default 40)")
     p.add_argument("--fetch-reps", type=int, default=2, help="fetch: repetitions, alternating the order (default 2)")
+    p.add_argument("--backend", default="cpu", help="unseen: the backend to build (default cpu; cuda on a GPU machine)")
+    p.add_argument("--cuda-arch", default=None, help="unseen: CUDA architectures, e.g. 90 (cuda only)")
+    p.add_argument("--unseen-command", choices=("release", "prove"), default="release",
+                   help="unseen: the path measured after the cold build (default release)")
+    p.add_argument("--repo", default=None, help="unseen: repository of the base (default: implied by the base)")
+    p.add_argument("--patches", type=Path, default=None, help="unseen: the series to copy (default: dfbuild's)")
     p.add_argument("--results", type=Path, default=benchlib.RESULTS_JSON)
     return p.parse_args(argv)
 
@@ -500,6 +588,13 @@ def main(argv=None) -> int:
     if "fetch" in parts:
         log("fetch: time to first apply on an empty cache, full clone vs shallow fetch, from a local mirror")
         section["fetch"] = measure_fetch(runner, work, opts.junk_kib, opts.mirror_branches, opts.fetch_reps)
+    if "unseen" in parts:
+        log(f"unseen: cold build of {opts.base}, then {opts.unseen_command} of it as an unseen base, ccache off")
+        section["unseen"] = measure_unseen(runner, work, opts.base, backend=opts.backend, cuda_arch=opts.cuda_arch,
+                                           command=opts.unseen_command, repo=opts.repo, patches=opts.patches,
+                                           jobs=opts.jobs)
+        log(f"  builds / cold = {section['unseen']['builds_over_cold']} (goal <= {UNSEEN_GOAL}), "
+            f"whole {opts.unseen_command} / cold = {section['unseen']['wall_over_cold']}")
     machine["load_average_at_end"] = benchlib.load_average()
 
     # the headline ratio: the full llama-server build when it was measured, else the cheaper target's

@@ -4,6 +4,7 @@ turns server figures into speed-ups, acceptance and the goals' verdicts."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -188,3 +189,51 @@ def test_drift_report_tables_every_checked_release():
     text = drift.markdown(data)
     assert "| b11434 | every 5th | offset +59 |" in text and "| offset | 1 |" in text
     assert "not applicable" not in text.split("| decision | count |")[1].split("Wall time")[0]
+
+
+# --- bench/build_cost.py --parts unseen, on the synthetic tree that really builds --------------------
+
+from test_prove import MOVED, buildable, upstream  # noqa: E402,F401  (fixtures)
+from test_series import own_cache, syn, template  # noqa: E402,F401  (fixtures)
+
+# the dfbuild command the bench runs, with smoke standing in as test_prove's `buildable` does: a tree
+# passes when its llama-server ran the fix
+_FAKE_SMOKE_DFBUILD = """\
+import subprocess
+from pathlib import Path
+from dfbuild import fixtures, smoke
+
+def run_smoke(build_dir, fixtures_dir, **kwargs):
+    out = subprocess.run([str(Path(build_dir) / "bin" / "llama-server")], capture_output=True, text=True).stdout
+    passed = "fixed=1" in out
+    result = {"passed": passed, "log_findings": [], "failures": [] if passed else ["HTTP 500"]}
+    return {"passed": passed, "failed": [] if passed else ["image/x"], "results": {"image": {"x": result}},
+            "wall_s": 0.1}
+
+smoke.run_smoke = run_smoke
+smoke.upstream_symptom = lambda result: not result["passed"]
+fixtures.ensure_fixtures = lambda d: {"files": {}}
+from dfbuild.cli import main
+main()
+"""
+
+
+@pytest.mark.skipif(sys.platform.startswith("win"), reason="the stand-in is built with the host's C/C++ compiler")
+def test_unseen_part_times_a_cold_build_and_the_proof_of_the_same_base_without_ccache(syn, tmp_path, buildable,
+                                                                                       monkeypatch):
+    import build_cost  # noqa: E402  (bench/ is scripts)
+
+    tag, _ = buildable
+    monkeypatch.setattr(build_cost, "dfbuild_command", lambda: [sys.executable, "-c", _FAKE_SMOKE_DFBUILD])
+    runner = build_cost.Runner(tmp_path / "logs", 0, dict(os.environ))
+    result = build_cost.measure_unseen(runner, tmp_path / "bench", tag, command="prove", repo=str(syn.upstream),
+                                       patches=syn.patches)
+    assert result["outcome"] == "fixed" and result["ccache"] == "disabled"
+    assert result["cold_build_s"] > 0 and result["cold_compiled_steps"] >= 4
+    # the proof built the base once and the patched tree incrementally: two files compiled the second time
+    assert sorted(Path(o).name for o in result["builds"]["patched"]["compiled_objects"]) == [
+        "build-info.cpp.o", "speculative.cpp.o"]
+    assert result["build_s"] > 0
+    assert result["builds_over_cold"] == pytest.approx(result["build_s"] / result["cold_build_s"], rel=0.02)
+    assert result["goal"] == 1.1 and isinstance(result["goal_met"], bool)
+    assert not build_cost.parse_args([]).parts.count("unseen")  # two cold builds: only when asked for
