@@ -7,7 +7,8 @@ layout cheap, and the flags come from the backend table plus a version stamp, so
 The stamp is split so that a changed patch rebuilds only what it changes. CMake
 gets the commit the series goes on (LLAMA_BUILD_COMMIT = the base, the same
 before and after any patch), so the configure arguments and every compile
-command stay the same, and the unpatched and patched builds share the ccache.
+command stay the same: the unpatched and patched builds share the ccache, and a
+proof rebuilds one build dir from the base to the patched commit incrementally.
 The built commit itself (HEAD, with the patches) is written into the one
 generated file that carries it, common/build-info.cpp, right before ninja
 builds: a new patch recompiles that file and the patched source, and relinks.
