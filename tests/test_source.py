@@ -21,7 +21,7 @@ import git
 import pytest
 from filelock import FileLock
 
-from dfbuild import paths, source, ui
+from dfbuild import gitfetch, paths, source, ui
 from dfbuild.errors import DirtyTreeError, NotLlamaTreeError, SourceError, UnknownBaseError
 from dfbuild.manifest import tree_manifest_path
 
@@ -219,7 +219,7 @@ def test_known_base_alone_reaches_for_github(tmp_path, monkeypatch):
         tried.append(url)
         raise git.GitCommandError(["git", *args], 128, "fatal: unable to access: Could not resolve host: github.com")
 
-    monkeypatch.setattr(source, "_git_progress", no_network)
+    monkeypatch.setattr(gitfetch, "_git_progress", no_network)
     result = dfbuild("checkout", "--base", "5ecbe1a", "--dir", tmp_path / "llama")
 
     assert tried == ["https://github.com/ggml-org/llama.cpp"]
