@@ -444,8 +444,12 @@ def _render_track(report: dict) -> None:
     ui.console.print(f"newest known base: {known['base'] or 'none'}; releases after {since} from "
                      f"{report['releases_from']}" + (f"; PR #{report['pr']} from {report['pr_repo']}" if report["pr"] else ""),
                      soft_wrap=True, markup=False)
+    listing = report.get("listing") or {}
+    if listing.get("from") == "cache":
+        ui.warn(f"the release listing is dfbuild's saved copy from {listing.get('fetched_at') or 'an earlier run'}, "
+                f"not the index ({listing.get('why')}): it may be stale, releases since then are missing")
     if not report["candidates"]:
-        ui.info("nothing new upstream")
+        ui.info("nothing new upstream" + (" (in the saved listing)" if listing.get("from") == "cache" else ""))
         return
     table = Table(show_header=True, header_style="bold")
     for column in ("candidate", "kind", "outcome", "detail"):

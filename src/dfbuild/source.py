@@ -58,6 +58,7 @@ from .gitfetch import (  # noqa: F401 - re-exported: callers and tests use them 
     valid_ref_name,
 )
 from .paths import cache_dir, locked
+from .sdist import cached as cached_sdist
 from .sdist import fetch_sdist
 from .unpack import (  # noqa: F401 - re-exported
     LIMIT_FLAG,
@@ -194,12 +195,13 @@ def _offline_cache_repo(base: KnownBase) -> git.Repo:
         if path.exists():
             return git.Repo(path)
         build = release_build(base.name)
-        if base.name not in KNOWN_BASES and build is not None:
-            pypi.require_release(build)  # a clear "no such release" before any download
-        sdist = fetch_sdist(base.sdist)
+        # a clear "no such release" before any download; a cached sdist needs no index at all
+        if base.name not in KNOWN_BASES and build is not None and cached_sdist(base.sdist) is None:
+            pypi.require_release(build)
+        archive = fetch_sdist(base.sdist)
         with state.temp_dir("import") as tmp:
             work = Path(tmp) / "tree"
-            import_archive(sdist, base.name, work, date=base.date,
+            import_archive(archive, base.name, work, date=base.date,
                            message=f"Import llama.cpp {base.name} from {base.sdist}")
             tmp_bare = path.with_name(path.name + ".tmp")
             shutil.rmtree(tmp_bare, ignore_errors=True)
