@@ -76,3 +76,18 @@ def test_installed_console_script():
     version_run = subprocess.run([script, "--version"], capture_output=True, text=True, env=env)
     assert version_run.returncode == 0
     assert version_run.stdout == f"dfbuild, version {version('dfbuild')}\n"
+
+
+def test_base_help_lists_the_series_bases_and_any_release():
+    """--help names the bases series.toml knows (not a list frozen in the code) and says any bNNNNN works."""
+    from dfbuild import series
+
+    bases = list(series.load_series().bases)
+    assert bases
+    for command in ("checkout", "apply", "prove", "release"):
+        result = invoke(command, "--help")
+        assert result.exit_code == 0
+        text = " ".join(result.output.split())
+        listed = text[text.index("--base TEXT"):text.index("[required]")]
+        assert all(base in listed for base in bases), (command, listed)
+        assert "any llama.cpp release bNNNNN" in listed, (command, listed)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -112,8 +114,10 @@ def test_setup_commands_are_valid_bash():
 
 def test_vulkan_runner_installs_what_doctor_asks_for():
     by_id = {e["id"]: e for e in matrix.release_matrix()}
-    for package in ("glslc", "libvulkan-dev", "mesa-vulkan-drivers"):
-        assert package in by_id["linux-vulkan-x64"]["setup"]
+    setup = by_id["linux-vulkan-x64"]["setup"]
+    # LunarG's vulkan-sdk package brings glslc, the headers, the SPIR-V headers and the loader
+    assert "vulkan-sdk" in setup or all(p in setup for p in ("glslc", "libvulkan-dev", "spirv-headers"))
+    assert "mesa-vulkan-drivers" in setup
 
 
 def test_a_release_entry_for_a_host_the_backend_cannot_use_is_refused(monkeypatch):
@@ -135,3 +139,46 @@ def test_plain_listing_and_identifiers():
     assert table.exit_code == 0
     for entry_id in matrix.build_identifiers():
         assert entry_id in table.output
+
+
+# glibc of the Ubuntu releases a build image may be based on (the test's own table, not backends.toml's)
+UBUNTU_GLIBC = {"20.04": (2, 31), "22.04": (2, 35), "24.04": (2, 39), "26.04": (2, 42)}
+
+
+def test_every_linux_entry_builds_on_glibc_2_35_or_older():
+    """Binaries need the glibc they were linked on: a 24.04 image (2.39) makes archives that do not start on
+    Debian 12 (2.36) or Ubuntu 22.04 (2.35). The image is read from the generated matrix, whatever it declares."""
+    linux = [e for e in matrix_json()["include"] if e["os"] == "linux"]
+    assert linux
+    too_new, floors = [], {}
+    for entry in linux:
+        image = entry.get("container") or entry.get("image") or entry["runner"]  # a container links the binaries
+        release = re.search(r"ubuntu-?(\d{2}\.\d{2})", image)
+        assert release and release.group(1) in UBUNTU_GLIBC, f"{entry['id']}: glibc of image {image} unknown"
+        glibc = ".".join(map(str, UBUNTU_GLIBC[release.group(1)]))
+        floors[entry["id"]] = glibc
+        if UBUNTU_GLIBC[release.group(1)] > (2, 35):
+            too_new.append(f"{entry['id']} builds on {image} (glibc {glibc})")
+    assert too_new == []
+    assert {e["id"]: e.get("glibc") for e in linux} == floors  # what the matrix says is the image's
+
+
+def test_readme_states_the_glibc_floor_of_each_linux_entry():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    for entry in matrix.release_matrix():
+        if entry["os"] == "linux":
+            row = next((line for line in readme.splitlines() if line.startswith(f"| {entry['id']} |")), None)
+            assert row is not None, f"README has no glibc row for {entry['id']}"
+            assert row.rstrip(" |").endswith(entry["glibc"]) and entry["image"] in row, row
+
+
+def test_an_entry_on_a_newer_glibc_is_refused(monkeypatch):
+    table = copy.deepcopy(backends.table())
+    row = next(r for r in table["release"] if r["os"] == "linux" and r.get("container"))
+    row["container"] = row["container"].replace("22.04", "24.04")
+    monkeypatch.setattr(backends, "table", lambda: table)
+    with pytest.raises(DfbuildError, match="has 2.39"):
+        matrix.release_matrix()
+    row["glibc"] = "2.39"
+    with pytest.raises(DfbuildError, match="would not start on Ubuntu 22.04 or Debian 12"):
+        matrix.release_matrix()

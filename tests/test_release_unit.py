@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import archive, backends, build, fixtures, release, series, source, verify
+from dfbuild import archive, backends, build, elf, fixtures, release, series, source, verify
 from dfbuild.cli import main
 from dfbuild.errors import ReleaseError, SmokeFailedError
 from helpers import private_cache
@@ -381,6 +381,49 @@ def test_verify_checks_the_commit_named_by_the_unpacked_binary(inputs, fake_whee
     write_full_release(inputs, out)
     report = verify.verify(out)
     assert any("not the patched commit" in p for p in report["problems"]), report["problems"]
+
+
+def elf_needing_glibc(tmp_path: Path, planted: bytes | None = None) -> bytes:
+    """A real shared library that takes memcpy from glibc; PLANTED (e.g. b"GLIBC_2.39") rewrites every
+    GLIBC_ version it needs to that one, in place (as a newer build machine would have linked it)."""
+    import re
+
+    (tmp_path / "copy.c").write_text("#include <string.h>\nvoid llama_copy(char *d, const char *s, size_t n) "
+                                     "{ memcpy(d, s, n); }\n")
+    subprocess.run([shutil.which("cc") or "gcc", "-O0", "-shared", "-fPIC", "-o", "libcopy.so",
+                    "-Wl,--enable-new-dtags,-rpath,$ORIGIN", "copy.c"], cwd=tmp_path, check=True)
+    data = (tmp_path / "libcopy.so").read_bytes()
+    if planted:  # the version names in .dynstr, NUL-padded to their own length: the ELF's layout is unchanged
+        data = re.sub(rb"GLIBC_2\.[0-9.]+\x00", lambda m: planted.ljust(len(m.group(0)), b"\0"), data)
+    return data
+
+
+@posix_only
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not (shutil.which("cc") or shutil.which("gcc")),
+                    reason="needs a C compiler on Linux")
+def test_verify_reports_glibc_and_fails_a_wheel_whose_tag_promises_less(inputs, fake_wheel, tmp_path):
+    """A library built against glibc 2.39 in a manylinux_2_17 wheel: the tag promises a glibc it does not start on."""
+    library = Path(inputs["sections"]["build"]["build_dir"]) / "bin" / "libllama.so.0.2.0"
+    honest = elf.read(elf_needing_glibc(tmp_path)).glibc
+    assert honest is not None and honest < (2, 39)
+    library.write_bytes(elf_needing_glibc(tmp_path, b"GLIBC_2.39"))
+    assert elf.read(library).glibc == (2, 39)
+    out = tmp_path / "out"
+    rel = write_full_release(inputs, out)
+    wheel = next(a["name"] for a in rel["artifacts"] if a["kind"] == "wheel")
+    assert "manylinux_2_17" in wheel
+
+    report = verify.verify(out, run_binaries=False)
+    assert report["glibc"][rel["archive"]]["bin/libllama.so.0.2.0"] == "2.39"
+    assert report["glibc"][wheel]["bin/libllama.so.0"] == "2.39"  # the wheel carries it by its soname
+    assert any(f"{rel['archive']}: needs glibc 2.39 or newer" in note for note in report["checked"]), report["checked"]
+    assert report["problems"] == [f"{wheel}: bin/libllama.so.0 needs GLIBC_2.39, but the tag "
+                                  f"{wheel.split('-')[-1][:-4]} promises it runs on glibc 2.17"]
+    result = CliRunner().invoke(main, ["verify", str(out), "--no-run"])
+    assert result.exit_code == 51, result.output
+    assert "needs GLIBC_2.39" in result.output
+    assert verify.manylinux_glibc("manylinux_2_39_x86_64") == (2, 39)
+    assert verify.manylinux_glibc("manylinux_2_17_x86_64.manylinux2014_x86_64") == (2, 17)
 
 
 @posix_only

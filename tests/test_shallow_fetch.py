@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dfbuild import build, series, source
+from dfbuild import build, gitfetch, series, source
 
 from helpers import dfbuild, private_cache, run_git, said
 
@@ -201,7 +201,7 @@ def test_head_is_the_default_branch_tip(upstream, tmp_path, own_cache):
 
 def test_sha_the_server_will_not_send_by_id_is_found_by_deepening(upstream, tmp_path, own_cache, monkeypatch):
     """Protocol v0 sends only advertised tips: the commit is then looked for in the default branch."""
-    monkeypatch.setattr(source, "REMOTE_PROTOCOL", "protocol.version=0")
+    monkeypatch.setattr(gitfetch, "REMOTE_PROTOCOL", "protocol.version=0")
     dest = tmp_path / "llama"
     result = dfbuild("checkout", "--base", upstream.main[8], "--repo", upstream.url, "--dir", dest, "--json")
 
@@ -219,7 +219,7 @@ def test_second_checkout_fetches_just_the_other_ref(upstream, tmp_path, own_cach
 
     fetched = []
     real = source._git_progress
-    monkeypatch.setattr(source, "_git_progress",
+    monkeypatch.setattr(gitfetch, "_git_progress",
                         lambda args, title, *a, **k: fetched.append(args) or real(args, title, *a, **k))
     data = checkout(upstream, "b105", tmp_path / "two")
     assert data["commit"] == upstream.main[5]

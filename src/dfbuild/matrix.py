@@ -1,7 +1,7 @@
 """`dfbuild matrix`: the release matrix, generated from the backend table.
 
 One entry per (os, backend, toolkit, arch) row of backends.toml's [[release]] table, with
-its runner (and container), the toolchain setup command, the CMake flags
+its runner (and container), its build image and, on Linux, its glibc floor, the toolchain setup command, the CMake flags
 `dfbuild build` will use there, and the artifact name `dfbuild release` gives
 it. ci/release.yml reads this as JSON (fromJSON), so the workflow never holds a
 second copy of the table.
@@ -70,6 +70,34 @@ def entry_id(os: str, backend: str, arch: str, toolkit: str | None = None) -> st
     return "-".join(p for p in (os, backend, _toolkit_label(toolkit), arch) if p)
 
 
+GLIBC_CEILING = (2, 35)   # the newest glibc a Linux entry may build on: Ubuntu 22.04 (Debian 12 has 2.36)
+_UBUNTU_RELEASE = re.compile(r"ubuntu-?(\d{2}\.\d{2})")
+
+
+def image_glibc(image: str) -> str | None:
+    """The glibc of a build image (ubuntu-22.04, nvidia/cuda:12.8.1-devel-ubuntu22.04, ...), from [linux_glibc]."""
+    match = _UBUNTU_RELEASE.search(image or "")
+    return backends.table().get("linux_glibc", {}).get(f"ubuntu-{match.group(1)}") if match else None
+
+
+def _linux_floor(ident: str, row: dict) -> tuple[str, str]:
+    """A Linux entry's build image and glibc floor, checked: the declared glibc is the image's, at most 2.35."""
+    image = row.get("container") or row.get("image") or ""
+    declared = str(row.get("glibc") or "")
+    known = image_glibc(image)
+    fix = "fix the [[release]] table in backends.toml"
+    if not image or not declared:
+        raise DfbuildError(f"release entry {ident} needs its build image (container or image) and its glibc", fix)
+    if known is None:
+        raise DfbuildError(f"release entry {ident}: the glibc of image {image} is not in [linux_glibc]", fix)
+    if known != declared:
+        raise DfbuildError(f"release entry {ident} says glibc {declared}, but its image {image} has {known}", fix)
+    if backends.version_tuple(declared) > GLIBC_CEILING:
+        raise DfbuildError(f"release entry {ident} builds on glibc {declared}: its binaries would not start on "
+                           f"Ubuntu 22.04 or Debian 12", "build it on an image with glibc 2.35 or older")
+    return image, declared
+
+
 def release_matrix(tag: str = TAG_PLACEHOLDER) -> list[dict]:
     """Every release entry, in table order, checked against the backend table."""
     entries = []
@@ -85,6 +113,7 @@ def release_matrix(tag: str = TAG_PLACEHOLDER) -> list[dict]:
         if ident in seen:
             raise DfbuildError(f"release entry {ident} is listed twice", "fix the [[release]] table in backends.toml")
         seen.add(ident)
+        image, glibc = _linux_floor(ident, row) if os_name == "linux" else (row.get("image", row["runner"]), "")
         nvcc = backends.version_tuple(toolkit) if (toolkit and backend == "cuda") else None
         extra = [cudart_name(toolkit, arch)] if (backend == "cuda" and os_name == "windows") else []
         entries.append({
@@ -95,6 +124,8 @@ def release_matrix(tag: str = TAG_PLACEHOLDER) -> list[dict]:
             "toolkit": toolkit or "",
             "runner": row["runner"],
             "container": row.get("container", ""),
+            "image": image,    # where the binaries are linked
+            "glibc": glibc,    # Linux: the oldest glibc they start on (the image's)
             "setup": row.get("setup", ""),
             "flags": backends.cmake_flags(backend, os_name, nvcc_version=nvcc, arch=arch),
             "artifact": artifact_name(tag, os_name, backend, arch, toolkit),

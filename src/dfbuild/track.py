@@ -155,8 +155,12 @@ def default_pr(repo: str | None) -> int | None:
 
 
 def list_candidates(curated: series.Series, *, repo: str | None = None, pr: int | None = None,
-                    since: int | None = None) -> list[Candidate]:
-    """What is new upstream: the PR head first (unless the series knows it), then releases, newest first."""
+                    since: int | None = None, listing: dict | None = None) -> list[Candidate]:
+    """What is new upstream: the PR head first (unless the series knows it), then releases, newest first.
+
+    LISTING, a dict, is filled with where the releases were listed from (pypi.listing_origin,
+    or the repository): a listing from dfbuild's cache may miss the newest releases.
+    """
     floor = since if since is not None else newest_known(curated)["build"]
     found: list[Candidate] = []
     if pr:
@@ -168,9 +172,14 @@ def list_candidates(curated: series.Series, *, repo: str | None = None, pr: int 
         tags = release_tags(repo)
         builds = sorted((b for b in tags if floor is None or b > floor), reverse=True)
         found += [Candidate(tags[b][0], "release", build=b, commit=tags[b][1], repo=repo) for b in builds]
+        if listing is not None:
+            listing.update({"from": "repository"})
     else:
-        builds = sorted((b for b in pypi.release_builds() if floor is None or b > floor), reverse=True)
+        listed, origin = pypi.release_listing()
+        builds = sorted((b for b in listed if floor is None or b > floor), reverse=True)
         found += [Candidate(f"b{b}", "release", build=b) for b in builds]
+        if listing is not None:
+            listing.update(origin)
     return found
 
 
@@ -295,9 +304,12 @@ def track(*, repo: str | None = None, pr: int | None = None, since: int | None =
     known = newest_known(curated)
     work_root = Path(work_root).resolve()
     state_path = Path(state_path or default_state_path(repo, backend)).resolve()
-    candidates = list_candidates(curated, repo=repo, pr=pr, since=since)
+    listing: dict = {}
+    candidates = list_candidates(curated, repo=repo, pr=pr, since=since, listing=listing)
     report = {
         "releases_from": repo or f"pypi:{pypi.RELEASES_PROJECT}",
+        # "cache": the index was out of reach, the releases are dfbuild's saved listing (may be stale)
+        "listing": listing,
         "pr": pr, "pr_repo": (repo or source.GITHUB_LLAMA) if pr else None,
         "backend": backend, "state": str(state_path), "work_root": str(work_root),
         "newest_known": known, "since": since if since is not None else known["build"],

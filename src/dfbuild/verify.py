@@ -3,7 +3,9 @@
 `verify()` checks an OUT directory: SHA256SUMS, each archive's members against
 the file list in its manifest, OUT/manifest.json against the archives, the
 wheel's binaries against the archive's, and that the unpacked llama-server's
-`--version` names the patched commit.
+`--version` names the patched commit. It reports the highest GLIBC_ symbol
+version each shipped ELF needs, and fails a wheel whose manylinux tag promises
+an older glibc than one of its ELFs needs.
 """
 
 from __future__ import annotations
@@ -38,10 +40,11 @@ RUN_OPT_IN = "--run"
 
 def _check_archive(path: Path, problems: list[str], notes: list[str], run_binaries: bool,
                    host: backends.Host, *, not_run_why: str = "not run (--no-run)",
-                   limits: source.Limits | None = None) -> dict | None:
+                   limits: source.Limits | None = None, glibc: dict | None = None) -> dict | None:
     """Check one archive; return its embedded manifest (None when it cannot be read).
 
     Its llama-server runs only when RUN_BINARIES and the archive passed every check before that.
+    GLIBC, when given, gets {archive name: {member: highest GLIBC_ version it needs}}.
     """
     problems_before = len(problems)
     members = read_members(path, limits)
@@ -97,10 +100,14 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
             problems.append(f"{path.name}: {name_} does not match its sha256 in the manifest")
         elif os.name != "nt" and f"{member.mode & 0o777:04o}" != record.get("mode"):
             problems.append(f"{path.name}: {name_} has mode {member.mode & 0o777:04o}, not {record.get('mode')}")
+    needs: dict[str, tuple[int, ...]] = {}
     for name_, member in sorted(actual.items()):
         if member.kind == "file" and member.data:
-            _elf_problems(path.name, name_, member.data, problems)
+            _elf_problems(path.name, name_, member.data, problems, needs)
     notes.append(f"{path.name}: {len(actual)} files match its manifest")
+    if glibc is not None and needs:
+        glibc[path.name] = {n: elf.version_text(v) for n, v in sorted(needs.items())}
+        notes.append(_glibc_note(path.name, needs))
 
     series_, build_ = (embedded.get(k) if isinstance(embedded.get(k), dict) else {} for k in ("series", "build"))
     patched = series_.get("head") or build_.get("source_commit")
@@ -177,18 +184,54 @@ def wheel_platform(platform_tag: str) -> tuple[str | None, str | None]:
     return os_name, arch
 
 
-def _elf_problems(label: str, name: str, data: bytes, problems: list[str]) -> None:
-    """RUNPATH must be exactly $ORIGIN (or absent): an empty entry would load libraries from the current dir."""
+def _elf_problems(label: str, name: str, data: bytes, problems: list[str],
+                  glibc: dict[str, tuple[int, ...]] | None = None) -> None:
+    """RUNPATH must be exactly $ORIGIN (or absent): an empty entry would load libraries from the current dir.
+
+    GLIBC, when given, gets NAME's highest GLIBC_ symbol version (the oldest glibc it starts on).
+    """
     if elf.is_elf(data):
         try:
-            problem = elf.search_path_problem(elf.read(data))
+            info = elf.read(data)
+            problem = elf.search_path_problem(info)
         except Exception as exc:  # noqa: BLE001 - a damaged ELF is a finding, not a crash
-            problem = f"cannot be read as ELF ({exc})"
+            info, problem = None, f"cannot be read as ELF ({exc})"
         if problem:
             problems.append(f"{label}: {name} {problem}")
+        if glibc is not None and info is not None and info.glibc:
+            glibc[name] = info.glibc
 
 
-def _check_wheel(path: Path, embedded_by_version: dict[tuple, dict], problems: list[str], notes: list[str]) -> None:
+_MANYLINUX = re.compile(r"manylinux_(\d+)_(\d+)_\w+")
+_LEGACY_MANYLINUX = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}  # PEP 600
+
+
+def manylinux_glibc(platform_tag: str) -> tuple[int, ...] | None:
+    """The glibc a wheel's platform tag promises to run on: manylinux_2_35_x86_64 -> (2, 35).
+
+    A compressed tag set (manylinux_2_17_x86_64.manylinux2014_x86_64) promises its lowest;
+    None when no tag is manylinux.
+    """
+    promised = []
+    for tag in platform_tag.split("."):
+        match = _MANYLINUX.fullmatch(tag)
+        if match:
+            promised.append((int(match.group(1)), int(match.group(2))))
+        elif tag.partition("_")[0] in _LEGACY_MANYLINUX:
+            promised.append(_LEGACY_MANYLINUX[tag.partition("_")[0]])
+    return min(promised) if promised else None
+
+
+def _glibc_note(label: str, needs: dict[str, tuple[int, ...]]) -> str:
+    """One line: the highest glibc any ELF of LABEL needs, and which one."""
+    top = max(needs.values())
+    which = sorted(name for name, version in needs.items() if version == top)
+    return (f"{label}: needs glibc {elf.version_text(top)} or newer "
+            f"(GLIBC_{elf.version_text(top)} in {', '.join(which[:3])}{' ...' if len(which) > 3 else ''})")
+
+
+def _check_wheel(path: Path, embedded_by_version: dict[tuple, dict], problems: list[str], notes: list[str],
+                 glibc: dict | None = None) -> None:
     fields = parse_wheel_name(path.name)
     if not fields:
         problems.append(f"{path.name}: not a wheel file name")
@@ -221,8 +264,9 @@ def _check_wheel(path: Path, embedded_by_version: dict[tuple, dict], problems: l
         return
     if wheel_manifest != embedded:
         problems.append(f"{path.name}: its manifest differs from the archive's")
+    needs: dict[str, tuple[int, ...]] = {}
     for name_, data in sorted(shipped.items()):
-        _elf_problems(path.name, f"bin/{name_}", data, problems)
+        _elf_problems(path.name, f"bin/{name_}", data, problems, needs)
         if name_ in bundled:  # a system library the manylinux wheel carries (recorded in the manifest)
             if hashlib.sha256(data).hexdigest() != bundled[name_]:
                 problems.append(f"{path.name}: bin/{name_} differs from the library the manifest records")
@@ -238,6 +282,24 @@ def _check_wheel(path: Path, embedded_by_version: dict[tuple, dict], problems: l
             problems.append(f"{path.name}: {binary} is missing")
     notes.append(f"{path.name}: {len(shipped)} files match the archive"
                  + (f" ({len(bundled)} bundled system libraries)" if bundled else ""))
+    _check_wheel_glibc(path.name, platform_tag, needs, problems, notes, glibc)
+
+
+def _check_wheel_glibc(label: str, platform_tag: str, needs: dict[str, tuple[int, ...]], problems: list[str],
+                       notes: list[str], glibc: dict | None) -> None:
+    """A manylinux_2_X tag promises that the wheel runs on glibc 2.X: no ELF in it may need a newer one."""
+    if not needs:
+        return
+    if glibc is not None:
+        glibc[label] = {n: elf.version_text(v) for n, v in sorted(needs.items())}
+    notes.append(_glibc_note(label, needs))
+    promised = manylinux_glibc(platform_tag)
+    if promised is None:
+        return
+    for name_, version in sorted(needs.items()):
+        if version > promised:
+            problems.append(f"{label}: {name_} needs GLIBC_{elf.version_text(version)}, but the tag "
+                            f"{platform_tag} promises it runs on glibc {elf.version_text(promised)}")
 
 
 def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.Host | None = None,
@@ -253,7 +315,8 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
     host = host or backends.current_host()
     problems: list[str] = []
     notes: list[str] = []
-    report = {"dir": str(directory), "problems": problems, "checked": notes}
+    glibc: dict[str, dict[str, str]] = {}   # artifact -> ELF -> the highest GLIBC_ version it needs
+    report = {"dir": str(directory), "problems": problems, "checked": notes, "glibc": glibc}
     sums_path = directory / SUMS_NAME
     if not sums_path.is_file():
         problems.append(f"no {SUMS_NAME} in {directory}")
@@ -294,7 +357,7 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
                 allowed, why = run_binaries, "not run (--no-run)"
             try:
                 embedded = _check_archive(directory / name, problems, notes, allowed, host, not_run_why=why,
-                                          limits=limits)
+                                          limits=limits, glibc=glibc)
             except VerifyError as exc:
                 problems.append(exc.message)
                 embedded = None
@@ -305,7 +368,7 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
                   for e in embedded_by_archive.values() if isinstance(e.get("release"), dict)}
     for name in present:
         if name.endswith(".whl"):
-            _check_wheel(directory / name, by_version, problems, notes)
+            _check_wheel(directory / name, by_version, problems, notes, glibc)
 
     top = directory / MANIFEST_NAME
     if top.is_file():

@@ -1,0 +1,98 @@
+"""PyPI sdists in dfbuild's cache (sdists/): what an offline base is imported from.
+
+Each sdist is kept with a record of its sha256 beside it, NAME.tar.gz.sha256 in
+`sha256sum` format, written when it is downloaded (the digest PyPI lists, which
+the download was checked against). A cached sdist whose bytes match its record
+is used without asking the network at all: an air-gapped build box, or a cache
+whose imports were pruned, checks out from it offline. The network is needed
+only for what is not cached, or for a cached file that fails its record.
+
+Copying sdists in for an air-gapped box: copy each NAME.tar.gz.sha256 along. An
+sdist found without a record is checked against the index's listing when that
+can be read (and then recorded), else used as it is, with a warning.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from . import pypi, state, ui
+from .errors import SourceError
+from .paths import cache_dir, sha256_file
+
+RECORD_SUFFIX = ".sha256"
+
+
+def sdist_path(requirement: str) -> Path:
+    """Where the sdist of REQUIREMENT (name==version) is cached."""
+    name, _, version = requirement.partition("==")
+    return cache_dir() / "sdists" / f"{pypi.normalise(name)}-{version}.tar.gz"
+
+
+def record_path(path: Path) -> Path:
+    return path.with_name(path.name + RECORD_SUFFIX)
+
+
+def read_record(path: Path) -> str | None:
+    """The sha256 recorded for PATH, or None when there is no readable record."""
+    try:
+        first = record_path(path).read_text(encoding="utf-8").split()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return first[0].lower() if first and re.fullmatch(r"[0-9a-fA-F]{64}", first[0]) else None
+
+
+def write_record(path: Path, digest: str) -> None:
+    # atomic: a crash leaves the old record or the new one, never half a digest
+    state.atomic_write_text(record_path(path), f"{digest}  {path.name}\n")
+
+
+def cached(requirement: str) -> Path | None:
+    """The cached sdist of REQUIREMENT when there is one on disk (fetch_sdist checks it against its record)."""
+    path = sdist_path(requirement)
+    return path if path.is_file() else None
+
+
+def _listed(name: str, version: str) -> pypi.Sdist | None:
+    """What the index lists for NAME VERSION; None when it cannot be asked or lists no sdist."""
+    try:
+        return pypi.sdists(name).get(version)
+    except SourceError:
+        return None
+
+
+def fetch_sdist(requirement: str) -> Path:
+    """The sdist for REQUIREMENT (name==version): the cached one when it matches its record, else downloaded."""
+    name, _, version = requirement.partition("==")
+    dest = sdist_path(requirement)
+    bad_copy = None  # why the cached file is not used, when there is one
+    if dest.is_file():
+        recorded = read_record(dest)
+        actual = sha256_file(dest)
+        if recorded == actual:
+            return dest  # no network: the bytes are the ones that were downloaded and checked
+        if recorded is not None:
+            bad_copy = f"the cached {dest.name} does not match its recorded sha256 (corrupt or changed)"
+        else:
+            listed = _listed(name, version)
+            if listed is None:
+                ui.warn(f"{dest} has no record of its sha256 and the index cannot be asked: using it "
+                        f"unchecked (copy {record_path(dest).name} along with a copied sdist)")
+                return dest
+            if listed.sha256 == actual:
+                write_record(dest, actual)
+                return dest
+            bad_copy = f"the cached {dest.name} does not match the sha256 the index lists for it"
+        ui.warn(f"{bad_copy}: downloading it again")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        digest = pypi.download_sdist(requirement, dest)
+    except SourceError as exc:
+        if bad_copy is None:
+            raise
+        raise SourceError(f"{bad_copy}, and a fresh copy cannot be downloaded: {exc.message}",
+                          f"check the network (or ${pypi.INDEX_ENV}), or copy a good {dest.name} and its "
+                          f"{record_path(dest).name} into {dest.parent}") from None
+    write_record(dest, digest)
+    return dest
