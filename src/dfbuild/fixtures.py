@@ -61,7 +61,6 @@ INDEX_NAME = "fixtures.json"
 EOS_ID = 256
 MASK_ID = 257
 AGREE_LETTER = "a"
-DISAGREE_LETTER = "b"
 
 
 def _bytes_to_unicode() -> list[str]:
@@ -439,9 +438,12 @@ def _qwen35_target(path: Path, seed: int, agree: bool, shape: Shape = SMOKE_SHAP
 def _dflash_draft(path: Path, seed: int, flavour: str, rope_sections: bool, shape: Shape = SMOKE_SHAPE) -> None:
     """src/models/dflash.cpp + conversion/qwen.py DFlashModel.
 
-    The draft has no token_embd (it borrows the target's through ctx_other). An
-    agreeing or random draft has no lm head either and borrows the target's; a
-    disagreeing draft ships its own, pointed at another letter.
+    The draft has no token_embd and no lm head: it borrows the target's through
+    ctx_other, as every DFlash loader since b9837 accepts (an own `output.weight`
+    is optional from b10588 on, and b10355's loader refuses a file that has one).
+    A disagreeing draft is the agreeing one with its final norm negated: its
+    hidden state is the agree vector v, the target's head row for the agree letter
+    is v, so -v scores that letter lowest and the draft never proposes it.
     """
     w = _Weights(seed, path.name)
     agree = flavour in ("agree", "disagree")
@@ -450,11 +452,8 @@ def _dflash_draft(path: Path, seed: int, flavour: str, rope_sections: bool, shap
     tensors: dict[str, np.ndarray] = {
         "fc.weight": w.normal(n_embd, len(shape.draft_target_layers) * n_embd, scale=0.2),
         "enc.output_norm.weight": w.ones(n_embd),
-        "output_norm.weight": w.ones(n_embd),
+        "output_norm.weight": -w.ones(n_embd) if flavour == "disagree" else w.ones(n_embd),
     }
-    if flavour == "disagree":
-        v = _agree_vector(_Weights(0, "agree-vector"), n_embd)
-        tensors["output.weight"] = _letter_head(w, v, DISAGREE_LETTER)
     for il in range(shape.draft_layers):
         p = f"blk.{il}"
         tensors.update({
@@ -653,7 +652,6 @@ def write_fixtures(out: Path, seed: int = 0) -> dict:
         "dir": str(out),
         "seed": seed,
         "agree_letter": AGREE_LETTER,
-        "disagree_letter": DISAGREE_LETTER,
         "images": images,
         "files": {name: {"path": str(out / name), "sha256": sha256_file(out / name)} for name in sorted(FILES.values())},
         "sets": {s.name: _set_entry(out, s) for s in FIXTURE_SETS.values()},
