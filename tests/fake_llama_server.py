@@ -111,6 +111,8 @@ def main(argv: list[str]) -> int:
     if MODE == "ignore-sigterm":
         signal.signal(signal.SIGTERM, lambda *_: log("ignoring SIGTERM"))
     State.speculative = arg_value(argv, "--spec-type", "none") != "none"
+    if State.speculative and arg_value(argv, "--spec-type") == "draft-dflash":
+        log("common_speculative_init: adding speculative implementation 'draft-dflash'")
     server = ThreadingHTTPServer((arg_value(argv, "--host", "127.0.0.1"), int(arg_value(argv, "--port", "8080"))), Handler)
     log(f"srv  llama_server: listening on http://127.0.0.1:{server.server_address[1]}")
     try:

@@ -212,7 +212,7 @@ def run_smoke(build_dir, fixtures_dir, **kwargs):
 
 smoke.run_smoke = run_smoke
 smoke.upstream_symptom = lambda result: not result["passed"]
-fixtures.ensure_fixtures = lambda d: {"files": {}}
+fixtures.ensure_fixtures = lambda d: {"files": {}, "sets": {}}
 from dfbuild.cli import main
 main()
 """

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from dfbuild import build, prove, series, smoke
-from dfbuild.errors import BuildError, SeriesFileError
+from dfbuild.errors import BuildError, FixtureError, SeriesFileError
 from dfbuild.manifest import tree_manifest_path
 
 from helpers import dfbuild, run_git, said
@@ -71,7 +71,7 @@ def fakes(monkeypatch):
     monkeypatch.setattr(prove.build, "build_tree", build_tree)
     monkeypatch.setattr(prove.build, "source_commit", lambda tree: (run_git(tree, "rev-parse", "HEAD"), False))
     monkeypatch.setattr(prove.smoke, "run_smoke", run_smoke)
-    monkeypatch.setattr(prove.fixtures, "ensure_fixtures", lambda d: {"files": {}})
+    monkeypatch.setattr(prove.fixtures, "ensure_fixtures", lambda d: {"files": {}, "sets": {}})
     return calls
 
 
@@ -260,7 +260,7 @@ def buildable(syn, tmp_path, monkeypatch):
 
     monkeypatch.setattr(prove.smoke, "run_smoke", run_smoke)
     monkeypatch.setattr(prove.smoke, "upstream_symptom", lambda result: not result["passed"])
-    monkeypatch.setattr(prove.fixtures, "ensure_fixtures", lambda d: {"files": {}})
+    monkeypatch.setattr(prove.fixtures, "ensure_fixtures", lambda d: {"files": {}, "sets": {}})
     return tag, runs
 
 
@@ -339,3 +339,18 @@ def test_the_unpatched_copy_is_reused_checked_and_never_a_patched_build(syn, tmp
     assert not again["reused"]
     out = subprocess.run([str(folder / "bin" / "llama-server")], capture_output=True, text=True).stdout
     assert out.strip() == f"commit {base} fixed=0"
+
+
+def test_a_fixture_set_the_base_cannot_load_is_no_proof(syn, tmp_path, fakes, monkeypatch):
+    """b10355's loader refused a draft that shipped its own head: every scenario of that set would
+    fail on both trees, so a proof must stop, say which set, and record nothing."""
+    def refuse(binary, fixtures_section, log_dir, **kwargs):
+        return {"qwen35-mlp-plain-disagree": "llama-server exited: wrong number of tensors; expected 15, got 14"}
+
+    monkeypatch.setattr(prove.smoke, "fixtures_that_do_not_load", refuse)
+    tag = upstream(syn, tmp_path, MOVED)
+    with pytest.raises(FixtureError) as raised:
+        run_prove(syn, tmp_path, tag)
+    assert "qwen35-mlp-plain-disagree" in raised.value.message and "expected 15, got 14" in raised.value.message
+    assert not fakes["smoke"]  # no scenario ran
+    assert not (tmp_path / "work" / "proof-cpu.json").exists()

@@ -47,7 +47,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from . import backends, build, fixtures, manifest, series, smoke, source, state, ui
-from .errors import BuildDirMismatchError, BuildError, NotApplicableError, PatchConflictError
+from .errors import BuildDirMismatchError, BuildError, FixtureError, NotApplicableError, PatchConflictError
 from .paths import sha256_file
 
 OUTCOMES = ("fixed", "fixed-upstream", "still-broken", "not-applicable", "conflict")
@@ -285,6 +285,17 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
                                "compiled_objects": section.get("compiled_objects"),
                                "wall_time_s": section.get("wall_time_s")}
                        for label, section in (("unpatched", plain), ("patched", built))}
+
+    with timed("fixtures_load", "every fixture set loads in the unpatched llama-server"):
+        refused = smoke.fixtures_that_do_not_load(smoke.server_binary(unpatched_dir(work, backend)), fx,
+                                                  work / f"smoke-load-{backend}", env=how.smoke_env,
+                                                  extra_server_args=how.smoke_server_args)
+    if refused:
+        # a loader that refuses a fixture fails that set's every scenario, patched or not: no proof
+        raise FixtureError(f"{base}'s llama-server does not load fixture set(s) "
+                           + "; ".join(f"{name}: {why}" for name, why in refused.items()),
+                           hint=f"the fixtures must suit every DFlash loader; logs in {work / f'smoke-load-{backend}'}")
+    proof["fixtures_loaded"] = sorted(fx["sets"])
 
     def run(build_dir: Path, label: str) -> dict:
         def progress(result: dict) -> None:

@@ -694,3 +694,34 @@ def remember(key: str, section: dict) -> None:
     """Record SECTION under KEY if it passed (written atomically: a reader sees all of it or nothing)."""
     if section.get("passed") is True and not section.get("skipped"):
         state.atomic_write_text(_memo_path(key), json.dumps(section, indent=2, sort_keys=True) + "\n")
+
+
+def fixtures_that_do_not_load(binary: Path, fixtures_section: dict, log_dir: Path, *, env: dict | None = None,
+                              extra_server_args: tuple[str, ...] = ()) -> dict[str, str]:
+    """Every fixture set, started in BINARY's llama-server with its draft: {set: why} for those that fail.
+
+    A set loads when the server becomes healthy with the mmproj (a media marker)
+    and the DFlash draft set up, and answers a plain text completion. A proof
+    that some set cannot load in is no proof (a loader that refuses a fixture
+    fails every scenario of it, patched or not), so `prove` runs this first.
+    """
+    problems: dict[str, str] = {}
+    Path(log_dir).mkdir(parents=True, exist_ok=True)
+    for name, entry in sorted(fixtures_section["sets"].items()):
+        args = _merge_args(base_server_args(entry, speculative=True), extra_server_args)
+        try:
+            with LlamaServer(binary, args, Path(log_dir) / f"load-{name}.log", env=env) as server:
+                props = server.request("GET", "/props").body or {}
+                text = server.request("POST", "/completion", {"prompt": "hello there", "n_predict": 4,
+                                                              "temperature": 0})
+                log = server.log_text()
+        except errors.DfbuildError as exc:  # did not start, or died: the log says why
+            problems[name] = exc.message
+            continue
+        if not props.get("media_marker"):
+            problems[name] = "no media marker (the mmproj did not load)"
+        elif "adding speculative implementation 'draft-dflash'" not in log:
+            problems[name] = "the DFlash draft was not set up"
+        elif text.error:
+            problems[name] = f"a text completion failed: {text.error}"
+    return problems
