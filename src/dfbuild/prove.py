@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -83,8 +84,11 @@ class ProofRecord:
 
 def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, repo: str | None = None, pr: int | None = None,
           patches_dir: Path | None = None, sets=None, scenarios=None, build_options: dict | None = None,
-          targets=build.DEFAULT_TARGETS) -> dict:
-    """Check out BASE twice under WORK, apply the series to one, build both, smoke both; return the proof."""
+          targets=build.DEFAULT_TARGETS, smoke_options: dict | None = None) -> dict:
+    """Check out BASE twice under WORK, apply the series to one, build both, smoke both; return the proof.
+
+    SMOKE_OPTIONS (table, start_timeout) go to smoke.plan: a software Vulkan device runs its smaller table.
+    """
     how = backends.resolve(backend)
     backend = how.name
     work = Path(work).resolve()
@@ -121,8 +125,12 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
 
     fixtures_dir = work / "fixtures"
     fx = fixtures.ensure_fixtures(fixtures_dir)
+    smoke_options = smoke_options or {}
+    # the asked-for table is part of what was proven (auto may pick the software one)
+    table = smoke_options.get("table") or os.environ.get(smoke.TABLE_ENV, "").strip() or "auto"
     key = _digest([proof["unpatched_commit"], proof["patched_commit"], backend, sorted(sets or []),
-                   sorted(scenarios or []), {n: f["sha256"] for n, f in fx.get("files", {}).items()}])
+                   sorted(scenarios or []), {n: f["sha256"] for n, f in fx.get("files", {}).items()}]
+                  + ([table] if table != "auto" or how.smoke_software else []))
     record = ProofRecord(work / f"proof-{backend}.json")
     known = record.get(key)
     if known:
@@ -137,14 +145,20 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
         built = build.build_tree(tree, backend, work / f"build-{backend}", targets=targets, **options)
     manifest.update_tree_manifest(tree, "build", built)
 
+    # one plan for both trees, chosen on the unpatched build (the same device either way)
+    plan = smoke.plan(how, plain.parent / f"build-{backend}", sets=sets, scenarios=scenarios, **smoke_options)
+    if plan.note:
+        ui.warn(plan.note)
+    proof["smoke_table"] = {"table": plan.table, "device": plan.device, "sets": list(plan.sets),
+                            "scenarios": list(plan.scenarios), "identity": plan.identity}
+
     def run(build_dir: Path, label: str) -> dict:
         def progress(result: dict) -> None:
             mark = "[green]pass[/green]" if result.get("passed") else "[red]FAIL[/red]"
             ui.info(f"    {label}: {result.get('scenario')} / {result.get('set')}: {mark}")
 
-        return smoke.run_smoke(build_dir, fixtures_dir, sets=sets, scenarios=scenarios,
-                               log_dir=work / f"smoke-{label}-{backend}", on_result=progress,
-                               extra_server_args=how.smoke_server_args, env=how.smoke_env)
+        return smoke.run_smoke(build_dir, fixtures_dir, log_dir=work / f"smoke-{label}-{backend}",
+                               on_result=progress, **plan.run_kwargs())
 
     with timed("smoke_unpatched", "smoke the unpatched tree (it should fail)"):
         unpatched = smoke_summary(run(plain.parent / f"build-{backend}", "unpatched"))
@@ -162,7 +176,7 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
         proof["no_longer_needed"] = [c["id"] for c in applied["concerns"]
                                      if c["status"] == "applied" or c.get("detail", "").startswith("already present")]
     if patched_section is not None:  # a release of these very binaries reuses a pass (smoke.recall)
-        smoke.remember(smoke.memo_key(build.payload_digest(built), fx, backend, sets, scenarios), patched_section)
+        smoke.remember(plan.memo_key(build.payload_digest(built), fx), patched_section)
     record.put(key, proof)
     _record_in_tree(tree, proof)
     return proof
