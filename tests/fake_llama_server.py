@@ -9,6 +9,12 @@ behaviour:
   ignore-sigterm  like ok, but survives SIGTERM (the handle must kill it)
   reject-drafts   like ok, but no draft is accepted
   busy-port-once  the first start fails to bind, like a port taken after the probe
+  never-healthy   /health answers 503 (loading) forever, like a cold shader cache on lavapipe
+  near-tie        drafted output takes the runner-up at token 5, where the plain run's top two
+                  are 0.01 nats apart: batch-shape noise on a device like lavapipe
+  diverge         the same difference, but at a decisive token (5 nats apart): a real divergence
+`--list-devices` prints FAKE_DEVICES (";"-separated device lines) as llama-server does.
+With n_probs in a request, each generated token carries completion_probabilities.
 """
 
 from __future__ import annotations
@@ -31,6 +37,23 @@ def arg_value(argv: list[str], flag: str, default: str | None = None) -> str | N
 
 def log(line: str) -> None:
     print(line, flush=True)
+
+
+DIFF_AT = 5  # near-tie / diverge: the token where drafted and plain runs differ
+
+
+def top_logprobs(index: int) -> list[dict]:
+    """The plain run's top candidates at token INDEX, in llama-server's form."""
+    first, second = -0.01, -5.0
+    if index == DIFF_AT and MODE == "near-tie":
+        first, second = -0.69, -0.70
+    return [{"id": 97, "token": "a", "bytes": [97], "logprob": first},
+            {"id": 98, "token": "b", "bytes": [98], "logprob": second}]
+
+
+def probabilities(content: str) -> list[dict]:
+    return [{"id": ord(c), "token": c, "bytes": [ord(c)], "logprob": top_logprobs(k)[0]["logprob"],
+             "top_logprobs": top_logprobs(k)} for k, c in enumerate(content)]
 
 
 class State:
@@ -56,7 +79,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/health":
             State.health_polls += 1
-            if State.health_polls < 3:  # loading, like the real server
+            if State.health_polls < 3 or MODE == "never-healthy":  # loading, like the real server
                 self.reply(503, {"error": {"code": 503, "message": "Loading model"}})
             else:
                 self.reply(200, {"status": "ok"})
@@ -90,14 +113,29 @@ class Handler(BaseHTTPRequestHandler):
             State.drafted += N_DRAFT
             State.accepted += accepted
         content = "a" * n_predict
+        if MODE in ("near-tie", "diverge") and State.speculative:
+            content = "a" * DIFF_AT + "b" + "c" * (n_predict - DIFF_AT - 1)  # what follows the difference differs too
+        n_probs = int(payload.get("n_probs", 0))
         if payload.get("stream"):
-            events = [{"content": c, "stop": False} for c in content] + [{"content": "", "stop": True, "timings": timings}]
+            events = [{"content": c, "stop": False} for c in content]
+            if n_probs:
+                for k, event in enumerate(events):
+                    event["completion_probabilities"] = probabilities(content)[k:k + 1]
+            events.append({"content": "", "stop": True, "timings": timings})
             self.reply(200, "".join(f"data: {json.dumps(e)}\n\n" for e in events), "text/event-stream")
         else:
-            self.reply(200, {"content": content, "timings": timings})
+            body = {"content": content, "timings": timings}
+            if n_probs:
+                body["completion_probabilities"] = probabilities(content)
+            self.reply(200, body)
 
 
 def main(argv: list[str]) -> int:
+    if "--list-devices" in argv:
+        print("Available devices:")
+        for line in filter(None, os.environ.get("FAKE_DEVICES", "").split(";")):
+            print(f"  {line}")
+        return 0
     log("$ fake llama-server " + " ".join(argv))
     if MODE == "exit-early":
         log("error: failed to load model")

@@ -581,7 +581,7 @@ def stub_stages(inputs, fake_wheel, monkeypatch):
     def fake_build(tree, backend, build_dir, **kwargs):
         return s["build"]
 
-    def fake_smoke(build_dir, fixtures_dir, log_dir, backend="cpu"):
+    def fake_smoke(build_dir, fixtures_dir, log_dir, backend="cpu", plan=None):
         calls["smoke"] += 1
         return {"passed": calls.get("smoke_passes", True), "failed": [] if calls.get("smoke_passes", True) else ["image/x"],
                 "log_dir": str(log_dir), "results": {}}

@@ -154,9 +154,16 @@ def test_each_entry_runs_dfbuild_release_with_its_backend_and_a_ccache_of_its_ow
     assert release_step["env"]["BACKEND"] == "${{ matrix.backend }}"
     assert '--backend "$BACKEND"' in release_step["run"] and '--base "$BASE"' in release_step["run"]
     assert build_job["env"]["CCACHE_DIR"].endswith("ccache")
-    cache = next(s for s in build_job["steps"] if s.get("uses", "").startswith("actions/cache@"))
-    assert "${{ matrix.id }}" in cache["with"]["key"]
-    assert cache["with"]["path"] == ".cache"  # holds CCACHE_DIR and the Mesa shader cache
+    steps = build_job["steps"]
+    restore = next(k for k, s in enumerate(steps) if s.get("uses", "").startswith("actions/cache/restore@"))
+    save = next(k for k, s in enumerate(steps) if s.get("uses", "").startswith("actions/cache/save@"))
+    release_at = steps.index(release_step)
+    assert restore < release_at < save
+    for cache in (steps[restore], steps[save]):
+        assert "${{ matrix.id }}" in cache["with"]["key"]
+        assert cache["with"]["path"] == ".cache"  # holds CCACHE_DIR and the Mesa shader cache
+    # saved when the release fails too: a run that timed out on a cold shader cache leaves it warm
+    assert steps[save]["if"] == "always()" and steps[save]["with"]["key"] == steps[restore]["with"]["key"]
     assert build_job["env"]["MESA_SHADER_CACHE_DIR"].startswith("${{ github.workspace }}/.cache/")
     upload = next(s for s in build_job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@"))
     assert "${{ matrix.id }}" in upload["with"]["name"]

@@ -55,6 +55,8 @@ class Backend:
     not_here: dict = field(hash=False)
     smoke_server_args: tuple[str, ...]       # how the smoke stage runs this backend's llama-server
     smoke_env: dict = field(hash=False)
+    smoke_runtime: dict = field(hash=False)   # start timeout, identity rule, shader cache
+    smoke_software: dict = field(hash=False)  # the smaller table for software devices
     raw: dict = field(hash=False, repr=False)
 
     def builds_on(self, host_os: str) -> bool:
@@ -93,6 +95,8 @@ def get(name: str) -> Backend:
         not_here=dict(entry.get("not_here", {})),
         smoke_server_args=tuple(entry.get("smoke", {}).get("server_args", ())),
         smoke_env=dict(entry.get("smoke", {}).get("env", {})),
+        smoke_runtime=dict(entry.get("smoke", {}).get("runtime", {})),
+        smoke_software=dict(entry.get("smoke", {}).get("software", {})),
         raw=entry,
     )
 

@@ -88,6 +88,25 @@ def base_option(func):
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the manifest section as JSON on stdout.")
 
 
+def smoke_run_options(func):
+    """--start-timeout / --smoke-table: how patient the smoke is, and how much of the table it runs."""
+    for option in reversed([
+        click.option("--start-timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+                     help="Seconds each llama-server may take to become healthy (and each request to answer) "
+                          "[default: the backend table's: 180, vulkan 900; or $DFBUILD_START_TIMEOUT]."),
+        click.option("--smoke-table", type=click.Choice(["auto", "full", "software"]), default=None,
+                     help="Smoke scenarios to run: full, the backend's smaller software-device table, or auto "
+                          "(software on a software Vulkan device such as lavapipe) "
+                          "[default: auto, or $DFBUILD_SMOKE_TABLE]."),
+    ]):
+        func = option(func)
+    return func
+
+
+def _smoke_options(start_timeout, smoke_table) -> dict:
+    return {"start_timeout": start_timeout, "table": smoke_table}
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dfbuild")
 def main() -> None:
@@ -365,11 +384,13 @@ def _work_locks(work_dir: Path, backend: str) -> list[tuple[str, Path]]:
 @click.option("--work", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Working dir (default: ./dfbuild-BASE, shared with `dfbuild release`). Reruns reuse it.")
 @proof_options
+@smoke_run_options
 @patches_option
 @no_wait_option
 @json_option
 @handle_errors
-def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, patches_dir, no_wait, as_json):
+def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, start_timeout, smoke_table, patches_dir,
+          no_wait, as_json):
     """Build BASE unpatched and patched, smoke both, and say what the series does for it.
 
     Exit codes: 0 fixed, 44 fixed upstream, 43 still broken, 24 not applicable, 21 conflict.
@@ -384,7 +405,8 @@ def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, pa
     with _locks(*_work_locks(work_dir, backend), no_wait=no_wait):
         proof = prove_stage.prove(base, backend=backend, work=work_dir, repo=repo, pr=pr, patches_dir=patches_dir,
                                   sets=sets or None, scenarios=scenarios or None,
-                                  build_options={"jobs": jobs, "cpu_variants": cpu_variants})
+                                  build_options={"jobs": jobs, "cpu_variants": cpu_variants},
+                                  smoke_options=_smoke_options(start_timeout, smoke_table))
     if as_json:
         ui.emit_json(proof)
     else:
@@ -631,9 +653,11 @@ def fixtures(out, seed, as_json):
               help="Run llama-server the way the backend table says for this backend (offload, device env).")
 @click.option("--server-arg", "server_args", multiple=True, help="Extra llama-server argument (repeatable).")
 @click.option("--no-compare", is_flag=True, help="Skip the --spec-type none baseline runs.")
+@smoke_run_options
 @json_option
 @handle_errors
-def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, backend, server_args, no_compare, as_json):
+def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, backend, server_args, no_compare, start_timeout,
+          smoke_table, as_json):
     """Run the smoke scenarios on llama-server; exit non-zero if any fails."""
     from . import backends, paths
     from . import smoke as smoke_stage
@@ -646,11 +670,18 @@ def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, backend, server_arg
         for reason in result["failures"][:3]:
             ui.info(f"        [dim]{reason[:200]}[/dim]")
 
+    plan = smoke_stage.plan(how, build_dir, table=smoke_table, start_timeout=start_timeout,
+                            sets=sets or None, scenarios=scenarios or None)
+    if plan.note:
+        ui.warn(plan.note)
+    if plan.table == "software" and not as_json:
+        ui.info(f"software device ({plan.device}): the software smoke table, {len(plan.sets)} sets x "
+                f"{len(plan.scenarios)} scenarios (--smoke-table full runs all)")
+    kwargs = plan.run_kwargs()
+    kwargs["extra_server_args"] = (*kwargs["extra_server_args"], *server_args)
     section = smoke_stage.run_smoke(
-        build_dir, fixtures_dir or paths.cache_dir() / "fixtures", sets=sets or None, scenarios=scenarios or None,
-        log_dir=log_dir, extra_server_args=(*how.smoke_server_args, *server_args), env=how.smoke_env,
-        compare_no_spec=not no_compare,
-        on_result=None if as_json else progress,
+        build_dir, fixtures_dir or paths.cache_dir() / "fixtures", log_dir=log_dir, compare_no_spec=not no_compare,
+        on_result=None if as_json else progress, **kwargs,
     )
     if as_json:
         ui.emit_json(section)
@@ -694,11 +725,12 @@ def _human_size(n: int) -> str:
               help="Use these Vulkan headers instead of the system's (vulkan only).")
 @click.option("--cmake-arg", "cmake_args", multiple=True, help="Extra argument for CMake configure (repeatable).")
 @click.option("-j", "--jobs", type=int, default=None, help="Parallel compile jobs (default: ninja's).")
+@smoke_run_options
 @no_wait_option
 @json_option
 @handle_errors
 def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cpu_variants, cuda_arch, gpu_targets,
-                vulkan_include_dir, cmake_args, jobs, no_wait, as_json):
+                vulkan_include_dir, cmake_args, jobs, start_timeout, smoke_table, no_wait, as_json):
     """Checkout, apply, build, smoke and package BASE: archive, wheel, SHA256SUMS, manifest.json."""
     from . import backends
     from . import build as build_stage
@@ -714,7 +746,8 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cpu_var
     with _locks(*_work_locks(work_dir, backend), ("out", Path(out)), no_wait=no_wait):
         full = release_stage.release(base, backend=spec, pr=pr, repo=repo, out=out, work=work,
                                      skip_smoke=skip_smoke, targets=build_stage.parse_targets(targets),
-                                     build_options=options)
+                                     build_options=options,
+                                     smoke_options=_smoke_options(start_timeout, smoke_table))
     if as_json:
         ui.emit_json(full)
         return

@@ -228,9 +228,12 @@ def build_unpatched(tree: Path, backend: "backends.Backend | str", work: Path, c
 
 def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, repo: str | None = None, pr: int | None = None,
           patches_dir: Path | None = None, sets=None, scenarios=None, build_options: dict | None = None,
-          targets=build.DEFAULT_TARGETS) -> dict:
+          targets=build.DEFAULT_TARGETS, smoke_options: dict | None = None) -> dict:
     """Check out BASE under WORK, apply the series, build the base and then the patched tree in one
-    build dir (the second build is incremental), smoke both; return the proof."""
+    build dir (the second build is incremental), smoke both; return the proof.
+
+    SMOKE_OPTIONS (table, start_timeout) go to smoke.plan: a software Vulkan device runs its smaller table.
+    """
     how = backends.resolve(backend)
     backend = how.name
     work = Path(work).resolve()
@@ -264,8 +267,12 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
 
     fixtures_dir = work / "fixtures"
     fx = fixtures.ensure_fixtures(fixtures_dir)
+    smoke_options = smoke_options or {}
+    # the asked-for table is part of what was proven (auto may pick the software one)
+    table = smoke_options.get("table") or os.environ.get(smoke.TABLE_ENV, "").strip() or "auto"
     key = _digest([proof["unpatched_commit"], proof["patched_commit"], backend, sorted(sets or []),
-                   sorted(scenarios or []), {n: f["sha256"] for n, f in fx.get("files", {}).items()}, LAYOUT])
+                   sorted(scenarios or []), {n: f["sha256"] for n, f in fx.get("files", {}).items()}, LAYOUT]
+                  + ([table] if table != "auto" or how.smoke_software else []))
     record = ProofRecord(work / f"proof-{backend}.json")
     known = record.get(key)
     if known:
@@ -286,25 +293,34 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
                                "wall_time_s": section.get("wall_time_s")}
                        for label, section in (("unpatched", plain), ("patched", built))}
 
-    with timed("fixtures_load", "every fixture set loads in the unpatched llama-server"):
+    # one plan for both trees, chosen on the unpatched build (the same device either way)
+    plan = smoke.plan(how, unpatched_dir(work, backend), sets=sets, scenarios=scenarios, **smoke_options)
+    if plan.note:
+        ui.warn(plan.note)
+    proof["smoke_table"] = {"table": plan.table, "device": plan.device, "sets": list(plan.sets),
+                            "scenarios": list(plan.scenarios), "identity": plan.identity}
+
+    # every set, except on a software device (minutes a server there): the sets its table runs
+    load_sets = plan.sets if plan.table == "software" else sorted(fx["sets"])
+    with timed("fixtures_load", "the fixture sets load in the unpatched llama-server"):
         refused = smoke.fixtures_that_do_not_load(smoke.server_binary(unpatched_dir(work, backend)), fx,
-                                                  work / f"smoke-load-{backend}", env=how.smoke_env,
-                                                  extra_server_args=how.smoke_server_args)
+                                                  work / f"smoke-load-{backend}", sets=load_sets, env=plan.env,
+                                                  extra_server_args=plan.server_args,
+                                                  start_timeout=plan.start_timeout)
     if refused:
         # a loader that refuses a fixture fails that set's every scenario, patched or not: no proof
         raise FixtureError(f"{base}'s llama-server does not load fixture set(s) "
                            + "; ".join(f"{name}: {why}" for name, why in refused.items()),
                            hint=f"the fixtures must suit every DFlash loader; logs in {work / f'smoke-load-{backend}'}")
-    proof["fixtures_loaded"] = sorted(fx["sets"])
+    proof["fixtures_loaded"] = sorted(load_sets)
 
     def run(build_dir: Path, label: str) -> dict:
         def progress(result: dict) -> None:
             mark = "[green]pass[/green]" if result.get("passed") else "[red]FAIL[/red]"
             ui.info(f"    {label}: {result.get('scenario')} / {result.get('set')}: {mark}")
 
-        return smoke.run_smoke(build_dir, fixtures_dir, sets=sets, scenarios=scenarios,
-                               log_dir=work / f"smoke-{label}-{backend}", on_result=progress,
-                               extra_server_args=how.smoke_server_args, env=how.smoke_env)
+        return smoke.run_smoke(build_dir, fixtures_dir, log_dir=work / f"smoke-{label}-{backend}",
+                               on_result=progress, **plan.run_kwargs())
 
     with timed("smoke_unpatched", "smoke the unpatched tree (it should fail)"):
         unpatched = smoke_summary(run(unpatched_dir(work, backend), "unpatched"))
@@ -322,7 +338,7 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
         proof["no_longer_needed"] = [c["id"] for c in applied["concerns"]
                                      if c["status"] == "applied" or c.get("detail", "").startswith("already present")]
     if patched_section is not None:  # a release of these very binaries reuses a pass (smoke.recall)
-        smoke.remember(smoke.memo_key(build.payload_digest(built), fx, backend, sets, scenarios), patched_section)
+        smoke.remember(plan.memo_key(build.payload_digest(built), fx), patched_section)
     record.put(key, proof)
     _record_in_tree(tree, proof)
     return proof

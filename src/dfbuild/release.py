@@ -456,16 +456,27 @@ def default_work_dir(base: str) -> Path:
 
 
 def run_smoke_stage(build_dir: Path, fixtures_dir: Path, log_dir: Path,
-                    backend: "backends.Backend | str" = "cpu") -> dict:
-    """The smoke stage as release runs it (one place, so tests can stand in for it)."""
+                    backend: "backends.Backend | str" = "cpu", plan: "smoke.Plan | None" = None) -> dict:
+    """The smoke stage as release runs it (one place, so tests can stand in for it).
+
+    PLAN (smoke.plan) says which table, timeout and identity rule; the backend's defaults without it.
+    """
     how = backends.resolve(backend)
+    plan = plan or smoke.plan(how, build_dir)
 
     def progress(result: dict) -> None:
         verdict = "[green]pass[/green]" if result.get("passed") else "[red]FAIL[/red]"
         ui.info(f"    {result.get('scenario')} / {result.get('set')}: {verdict}")
 
-    return smoke.run_smoke(build_dir, fixtures_dir, log_dir=log_dir, on_result=progress,
-                           extra_server_args=how.smoke_server_args, env=how.smoke_env)
+    return smoke.run_smoke(build_dir, fixtures_dir, log_dir=log_dir, on_result=progress, **plan.run_kwargs())
+
+
+def _say_plan(plan: "smoke.Plan") -> None:
+    if plan.note:
+        ui.warn(plan.note)
+    if plan.table == "software":
+        ui.info(f"    software device ({plan.device}): the software smoke table, "
+                f"{len(plan.sets)} sets x {len(plan.scenarios)} scenarios (--smoke-table full runs all)")
 
 
 class _State:
@@ -506,8 +517,11 @@ def _timed(stages: dict, name: str, title: str):
 
 def release(base: str, *, backend: "backends.Backend | str", pr: int | None = None, repo: str | None = None,
             out: Path | None = None, work: Path | None = None, skip_smoke: bool = False,
-            targets=build.DEFAULT_TARGETS, patches_dir: Path | None = None, build_options: dict | None = None) -> dict:
+            targets=build.DEFAULT_TARGETS, patches_dir: Path | None = None, build_options: dict | None = None,
+            smoke_options: dict | None = None) -> dict:
     """checkout -> apply -> build -> smoke -> package; returns the full manifest (also OUT/manifest.json).
+
+    SMOKE_OPTIONS (table, start_timeout) go to smoke.plan, for the proof as for the smoke stage.
 
     BACKEND is the record the CLI resolved (a name is resolved here once); every
     stage gets the record. The returned and written manifest holds the portable()
@@ -550,7 +564,7 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
                                    "released without smoke tests", "drop --skip-smoke")
             with _timed(stages, "prove", "prove the carried series: build and smoke it unpatched and patched"):
                 proof = prove.prove(base, backend=spec, work=work, repo=repo, pr=pr, patches_dir=patches_dir,
-                                    targets=targets, build_options=build_options)
+                                    targets=targets, build_options=build_options, smoke_options=smoke_options)
             build_dir, ser = _proven_release(proof, ser, work, backend)
         # fixed upstream: the release is the unpatched binaries the proof kept, not the tree's HEAD
         as_is = build_dir == prove.unpatched_dir(work, backend)
@@ -575,7 +589,10 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
             else:
                 fixtures_dir = work / "fixtures"
                 fx = fixtures.ensure_fixtures(fixtures_dir)
-                key = smoke.memo_key(shipped, fx, backend)
+                # which table (a software Vulkan device runs the smaller one), timeout and identity rule
+                plan = smoke.plan(spec, build_dir, **(smoke_options or {}))
+                _say_plan(plan)
+                key = plan.memo_key(shipped, fx)
                 smk = state.cached("smoke", key)
                 if smk is None:
                     # a proof of these very binaries, or a release of them from another work folder
@@ -584,7 +601,7 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
                         state.store("smoke", key, smk)
                 record["reused"] = smk is not None
                 if smk is None:
-                    smk = run_smoke_stage(build_dir, fixtures_dir, work / f"smoke-{backend}", spec)
+                    smk = run_smoke_stage(build_dir, fixtures_dir, work / f"smoke-{backend}", spec, plan)
                     if not smk.get("passed"):
                         failed = smk.get("failed") or ["?"]
                         raise SmokeFailedError(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import os
 import re
 import socket
@@ -31,6 +32,12 @@ from pathlib import Path
 from . import errors, fixtures, paths, state
 
 # --- the server handle ----------------------------------------------------------
+
+# The backend table sets each backend's start timeout (smoke.runtime.start_timeout_s);
+# a user raises it with --start-timeout or this variable.
+DEFAULT_START_TIMEOUT = 180.0
+DEFAULT_REQUEST_TIMEOUT = 300.0
+START_TIMEOUT_ENV = "DFBUILD_START_TIMEOUT"
 
 
 def server_binary(build_dir: Path) -> Path:
@@ -72,6 +79,13 @@ class Response:
         return (self.body or {}).get("content", "")
 
     @property
+    def probabilities(self) -> list[dict]:
+        """`completion_probabilities` of the generated tokens (asked for with n_probs)."""
+        if self.events:
+            return [p for e in self.events for p in e.get("completion_probabilities") or []]
+        return list((self.body or {}).get("completion_probabilities") or [])
+
+    @property
     def timings(self) -> dict:
         if self.events:
             for event in reversed(self.events):
@@ -90,7 +104,8 @@ class LlamaServer:
     """
 
     def __init__(self, binary: Path, args: list[str], log_path: Path, *, env: dict | None = None,
-                 start_timeout: float = 180.0, stop_timeout: float = 10.0, host: str = "127.0.0.1"):
+                 start_timeout: float = DEFAULT_START_TIMEOUT, stop_timeout: float = 10.0, host: str = "127.0.0.1",
+                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT):
         self.binary = Path(binary)
         self.args = [str(a) for a in args]
         self.log_path = Path(log_path)
@@ -98,6 +113,7 @@ class LlamaServer:
         self.port: int | None = None
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
+        self.request_timeout = request_timeout
         base_env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
         self.env = base_env | (env or {})
         self.process: subprocess.Popen | None = None
@@ -152,7 +168,8 @@ class LlamaServer:
                 raise errors.ServerStartError(
                     f"llama-server was not healthy after {self.start_timeout:.0f}s; log {self.log_path}:\n"
                     + tail(self.log_text(), 15),
-                    hint="a slow machine or a hung load; raise the start timeout or read the log")
+                    hint=f"a slow device (a cold shader cache) or a hung load: read the log, or give it longer "
+                         f"with --start-timeout SECONDS (or ${START_TIMEOUT_ENV}) on smoke, prove or release")
             time.sleep(0.1)
 
     def alive(self) -> bool:
@@ -191,7 +208,8 @@ class LlamaServer:
             f.seek(offset)
             return f.read().decode("utf-8", errors="replace")
 
-    def request(self, method: str, path: str, payload: dict | None = None, timeout: float = 300.0) -> Response:
+    def request(self, method: str, path: str, payload: dict | None = None, timeout: float | None = None) -> Response:
+        timeout = self.request_timeout if timeout is None else timeout
         data = json.dumps(payload).encode() if payload is not None else None
         req = urllib.request.Request(self.url(path), data=data, method=method,
                                      headers={"Content-Type": "application/json"} if data else {})
@@ -378,14 +396,19 @@ def _merge_args(base: list[str], extra: tuple[str, ...] | list[str]) -> list[str
     return merged + extra
 
 
-def _payload(step: Step, marker: str, images: dict[str, str]) -> dict:
+def _payload(step: Step, marker: str, images: dict[str, str], n_probs: int = 0) -> dict:
     prompt_text = step.text.replace("{media}", marker)
     prompt: object = prompt_text
     if step.images:
         prompt = {"prompt_string": prompt_text,
                   "multimodal_data": [base64.b64encode(Path(images[i]).read_bytes()).decode() for i in step.images]}
-    return {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0.0, "top_k": 1, "seed": SEED,
-            "cache_prompt": True, "ignore_eos": True, "stream": step.stream}
+    payload = {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0.0, "top_k": 1, "seed": SEED,
+               "cache_prompt": True, "ignore_eos": True, "stream": step.stream}
+    if n_probs:
+        # the pre-sampling top candidates of each generated token (the plain run's,
+        # for the near-tie identity rule); it does not change what is generated
+        payload["n_probs"] = n_probs
+    return payload
 
 
 def _metrics(server: LlamaServer) -> dict[str, float]:
@@ -400,16 +423,35 @@ DRAFTED = "spec_decode_num_draft_tokens_total"
 ACCEPTED = "spec_decode_num_accepted_tokens_total"
 
 
-def _run_step(server: LlamaServer, step: Step, marker: str, images: dict[str, str]) -> dict:
+def _compact_probs(entries: list[dict]) -> list[dict]:
+    """Each generated token's bytes and its top candidates' (bytes, logprob), nothing else."""
+    def piece(entry: dict) -> list[int]:
+        raw = entry.get("bytes")
+        return list(raw) if isinstance(raw, list) else list(str(entry.get("token", "")).encode())
+
+    def logprob(entry: dict) -> float:
+        if "logprob" in entry:
+            return float(entry["logprob"])
+        prob = float(entry.get("prob", 0.0))  # post-sampling form
+        return math.log(prob) if prob > 0 else -math.inf
+
+    return [{"bytes": piece(e),
+             "top": [[piece(c), logprob(c)] for c in (e.get("top_logprobs") or e.get("top_probs") or [])]}
+            for e in entries]
+
+
+def _run_step(server: LlamaServer, step: Step, marker: str, images: dict[str, str], n_probs: int = 0) -> dict:
     log_offset = server.log_size()
     started = time.monotonic()
     try:
-        resp = server.request("POST", "/completion", _payload(step, marker, images))
+        resp = server.request("POST", "/completion", _payload(step, marker, images, n_probs))
         error = resp.error
     except OSError as exc:  # connection reset: the server died under the request
         resp, error = None, f"no response: {exc}"
     timings = resp.timings if resp else {}
+    extra = {"probs": _compact_probs(resp.probabilities) if resp else []} if n_probs else {}
     return {
+        **extra,
         "label": step.label,
         "image": step.has_image,
         "stream": step.stream,
@@ -423,7 +465,7 @@ def _run_step(server: LlamaServer, step: Step, marker: str, images: dict[str, st
     }
 
 
-def run_steps(server: LlamaServer, steps: tuple[Step, ...], images: dict[str, str]) -> list[dict]:
+def run_steps(server: LlamaServer, steps: tuple[Step, ...], images: dict[str, str], n_probs: int = 0) -> list[dict]:
     """Send the steps in order (a parallel group at once), reading the draft counters around each."""
     props = server.request("GET", "/props", timeout=30)
     marker = (props.body or {}).get("media_marker", "<__media__>")
@@ -436,12 +478,12 @@ def run_steps(server: LlamaServer, steps: tuple[Step, ...], images: dict[str, st
             group.append(steps[i + len(group)])
         before = _metrics(server)
         if len(group) == 1:
-            outcomes = [_run_step(server, group[0], marker, images)]
+            outcomes = [_run_step(server, group[0], marker, images, n_probs)]
         else:
             outcomes = [None] * len(group)
 
             def worker(k: int) -> None:
-                outcomes[k] = _run_step(server, group[k], marker, images)
+                outcomes[k] = _run_step(server, group[k], marker, images, n_probs)
 
             threads = [threading.Thread(target=worker, args=(k,)) for k in range(len(group))]
             for t in threads:
@@ -459,12 +501,75 @@ def run_steps(server: LlamaServer, steps: tuple[Step, ...], images: dict[str, st
     return results
 
 
+# --- identity with the plain run ---------------------------------------------------------
+#
+# On CPU (and CUDA) drafted and plain greedy decoding give byte-identical output:
+# "exact". On a device whose arithmetic depends on the batch shape (Vulkan, and
+# lavapipe above all) the drafted run verifies tokens in batches while the plain
+# run decodes one by one, so where the target's top two candidates are nearly tied
+# the two runs may pick different tokens without any bug. "near-tie" tells that
+# noise from a real divergence at the *first* differing token (everything after it
+# follows from different text, so it says nothing):
+# - the plain run's top candidates there are within `near_tie_logprob` nats, and
+# - the drafted run picked one of those near-tied candidates.
+# Anything else (a decisive position, a token the plain run did not rank near the
+# top, a shorter output) fails as on CPU. The plain run is asked for its top
+# candidates (n_probs), which changes nothing about what it generates.
+
+IDENTITY_RULES = ("exact", "near-tie")
+N_PROBS = 4  # candidates the plain run reports per token under "near-tie"
+EXACT = {"rule": "exact"}
+
+
+def identity_verdict(drafted: str, plain: str, plain_probs: list[dict], near_tie_logprob: float) -> dict:
+    """Is DRAFTED's difference from PLAIN device noise? `plain_probs` is `_compact_probs` of the plain run.
+
+    Returns {"noise": bool, "why": words, ...where it differs and by what margin}.
+    """
+    d_bytes, p_bytes = drafted.encode(), plain.encode()
+    first = next((i for i, (x, y) in enumerate(zip(d_bytes, p_bytes)) if x != y), min(len(d_bytes), len(p_bytes)))
+    offset = 0
+    for index, entry in enumerate(plain_probs):
+        piece = bytes(entry["bytes"])
+        if offset + len(piece) > first:
+            break
+        offset += len(piece)
+    else:
+        return {"noise": False, "why": f"the outputs differ at byte {first}, past the plain run's reported tokens"}
+    candidates = sorted(entry["top"], key=lambda c: -c[1])
+    where = {"token_index": index, "plain_token": piece.decode("utf-8", "replace"),
+             "drafted_text": d_bytes[offset:offset + 8].decode("utf-8", "replace")}
+    if len(candidates) < 2:
+        return {"noise": False, **where, "why": f"token {index}: the plain run reported no runner-up to compare with"}
+    best = candidates[0][1]
+    margin = best - candidates[1][1]
+    where["margin"] = round(margin, 6)
+    tied = [bytes(c[0]) for c in candidates[1:] if best - c[1] <= near_tie_logprob]
+    picked = next((c for c in tied if c and d_bytes[offset:].startswith(c)), None)
+    if picked is not None:
+        return {"noise": True, **where, "drafted_token": picked.decode("utf-8", "replace"),
+                "why": f"token {index}: a near-tie ({margin:.4g} nats between the top two), and the drafted run "
+                       f"picked a near-tied candidate"}
+    if not tied:
+        why = (f"token {index}: the plain run's top two are {margin:.4g} nats apart, more than the "
+               f"{near_tie_logprob:g} a near-tie may differ by: a real divergence")
+    else:
+        why = (f"token {index}: a near-tie ({margin:.4g} nats), but the drafted run picked "
+               f"{where['drafted_text']!r}, not one of the near-tied candidates: a real divergence")
+    return {"noise": False, **where, "why": why}
+
+
 # --- judging ---------------------------------------------------------------------------
 
 
 def judge(fixture_set: dict, spec_steps: list[dict], base_steps: list[dict] | None, *,
-          alive: bool, log_findings: list[dict]) -> dict:
-    """Pure verdict over what one scenario observed; every reason it failed, in words."""
+          alive: bool, log_findings: list[dict], identity: dict | None = None) -> dict:
+    """Pure verdict over what one scenario observed; every reason it failed, in words.
+
+    IDENTITY is the rule for comparing with the plain run ({"rule": "exact"} by
+    default; "near-tie" with its near_tie_logprob, see identity_verdict).
+    """
+    identity = identity or EXACT
     failures = []
     for step in spec_steps:
         if step["error"]:
@@ -497,13 +602,22 @@ def judge(fixture_set: dict, spec_steps: list[dict], base_steps: list[dict] | No
         failures.append(f"acceptance {acceptance:.2f} > {MAX_DISAGREE_ACCEPTANCE} with a disagreeing draft: counters are wrong")
 
     identical = None
+    near_ties = []
     if base_steps is not None:
-        mismatched = [s["label"] for s, b in zip(spec_steps, base_steps)
+        mismatched = [(s, b) for s, b in zip(spec_steps, base_steps)
                       if not s["error"] and not b["error"] and s["content"] != b["content"]]
         base_errors = [f"{b['label']}: {b['error']}" for b in base_steps if b["error"]]
         identical = not mismatched and not base_errors and len(spec_steps) == len(base_steps)
-        for label in mismatched:
-            failures.append(f"{label}: output differs from --spec-type none")
+        for s, b in mismatched:
+            if identity["rule"] == "near-tie":
+                found = identity_verdict(s["content"] or "", b["content"] or "", b.get("probs") or [],
+                                         float(identity["near_tie_logprob"]))
+                if found["noise"]:
+                    near_ties.append({"label": s["label"], **found})  # recorded, never silent
+                else:
+                    failures.append(f"{s['label']}: output differs from --spec-type none; {found['why']}")
+            else:
+                failures.append(f"{s['label']}: output differs from --spec-type none")
         for err in base_errors:
             failures.append(f"baseline (--spec-type none) {err}")
 
@@ -525,6 +639,8 @@ def judge(fixture_set: dict, spec_steps: list[dict], base_steps: list[dict] | No
         "drafted_after": last["metrics_drafted_after"] if last else None,
         "accepted_after": last["metrics_accepted_after"] if last else None,
         "identical_to_no_spec": identical,
+        "identity_rule": identity["rule"],
+        "near_ties": near_ties,  # differences accepted as device noise, each with its margin
         "alive": alive,
     }
 
@@ -559,9 +675,13 @@ def _excerpt(log_text: str, findings: list[dict], steps: list[dict], context: in
 
 
 def _run_server_scenario(binary: Path, args: list[str], log_path: Path, scenario: Scenario,
-                         images: dict[str, str], env: dict | None) -> tuple[list[dict], bool, str]:
-    with LlamaServer(binary, args, log_path, env=env) as server:
-        steps = run_steps(server, scenario.steps, images)
+                         images: dict[str, str], env: dict | None, *, start_timeout: float = DEFAULT_START_TIMEOUT,
+                         n_probs: int = 0) -> tuple[list[dict], bool, str]:
+    # a device slow to start is slow to answer too (its first request compiles shaders)
+    request_timeout = max(DEFAULT_REQUEST_TIMEOUT, start_timeout)
+    with LlamaServer(binary, args, log_path, env=env, start_timeout=start_timeout,
+                     request_timeout=request_timeout) as server:
+        steps = run_steps(server, scenario.steps, images, n_probs)
         alive = server.alive()
         if alive:
             try:  # a server that still answers is alive, not merely not yet reaped
@@ -573,7 +693,8 @@ def _run_server_scenario(binary: Path, args: list[str], log_path: Path, scenario
 
 def run_scenario(binary: Path, fixture_set_name: str, fixture_set: dict, scenario: Scenario, images: dict[str, str],
                  log_dir: Path, *, extra_server_args=(), env=None, compare_no_spec: bool = True,
-                 baseline_cache: dict | None = None) -> dict:
+                 baseline_cache: dict | None = None, start_timeout: float = DEFAULT_START_TIMEOUT,
+                 identity: dict | None = None) -> dict:
     """One scenario on one fixture set: the speculative run, then (unless cached) the plain one.
 
     The plain run does not involve the draft, so sets that share a target and an
@@ -582,7 +703,9 @@ def run_scenario(binary: Path, fixture_set_name: str, fixture_set: dict, scenari
     started = time.monotonic()
     spec_args = _merge_args(base_server_args(fixture_set, speculative=True), [*scenario.server_args, *extra_server_args])
     spec_log = log_dir / f"{scenario.name}--{fixture_set_name}--spec.log"
-    spec_steps, alive, log_text = _run_server_scenario(binary, spec_args, spec_log, scenario, images, env)
+    identity = identity or EXACT
+    spec_steps, alive, log_text = _run_server_scenario(binary, spec_args, spec_log, scenario, images, env,
+                                                       start_timeout=start_timeout)
     findings = scan_log(log_text)
 
     base_steps = None
@@ -592,10 +715,12 @@ def run_scenario(binary: Path, fixture_set_name: str, fixture_set: dict, scenari
         cache = baseline_cache if baseline_cache is not None else {}
         if key not in cache:
             base_log = log_dir / f"{scenario.name}--{fixture_set_name}--nospec.log"
-            cache[key] = _run_server_scenario(binary, base_args, base_log, scenario, images, env)[0]
+            n_probs = N_PROBS if identity["rule"] == "near-tie" else 0
+            cache[key] = _run_server_scenario(binary, base_args, base_log, scenario, images, env,
+                                              start_timeout=start_timeout, n_probs=n_probs)[0]
         base_steps = cache[key]
 
-    result = judge(fixture_set, spec_steps, base_steps, alive=alive, log_findings=findings)
+    result = judge(fixture_set, spec_steps, base_steps, alive=alive, log_findings=findings, identity=identity)
     result.update({
         "set": fixture_set_name,
         "scenario": scenario.name,
@@ -612,12 +737,18 @@ def run_scenario(binary: Path, fixture_set_name: str, fixture_set: dict, scenari
 
 
 def run_smoke(build_dir: Path, fixtures_dir: Path, *, sets=None, scenarios=None, log_dir=None,
-              extra_server_args=(), env=None, compare_no_spec: bool = True, on_result=None) -> dict:
+              extra_server_args=(), env=None, compare_no_spec: bool = True, on_result=None,
+              start_timeout: float | None = None, identity: dict | None = None, table: str | None = None,
+              device: str | None = None) -> dict:
     """Run every scenario on every fixture set; return the smoke section.
 
     Fixtures are written into `fixtures_dir` when it has none. `on_result` is
     called with each scenario result as it lands (progress for the CLI).
+    `plan(...).run_kwargs()` gives the backend's settings (server arguments,
+    environment, start timeout, identity rule, table and the device it chose by).
     """
+    start_timeout = float(start_timeout or DEFAULT_START_TIMEOUT)
+    identity = identity or EXACT
     started = time.monotonic()
     binary = server_binary(build_dir)
     if not binary.is_file():
@@ -642,7 +773,8 @@ def run_smoke(build_dir: Path, fixtures_dir: Path, *, sets=None, scenarios=None,
         for set_name in set_names:
             result = run_scenario(binary, set_name, section_fixtures["sets"][set_name], SCENARIOS[scenario_name],
                                   section_fixtures["images"], log_dir, extra_server_args=extra_server_args, env=env,
-                                  compare_no_spec=compare_no_spec, baseline_cache=baseline_cache)
+                                  compare_no_spec=compare_no_spec, baseline_cache=baseline_cache,
+                                  start_timeout=start_timeout, identity=identity)
             results.setdefault(scenario_name, {})[set_name] = result
             if on_result:
                 on_result(result)
@@ -655,11 +787,152 @@ def run_smoke(build_dir: Path, fixtures_dir: Path, *, sets=None, scenarios=None,
         "log_dir": str(log_dir),
         "sets": set_names,
         "scenarios": scenario_names,
+        "table": table or ("full" if sets is None and scenarios is None else "custom"),
+        "device": device,
+        "identity": identity,
+        "start_timeout_s": start_timeout,
         "results": results,
         "failed": failed,
         "passed": not failed,
         "wall_s": round(time.monotonic() - started, 1),
     }
+
+
+# --- how a backend runs the smoke: its table, timeout, identity rule and shader cache ----------
+#
+# Everything here comes from the backend table (backends.toml, smoke.*), and the
+# user can override the start timeout and the table. A software Vulkan device
+# (lavapipe) runs the whole table in hours on 2 cores, so there the backend's
+# `software` table (fewer sets and scenarios, still failing unpatched) is the
+# default; --smoke-table full asks for everything anyway.
+
+TABLE_ENV = "DFBUILD_SMOKE_TABLE"
+TABLES = ("auto", "full", "software")
+SHADER_CACHE_DIR_ENV = "MESA_SHADER_CACHE_DIR"
+LIST_DEVICES_TIMEOUT = 120.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one smoke run of a backend will be: run_smoke(**plan.run_kwargs())."""
+
+    backend: str
+    sets: tuple[str, ...]
+    scenarios: tuple[str, ...]
+    table: str                  # full | software | custom (sets or scenarios given)
+    device: str | None          # the device line the table was chosen by, when listed
+    start_timeout: float
+    server_args: tuple[str, ...]
+    env: dict
+    identity: dict
+    note: str = ""              # why auto-detection could not decide, if it could not
+
+    def run_kwargs(self) -> dict:
+        return {"sets": list(self.sets), "scenarios": list(self.scenarios), "extra_server_args": self.server_args,
+                "env": dict(self.env), "start_timeout": self.start_timeout, "identity": dict(self.identity),
+                "table": self.table, "device": self.device}
+
+    def memo_key(self, payload_digest: str, fixtures_section: dict) -> str:
+        return memo_key(payload_digest, fixtures_section, self.backend, self.sets, self.scenarios, self.identity)
+
+
+def start_timeout_for(how, override: float | None = None) -> float:
+    """--start-timeout, else $DFBUILD_START_TIMEOUT, else the backend table's, else 180 s."""
+    if override is not None:
+        value, source = override, "--start-timeout"
+    elif os.environ.get(START_TIMEOUT_ENV, "").strip():
+        value, source = os.environ[START_TIMEOUT_ENV].strip(), f"${START_TIMEOUT_ENV}"
+    else:
+        value, source = how.smoke_runtime.get("start_timeout_s", DEFAULT_START_TIMEOUT), "the backend table"
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0 or math.isinf(seconds):
+        raise errors.UsageError(f"{source}: {value!r} is not a number of seconds",
+                                "give a positive number, e.g. --start-timeout 1800")
+    return seconds
+
+
+def identity_for(how) -> dict:
+    rule = how.smoke_runtime.get("identity", "exact")
+    if rule not in IDENTITY_RULES:
+        raise errors.UsageError(f"backend {how.name}: unknown identity rule {rule!r}",
+                                f"use one of: {', '.join(IDENTITY_RULES)}")
+    if rule == "near-tie":
+        return {"rule": rule, "near_tie_logprob": float(how.smoke_runtime.get("near_tie_logprob", 0.02))}
+    return dict(EXACT)
+
+
+def smoke_env_for(how) -> dict:
+    """The backend's smoke environment, plus a persistent Mesa shader cache where the table asks
+    for one: a cold cache costs minutes per run on lavapipe, a warm one seconds. A user's own
+    MESA_SHADER_CACHE_DIR (CI points it at its cached folder) wins."""
+    env = dict(how.smoke_env)
+    if how.smoke_runtime.get("shader_cache") == "mesa" and not os.environ.get(SHADER_CACHE_DIR_ENV):
+        env.setdefault(SHADER_CACHE_DIR_ENV, str(paths.cache_dir() / "mesa-shader-cache"))
+    return env
+
+
+def list_devices(binary: Path, env: dict | None = None, timeout: float = LIST_DEVICES_TIMEOUT) -> list[str]:
+    """The device lines of `llama-server --list-devices` (e.g. "Vulkan0: llvmpipe (LLVM 19.1.7, 256 bits) ...").
+
+    Raises OSError or subprocess errors when the binary cannot say.
+    """
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
+    done = subprocess.run([str(binary), "--list-devices"], env=base_env | (env or {}), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, errors="replace", timeout=timeout, check=True)
+    lines = done.stdout.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() == "Available devices:"), None)
+    if start is None:
+        raise OSError("no 'Available devices:' in its output")
+    return [line.strip() for line in lines[start + 1:] if line.startswith(" ") and line.strip()]
+
+
+def _check_table(table: str) -> str:
+    if table not in TABLES:
+        raise errors.UsageError(f"unknown smoke table {table!r}", f"use one of: {', '.join(TABLES)}")
+    return table
+
+
+def plan(how, build_dir: Path, *, table: str | None = None, start_timeout: float | None = None,
+         sets=None, scenarios=None) -> Plan:
+    """The smoke run of backend HOW (a backends.Backend) on BUILD_DIR's llama-server.
+
+    TABLE: "full" (every default set and scenario), "software" (the backend's
+    smaller table for software devices), or "auto" (the default; also from
+    $DFBUILD_SMOKE_TABLE): software when `llama-server --list-devices` names a
+    software device the table lists, full otherwise. SETS / SCENARIOS, when given,
+    replace that dimension of the table.
+    """
+    table = _check_table(table or os.environ.get(TABLE_ENV, "").strip() or "auto")
+    software = how.smoke_software
+    if table == "software" and not software:
+        raise errors.UsageError(f"the {how.name} backend has no software-device smoke table",
+                                "use --smoke-table full (or auto)")
+    env = smoke_env_for(how)
+    device, note = None, ""
+    if table == "auto":
+        table = "full"
+        if software:
+            try:
+                lines = list_devices(server_binary(build_dir), env)
+            except (OSError, subprocess.SubprocessError) as exc:
+                note = f"could not list devices ({exc}); running the full table"
+                lines = []
+            names = [n.lower() for n in software.get("devices", ())]
+            device = next((line for line in lines if any(n in line.lower() for n in names)), None)
+            if device is not None:
+                table = "software"
+            elif lines:
+                device = lines[0]
+    chosen_sets = tuple(software["sets"]) if table == "software" else DEFAULT_SETS
+    chosen_scenarios = tuple(software["scenarios"]) if table == "software" else DEFAULT_SCENARIOS
+    if sets or scenarios:
+        table = "custom"
+    return Plan(backend=how.name, sets=tuple(sets or chosen_sets), scenarios=tuple(scenarios or chosen_scenarios),
+                table=table, device=device, start_timeout=start_timeout_for(how, start_timeout),
+                server_args=tuple(how.smoke_server_args), env=env, identity=identity_for(how), note=note)
 
 
 # --- passed runs, remembered by what decides them ---------------------------------------------
@@ -672,11 +945,15 @@ def run_smoke(build_dir: Path, fixtures_dir: Path, *, sets=None, scenarios=None,
 # passes are remembered: a failure is always run again.
 
 
-def memo_key(payload_digest: str, fixtures_section: dict, backend: str, sets=None, scenarios=None) -> str:
-    """The key of a smoke run: binaries' and fixtures' content, backend, fixture sets, scenarios."""
+def memo_key(payload_digest: str, fixtures_section: dict, backend: str, sets=None, scenarios=None,
+             identity: dict | None = None) -> str:
+    """The key of a smoke run: binaries' and fixtures' content, backend, fixture sets, scenarios
+    (and the identity rule where it is not exact: a looser rule's pass is not an exact one's)."""
     files = {name: f["sha256"] for name, f in fixtures_section.get("files", {}).items()}
     parts = [payload_digest, fixtures_section.get("seed"), files, backend,
              list(sets or DEFAULT_SETS), list(scenarios or DEFAULT_SCENARIOS)]
+    if identity and identity.get("rule", "exact") != "exact":
+        parts.append(identity)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
@@ -696,8 +973,9 @@ def remember(key: str, section: dict) -> None:
         state.atomic_write_text(_memo_path(key), json.dumps(section, indent=2, sort_keys=True) + "\n")
 
 
-def fixtures_that_do_not_load(binary: Path, fixtures_section: dict, log_dir: Path, *, env: dict | None = None,
-                              extra_server_args: tuple[str, ...] = ()) -> dict[str, str]:
+def fixtures_that_do_not_load(binary: Path, fixtures_section: dict, log_dir: Path, *, sets=None,
+                              env: dict | None = None, extra_server_args: tuple[str, ...] = (),
+                              start_timeout: float | None = None) -> dict[str, str]:
     """Every fixture set, started in BINARY's llama-server with its draft: {set: why} for those that fail.
 
     A set loads when the server becomes healthy with the mmproj (a media marker)
@@ -707,10 +985,12 @@ def fixtures_that_do_not_load(binary: Path, fixtures_section: dict, log_dir: Pat
     """
     problems: dict[str, str] = {}
     Path(log_dir).mkdir(parents=True, exist_ok=True)
-    for name, entry in sorted(fixtures_section["sets"].items()):
+    for name in sorted(sets or fixtures_section["sets"]):
+        entry = fixtures_section["sets"][name]
         args = _merge_args(base_server_args(entry, speculative=True), extra_server_args)
+        timeout = {"start_timeout": start_timeout} if start_timeout else {}
         try:
-            with LlamaServer(binary, args, Path(log_dir) / f"load-{name}.log", env=env) as server:
+            with LlamaServer(binary, args, Path(log_dir) / f"load-{name}.log", env=env, **timeout) as server:
                 props = server.request("GET", "/props").body or {}
                 text = server.request("POST", "/completion", {"prompt": "hello there", "n_predict": 4,
                                                               "temperature": 0})
