@@ -177,3 +177,25 @@ def test_an_upstream_decision_is_not_carried_back_to_an_older_release(syn, tmp_p
     report = check(older, syn.patches)
     assert carried(report)[3][:2] == ("warning-downgrade", "conflict")
     assert "older than b110" in report["concerns"][3]["detail"]
+
+
+def test_an_upstream_decision_ends_where_a_later_base_needed_the_patch(syn, tmp_path):
+    """b9837 skipped image rows itself, b10355 started injecting them again: an upstream decision of
+    b110 is not inherited by a b130 tree when b120, between them, needed the patch."""
+    lines = list(BASE_LINES)
+    lines[lines.index('        LOG_WRN("pos_max < N-1");')] = '        LOG_WRN("pos_max < N-1, newer wording");'
+    newer = tmp_path / "newer"
+    new_repo(newer, text_of(lines))
+    run_git(newer, "tag", "b130")
+    variants = {cid: [patch_variant("base1", syn.patch(cid), syn.patches)] for cid in IDS}
+    variants["warning-downgrade"].append('b110 = {status = "upstream", note = "upstream in its epoch"}')
+    bases = '\n[bases.b110]\nblob = "' + "1" * 40 + '"\n'
+    write_series(syn.patches, syn.blob, variants, extra_bases=f'build = 120\n{bases}')  # base1 is b120
+    report = check(newer, syn.patches)
+    assert carried(report)[3][:2] == ("warning-downgrade", "conflict")
+    assert "base1, between it and b130, needed a patch" in report["concerns"][3]["detail"]
+
+    # with no patched base in between (base1 older than b110), the decision carries as before
+    write_series(syn.patches, syn.blob, variants, extra_bases=f'build = 100\n{bases}')
+    report = check(newer, syn.patches)
+    assert carried(report)[3] == ("warning-downgrade", "upstream", "b110", "upstream (as in b110)")

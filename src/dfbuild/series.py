@@ -492,6 +492,21 @@ def _preimages(series: Series, tree: Path, base: str, tmp: Path) -> bool:
     return True
 
 
+def _patched_between(series: Series, concern: Concern, since: int | None, until: int | None) -> str | None:
+    """A known base built after SINCE and up to UNTIL whose variant of CONCERN is a patch, if any.
+
+    An upstream decision carries forward in time only while upstream keeps the
+    change; a later base that needed the patch again ends that epoch.
+    """
+    if since is None or until is None:
+        return None
+    for name, variant in concern.variants.items():
+        build = base_build(series, name)
+        if variant.file and build is not None and since < build <= until:
+            return name
+    return None
+
+
 def _carry_concern(series: Series, tree: Path, concern: Concern, order: list[str], index: Path,
                    preimages: dict, tmp: Path, start: str) -> Step:
     """Carry one concern on the scratch INDEX: exact, by offset, by 3-way merge, or a conflict.
@@ -510,6 +525,13 @@ def _carry_concern(series: Series, tree: Path, concern: Concern, order: list[str
             if recorded is not None and build is not None and build < recorded:
                 tried.append(f"{variant.base} records it upstream, but b{build} is older than {variant.base}")
                 continue  # upstream changes carry forward in time, not back
+            undone = _patched_between(series, concern, recorded, build)
+            if undone:
+                # upstream had it in that epoch and later took it out again (b9837 skipped image
+                # rows, b10355 injected them): a base between needed a patch, so the epoch is over
+                tried.append(f"{variant.base} records it upstream, but {undone}, between it and b{build}, "
+                             "needed a patch")
+                continue
             note = f": {variant.note}" if variant.note else ""
             return Step(concern, variant, "upstream", f"upstream as recorded for {variant.base}{note}",
                         how=f"upstream (as in {variant.base})")
