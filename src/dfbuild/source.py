@@ -35,6 +35,7 @@ from .errors import (
     NotLlamaTreeError,
     SourceError,
     UnknownBaseError,
+    from_os_error,
     UsageError,
 )
 from .paths import cache_dir, locked
@@ -180,9 +181,13 @@ def valid_ref_name(ref: str) -> bool:
     return subprocess.run(["git", "check-ref-format", ref], capture_output=True).returncode == 0
 
 
+# a base or tag names a dir (llama.cpp-NAME, and .NAME.dfbuild-partial beside it) within a file name's 255 bytes
+MAX_NAME_BYTES = 200
+
+
 def check_base_name(base: str) -> None:
     """Refuse a base that cannot name the branch dfbuild/BASE, before anything is cloned or written."""
-    if not base or base.startswith("-") or not valid_ref_name(f"refs/heads/{branch_for(base)}"):
+    if not base or base.startswith("-") or len(os.fsencode(base)) > MAX_NAME_BYTES or not valid_ref_name(f"refs/heads/{branch_for(base)}"):
         raise UsageError(
             f"'{base}' cannot name a branch (dfbuild/{base}); nothing was touched",
             "pass a commit id, a tag or a branch name as --base (not an expression like HEAD~3)",
@@ -704,7 +709,7 @@ def _clear_debris(dest: Path) -> None:
             shutil.rmtree(partial, ignore_errors=True)
         else:
             partial.unlink()
-    if dest.is_dir() and journal.pending(dest):
+    if (dest / ".git").is_dir():
         journal.recover(dest)
 
 
@@ -723,6 +728,7 @@ def _staged(dest: Path):
 
 
 def _move_into_place(made: Path, dest: Path) -> None:
+    state.tree_made(made, dest)  # the new tree's own lock, taken before anyone can see it as DEST
     if dest.exists():
         dest.rmdir()  # empty, as checked: a non-empty DIR was refused
     os.replace(made, dest)
@@ -760,7 +766,11 @@ def _prepare_dir(dest: Path, force: bool) -> git.Repo | None:
     if repo is not None and repo.is_dirty(untracked_files=True):
         try:
             stamp = repo.git.rev_parse("--short", "HEAD")
+            # journalled: a kill during the stash leaves git's lock, which the next run must know is ours
+            journal.begin(dest, "stash")
+            state.fault_point("checkout: stash journal written")
             repo.git.stash("push", "--include-untracked", "-m", f"dfbuild checkout --force (was at {stamp})")
+            journal.end(dest)
         except git.GitCommandError as exc:
             raise DirtyTreeError(f"{dest} has local changes that cannot be stashed: {_git_error(exc)}",
                                  "commit or move them away yourself, then run again") from None
@@ -1013,7 +1023,12 @@ def _extract(archive: Path, into: Path, limits: Limits | None = None) -> None:
                 tf.extractall(into, members=members, filter="data")
             else:  # Python < 3.10.12 / 3.11.4 (Debian 12 has 3.11.2): the same checks by hand
                 tf.extractall(into, members=[_data_member(m) for m in members])
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as exc:
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, KeyError) as exc:
+        if isinstance(exc, OSError) and from_os_error(exc):  # a full disk is not a bad download
+            raise from_os_error(exc) from None
+        if isinstance(exc, KeyError):  # a hard link to a member the archive does not hold
+            raise ArchiveError(f"archive {archive} has a link to a member it does not hold ({exc}); "
+                               "refusing the whole archive", "only use archives from a source you trust") from None
         # tarfile lists every compression it tried on separate lines; one line is enough
         reason = (str(exc).splitlines() or [type(exc).__name__])[0].rstrip(":")
         raise ArchiveError(f"cannot read archive {archive}: {reason}",
@@ -1076,7 +1091,7 @@ def find_llama_root(top: Path) -> Path:
 def check_tag_name(tag: str) -> None:
     """A tag git accepts and that stays one plain name (it also names the default DIR)."""
     plain = re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", tag or "")
-    if not plain or ".." in tag.split("/") or not valid_ref_name(f"refs/tags/{tag}") \
+    if not plain or ".." in tag.split("/") or len(tag) > MAX_NAME_BYTES or not valid_ref_name(f"refs/tags/{tag}") \
             or not valid_ref_name(f"refs/heads/{branch_for(tag)}"):
         raise ArchiveError(f"'{tag}' is not a valid tag name; nothing was touched",
                            "use letters, digits, '.', '_', '-' or '/' as git allows them (no '..', no '.lock' ending)")
