@@ -247,7 +247,8 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
     RUN_BINARIES: None (the default) runs an archive's llama-server --version only
     when the archive is one this dfbuild packaged (owned.was_produced); True also
     runs it from other archives (--run); False never runs anything (--no-run). No
-    binary runs from an archive once any checksum in the directory is wrong.
+    binary runs unless every other check of the directory (checksums, archives,
+    wheels, manifest.json) has passed: the runs come last.
     """
     directory = Path(directory)
     host = host or backends.current_host()
@@ -281,6 +282,7 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
     checksums_ok = bool(sums) and not problems
 
     embedded_by_archive: dict[str, dict] = {}
+    to_run: list[tuple[str, list[str]]] = []  # archives allowed to run, with their notes had they not run
     for name in present:
         if name.startswith("cudart-"):  # the Windows CUDA runtime DLLs: covered by SHA256SUMS above
             continue
@@ -293,8 +295,13 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
             else:
                 allowed, why = run_binaries, "not run (--no-run)"
             try:
-                embedded = _check_archive(directory / name, problems, notes, allowed, host, not_run_why=why,
-                                          limits=limits)
+                # nothing runs yet: a binary runs last, once every check of the directory has passed
+                held_notes = [] if allowed else notes
+                embedded = _check_archive(directory / name, problems, held_notes, False, host,
+                                          not_run_why=why if not allowed else
+                                          "not run: another check of this directory failed", limits=limits)
+                if allowed:
+                    to_run.append((name, held_notes))
             except VerifyError as exc:
                 problems.append(exc.message)
                 embedded = None
@@ -308,7 +315,9 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
             _check_wheel(directory / name, by_version, problems, notes)
 
     top = directory / MANIFEST_NAME
-    if top.is_file():
+    if not top.is_file():
+        problems.append(f"no {MANIFEST_NAME} in {directory}: a dfbuild release dir has one beside its archives")
+    else:
         try:
             full = json.loads(top.read_text(encoding="utf-8"))
         except ValueError:
@@ -346,6 +355,15 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
             problems.append(f"{MANIFEST_NAME} has no release section")
         if not any(p.startswith(MANIFEST_NAME) for p in problems):
             notes.append(f"{MANIFEST_NAME}: matches {rel.get('archive')}")
+    checked_ok = not problems
+    for name, held_notes in to_run:
+        if checked_ok:
+            try:
+                _check_archive(directory / name, problems, notes, True, host, limits=limits)
+            except VerifyError as exc:
+                problems.append(exc.message)
+        else:
+            notes.extend(held_notes)
     report["ok"] = not problems
     return report
 
