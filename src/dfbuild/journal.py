@@ -102,9 +102,9 @@ def _safe_rel(rel: object) -> bool:
 
 
 def _branch_ok(branch: object) -> bool:
-    from .source import valid_ref_name
-
-    return isinstance(branch, str) and bool(branch) and valid_ref_name(f"refs/heads/{branch}")
+    return (isinstance(branch, str) and bool(branch) and not branch.startswith("-") and "\0" not in branch
+            and subprocess.run(["git", "check-ref-format", f"refs/heads/{branch}"],
+                               capture_output=True).returncode == 0)
 
 
 def problem(tree: Path, record: dict) -> str | None:
@@ -188,6 +188,17 @@ def _lock_names(branch: object) -> list[str]:
 def git_locks(tree: Path, branch: object = None) -> list[Path]:
     git_dir = Path(tree) / ".git"
     return [git_dir / n for n in _lock_names(branch) if (git_dir / n).is_file()]
+
+
+def held_by_another(tree: Path, lock: Path) -> LockedError:
+    """LOCK was found held while this run's git needed it: note it in the journal as not ours to remove."""
+    try:
+        record = json.loads(journal_path(tree).read_text(encoding="utf-8"))
+        held = record.get("foreign_locks") if isinstance(record.get("foreign_locks"), list) else []
+        update(tree, foreign_locks=sorted({*held, lock.relative_to(Path(tree) / ".git").as_posix()}))
+    except (OSError, ValueError, AttributeError):
+        pass
+    return locked_error(tree, lock)
 
 
 def locked_error(tree: Path, lock: Path) -> LockedError:
@@ -326,12 +337,8 @@ def roll_back(tree: Path) -> bool:
     record = pending(tree)
     if not record or record.get("op") != "apply":
         return True
-    blocked = git_locks(tree, record.get("branch"))
-    if blocked:
-        try:
-            update(tree, foreign_locks=[p.relative_to(Path(tree) / ".git").as_posix() for p in blocked])
-        except (OSError, ValueError):
-            pass
+    if git_locks(tree, record.get("branch")):
+        # another git's (see held_by_another) or our own killed child's: the next run tells them apart
         return False
     try:
         kept = restore_paths(tree, record["original_head"], list(record.get("paths") or []), record)

@@ -708,7 +708,7 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
                 applied = _git(tree, *args, check=False)
                 if applied.returncode != 0 and journal.git_locks(tree, branch):
                     # another git process holds the tree: not a bad patch, and its lock is not ours to remove
-                    raise journal.locked_error(tree, journal.git_locks(tree, branch)[0])
+                    raise journal.held_by_another(tree, journal.git_locks(tree, branch)[0])
                 if applied.returncode != 0 or (step.blob and _index_blob(tree, {}) != step.blob):
                     raise PatchConflictError(
                         f"patch {step.variant.file} failed: {describe_failure(patch, applied.stderr)}",
@@ -720,7 +720,7 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
                     entry["commit"] = source.commit_fixed(repo, commit_message(patch))
                 except git.GitCommandError:
                     if journal.git_locks(tree, branch):
-                        raise journal.locked_error(tree, journal.git_locks(tree, branch)[0]) from None
+                        raise journal.held_by_another(tree, journal.git_locks(tree, branch)[0]) from None
                     raise
                 state.fault_point(f"apply: {step.concern.id} committed")
             elif step.status == "applied":

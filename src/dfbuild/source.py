@@ -772,6 +772,9 @@ def _prepare_dir(dest: Path, force: bool) -> git.Repo | None:
             repo.git.stash("push", "--include-untracked", "-m", f"dfbuild checkout --force (was at {stamp})")
             journal.end(dest)
         except git.GitCommandError as exc:
+            journal.end(dest)  # git refused (it was not killed): nothing of the stash is half done
+            if journal.git_locks(dest):
+                raise journal.locked_error(dest, journal.git_locks(dest)[0]) from None
             raise DirtyTreeError(f"{dest} has local changes that cannot be stashed: {_git_error(exc)}",
                                  "commit or move them away yourself, then run again") from None
         ui.warn(f"stashed your local changes in {dest} (see `git -C {dest} stash list`)")
