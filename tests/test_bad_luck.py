@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from dfbuild import journal, manifest, paths, series, source, state
+from dfbuild import journal, locks, manifest, paths, series, source, state
 from dfbuild.errors import (
     ArchiveError,
     DirtyTreeError,
@@ -101,14 +101,19 @@ def test_item1_record_is_written_atomically(tmp_path, monkeypatch):
 def _other_run_holds(dest: Path, seconds: float) -> threading.Thread:
     """Another dfbuild holds DEST's tree lock for SECONDS (from another thread, as if another process)."""
     lock_file = state.lock_path_for("tree", dest)
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
     taken = threading.Event()
+    owner = json.dumps({"pid": 4242, "command": "dfbuild apply --base b10359", "since": "2026-01-01 00:00:00"})
 
     def other_run():
+        if not (dest / ".git").is_dir():  # a DIR not made yet: its maker holds the flock of the parent dir
+            with locks.hold_dir(dest.parent, "the parent", note=state.dir_note_path(dest.parent)):
+                state.dir_note_path(dest.parent).write_text(owner)
+                taken.set()
+                time.sleep(seconds)
+            return
         lock = FileLock(str(lock_file), thread_local=False)
         with lock.acquire(timeout=5):
-            Path(str(lock_file) + ".owner").write_text(json.dumps(
-                {"pid": 4242, "command": "dfbuild apply --base b10359", "since": "2026-01-01 00:00:00"}))
+            Path(str(lock_file) + ".owner").write_text(owner)
             taken.set()
             time.sleep(seconds)
 

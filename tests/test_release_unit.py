@@ -481,8 +481,10 @@ def test_two_backends_share_one_out_dir_and_verify(inputs, fake_wheel, tmp_path)
     assert set(release.read_sha256sums(out / "SHA256SUMS")) == names
     report = verify.verify(out)
     assert report["ok"], report["problems"]
-    (out / "manifest.json").unlink()  # a merged dir may hold no top-level manifest
+    (out / "manifest.json").rename(out / "manifest-vulkan.json")  # a merged dir: one manifest-ID.json per entry
     assert verify.verify(out)["ok"]
+    (out / "manifest-vulkan.json").unlink()  # none at all: something is missing
+    assert not verify.verify(out)["ok"]
 
 
 def test_verify_without_sha256sums_fails(tmp_path):

@@ -7,6 +7,8 @@ README.md); everything below this layer raises, never exits.
 from __future__ import annotations
 
 import functools
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -16,16 +18,34 @@ from rich.markup import escape
 from . import __version__, errors, ui
 
 
+def _fail(exc: errors.DfbuildError):
+    ui.console.print(f"[red]error:[/red] {escape(exc.message)}", soft_wrap=True)
+    if exc.hint:
+        ui.console.print(f"  [dim]hint:[/dim] {escape(exc.hint)}", soft_wrap=True)
+    sys.exit(exc.exit_code)
+
+
 def handle_errors(func):
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        # from here on Ctrl-C is a KeyboardInterrupt that rolls back (before it, _entry exits 130 at once)
+        try:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        except ValueError:  # not the main thread (a test's runner): nothing to replace there
+            pass
         try:
             return func(*args, **kwargs)
         except errors.DfbuildError as exc:
-            ui.console.print(f"[red]error:[/red] {escape(exc.message)}", soft_wrap=True)
-            if exc.hint:
-                ui.console.print(f"  [dim]hint:[/dim] {escape(exc.hint)}", soft_wrap=True)
-            sys.exit(exc.exit_code)
+            _fail(exc)
+        except OSError as exc:
+            # a full disk or a read-only dir is the user's to fix: its own code, never a traceback
+            known = errors.from_os_error(exc)
+            if known is None:
+                raise
+            _fail(known)
+        except UnicodeError as exc:
+            _fail(errors.UsageError(f"a path or name is not valid UTF-8 ({exc.reason})",
+                                    "use names that are valid UTF-8"))
         except KeyboardInterrupt:
             # what was half done has been rolled back (or is recovered by the next run)
             ui.console.print("[red]interrupted[/red]: stopped (Ctrl-C); run the command again to finish",
@@ -118,13 +138,34 @@ def main() -> None:
 
 # --- source -------------------------------------------------------------------
 
+def _utf8_path(ctx, param, value):
+    """A path git and the manifest can carry: valid UTF-8 (a stray byte would fail deep inside, as a traceback)."""
+    if value is not None:
+        try:
+            os.fsdecode(os.fsencode(value)).encode("utf-8")
+        except UnicodeError:
+            raise click.BadParameter("is not valid UTF-8; choose a name without stray bytes") from None
+    return value
+
+
+def _default_dir_here(name: str) -> Path:
+    """./llama.cpp-NAME, refused (exit 16) when the current dir cannot be written: pass --dir instead."""
+    from . import source
+
+    here = Path.cwd()
+    if not source.default_dir(name).exists() and not os.access(here, os.W_OK | os.X_OK):
+        raise errors.CannotWriteError(f"cannot create {source.default_dir(name)}: the current directory {here} "
+                                      "is not writable", "pass --dir DIR on a writable file system")
+    return source.default_dir(name)
+
+
 def source_options(func):
     """--base/--pr/--repo/--dir/--force, shared by every command that starts from a checkout."""
     for option in reversed([
         base_option,
         click.option("--pr", type=int, default=None, help="Pull request whose refs/pull/N/head must contain the base."),
         click.option("--repo", default=None, help="Repository URL or path (default: implied by a known base)."),
-        click.option("--dir", "dest", type=click.Path(path_type=Path), default=None,
+        click.option("--dir", "dest", type=click.Path(path_type=Path), default=None, callback=_utf8_path,
                      help="Working tree to create or reuse (default: ./llama.cpp-BASE)."),
         click.option("--force", is_flag=True, help="Reuse a DIR with local changes after stashing them."),
     ]):
@@ -142,7 +183,7 @@ def checkout(base, pr, repo, dest, force, no_wait, as_json):
     from . import manifest, source
 
     source.check_base_name(base)
-    with _locks(("tree", dest or source.default_dir(base)), no_wait=no_wait):
+    with _locks(("tree", dest or _default_dir_here(base)), no_wait=no_wait):
         with ui.step(f"checkout {base}"):
             section = source.checkout(base, pr=pr, repo=repo, dest=dest, force=force)
         manifest.update_tree_manifest(Path(section["dir"]), "source", section)
@@ -155,7 +196,7 @@ def checkout(base, pr, repo, dest, force, no_wait, as_json):
 @main.command("import")
 @click.argument("archive", type=click.Path(path_type=Path))
 @click.option("--tag", required=True, help="Tag (base name) to give the imported commit, e.g. the release it is, bNNNNN.")
-@click.option("--dir", "dest", type=click.Path(path_type=Path), default=None,
+@click.option("--dir", "dest", type=click.Path(path_type=Path), default=None, callback=_utf8_path,
               help="Directory to create (default: ./llama.cpp-TAG).")
 @click.option("--max-unpacked-size", "max_unpacked", default=None, metavar="SIZE",
               help="Raise the cap on the archive's unpacked size (default 4G, and 100x the archive), e.g. 16G.")
@@ -168,7 +209,7 @@ def import_(archive, tag, dest, max_unpacked, no_wait, as_json):
 
     source.check_tag_name(tag)  # before the name makes a path: '..' may not leave the current dir
     limits = source.Limits.raised_to(source.parse_size(max_unpacked) if max_unpacked else None)
-    dest = dest or source.default_dir(tag.replace("/", "-"))
+    dest = dest or _default_dir_here(tag.replace("/", "-"))
     with _locks(("tree", dest), no_wait=no_wait):
         with ui.step(f"import {archive}"):
             section = source.import_archive(archive, tag, dest, limits=limits)
@@ -215,7 +256,7 @@ def apply(base, pr, repo, dest, force, patches_dir, skip, no_wait, as_json):
     series.check_skip(curated, tuple(skip))
     source.check_base_name(base)
     # one lock for checkout + apply + record: a second run waits, and never sees a half-applied tree
-    with _locks(("tree", dest or source.default_dir(base)), no_wait=no_wait):
+    with _locks(("tree", dest or _default_dir_here(base)), no_wait=no_wait):
         with ui.step(f"checkout {base}"):
             src = source.checkout(base, pr=pr, repo=repo, dest=dest, force=force, keep_descendants=True)
         tree = Path(src["dir"])

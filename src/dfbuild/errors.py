@@ -6,6 +6,8 @@ never renumber one, only add new ones.
 
 from __future__ import annotations
 
+import errno
+
 
 class DfbuildError(Exception):
     """A failure the user can act on: one-line reason plus what to do."""
@@ -53,6 +55,32 @@ class LockedError(DfbuildError):
     """The work tree, build dir or output dir is in use by another dfbuild (--no-wait, or a timeout)."""
 
     exit_code = 15
+
+
+class CannotWriteError(DfbuildError):
+    """A directory dfbuild must write is read-only, not ours to write, or on a full disk."""
+
+    exit_code = 16
+
+
+# errno -> (what it means, what to do); an OSError with one of these is the user's to fix, not a bug
+_WRITE_ERRNOS = {
+    errno.ENOSPC: ("the disk is full", "free some space there (or point --dir / DFBUILD_CACHE_DIR elsewhere), "
+                   "then run again; what was half done is finished or undone by the next run"),
+    errno.EDQUOT: ("the disk quota is exceeded", "free some space there, then run again"),
+    errno.EROFS: ("the file system is read-only", "pass a --dir (or --out) on a writable file system"),
+    errno.EACCES: ("permission denied", "pass a --dir (or --out) you can write, or fix its permissions"),
+    errno.EPERM: ("operation not permitted", "pass a --dir (or --out) you can write, or fix its permissions"),
+}
+
+
+def from_os_error(exc: OSError) -> DfbuildError | None:
+    """The documented error for an OSError about writing (full disk, read-only, no permission), else None."""
+    known = _WRITE_ERRNOS.get(exc.errno)
+    if known is None:
+        return None
+    where = exc.filename if exc.filename is not None else "a file"
+    return CannotWriteError(f"cannot write {where}: {known[0]}", known[1])
 
 
 class PatchIntegrityError(DfbuildError):

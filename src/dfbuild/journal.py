@@ -1,77 +1,312 @@
 """What dfbuild is in the middle of doing to a work tree, so an interrupted run can be undone.
 
-Before `checkout` moves an existing DIR or `apply` commits its first patch, it
-writes TREE/.git/dfbuild/journal.json (atomically) naming the operation and
-what it needs to finish or undo it; the journal is removed when the operation
-is complete or rolled back. A journal found by a later run (which holds the
-tree lock, so the writer is gone) means that run was killed: `recover` then
-clears dfbuild's own debris (stale git lock files, a half checkout, a
-half-applied series) without touching anything dfbuild did not change, and the
-user is never told that this debris is their local change.
+Before `checkout` moves an existing DIR, stashes a user's changes (`--force`)
+or `apply` commits its first patch, it writes TREE/.git/dfbuild/journal.json
+(atomically) naming the operation and what it needs to finish or undo it; the
+journal is removed when the operation is complete or rolled back. A journal
+found by a later run (which holds the tree lock, so the writer is gone) means
+that run was killed: `recover` then clears dfbuild's own debris (git lock files
+its dead git left, a half checkout, a half-applied series).
+
+A rollback restores only bytes dfbuild itself wrote: a journalled file whose
+content is neither the base's nor one that the series' patches produce was
+changed by someone else after the crash (a user's edit), and its bytes are kept
+aside in TREE/.git/dfbuild/kept/STAMP/PATH (named in the warning) before the
+file is put back. A git lock that another process holds is never removed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import shutil
 import subprocess
-from pathlib import Path
+import time
+from pathlib import Path, PurePosixPath
 
 from . import state, ui
+from .errors import LockedError
 
 JOURNAL_NAME = "journal.json"
+KEPT_DIR = "kept"
 
 # git's own lock files that a killed git process (ours) leaves behind
-_GIT_LOCKS = ("index.lock", "HEAD.lock", "ORIG_HEAD.lock", "config.lock")
+_GIT_LOCKS = ("index.lock", "HEAD.lock", "ORIG_HEAD.lock", "config.lock", "refs/stash.lock", "logs/refs/stash.lock")
+_HEX = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
+_ABBREV = re.compile(r"^[0-9a-f]{7,64}$")
+_OPS = ("apply", "checkout", "stash")
+
+
+def record_dir(tree: Path) -> Path:
+    return Path(tree) / ".git" / "dfbuild"
 
 
 def journal_path(tree: Path) -> Path:
-    return Path(tree) / ".git" / "dfbuild" / JOURNAL_NAME
+    return record_dir(tree) / JOURNAL_NAME
+
+
+def make_room(tree: Path) -> None:
+    """Make TREE/.git/dfbuild a directory dfbuild can write: a file in its place is not a record; remove it."""
+    folder = record_dir(tree)
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        ui.warn(f"{folder} is not a directory; replaced it with dfbuild's record directory")
+        folder.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+
+
+def _clear_record(path: Path) -> None:
+    """Remove dfbuild's record PATH (inside .git/dfbuild), whatever is there: a file, a link or a directory."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            path.unlink()
+        except (FileNotFoundError, NotADirectoryError):
+            pass
 
 
 def begin(tree: Path, op: str, **data) -> None:
+    make_room(tree)
+    _clear_record(journal_path(tree))
     state.atomic_write_text(journal_path(tree), json.dumps(
-        {"op": op, "pid": os.getpid(), **data}, indent=2, sort_keys=True) + "\n")
+        {"op": op, "pid": os.getpid(), "started": time.time(), **data}, indent=2, sort_keys=True) + "\n")
+
+
+def update(tree: Path, **data) -> None:
+    """Add DATA to the journal in progress."""
+    record = json.loads(journal_path(tree).read_text(encoding="utf-8"))
+    record.update(data)
+    state.atomic_write_text(journal_path(tree), json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
 def end(tree: Path) -> None:
-    try:
-        journal_path(tree).unlink()
-    except FileNotFoundError:
-        pass
-
-
-def pending(tree: Path) -> dict | None:
-    path = journal_path(tree)
-    if not path.exists():
-        return None
-    data = state.read_json(path, "journal")
-    return data or {"op": "unknown"}
+    _clear_record(journal_path(tree))
 
 
 def _git(tree: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True, check=check)
 
 
-def _clear_git_locks(tree: Path, branch: str | None) -> None:
-    git_dir = Path(tree) / ".git"
-    names = list(_GIT_LOCKS)
-    if branch:
-        names.append(f"refs/heads/{branch}.lock")
-    for name in names:
+def _commit_exists(tree: Path, rev: object) -> bool:
+    return isinstance(rev, str) and bool(_HEX.match(rev)) and _git(
+        tree, "cat-file", "-e", f"{rev}^{{commit}}", check=False).returncode == 0
+
+
+def _safe_rel(rel: object) -> bool:
+    if not isinstance(rel, str) or not rel or "\0" in rel or "\\" in rel:
+        return False
+    parts = PurePosixPath(rel).parts
+    return not PurePosixPath(rel).is_absolute() and ".." not in parts and parts[:1] != (".git",)
+
+
+def _branch_ok(branch: object) -> bool:
+    return (isinstance(branch, str) and bool(branch) and not branch.startswith("-") and "\0" not in branch
+            and subprocess.run(["git", "check-ref-format", f"refs/heads/{branch}"],
+                               capture_output=True).returncode == 0)
+
+
+def problem(tree: Path, record: dict) -> str | None:
+    """Why RECORD is not a journal dfbuild wrote (its schema), or None when it is one."""
+    op = record.get("op")
+    if op not in _OPS:
+        return f"unknown operation {op!r}"
+    if not isinstance(record.get("pid", 0), int) or isinstance(record.get("pid", 0), bool):
+        return "pid is not a number"
+    if not isinstance(record.get("started", 0), (int, float)):
+        return "started is not a time"
+    if op == "apply":
+        if not _commit_exists(tree, record.get("original_head")):
+            return "original_head is not a commit of this tree"
+        if record.get("branch") is not None and not _branch_ok(record["branch"]):
+            return "branch is not a branch name"
+        paths = record.get("paths")
+        if not isinstance(paths, list) or not all(_safe_rel(p) for p in paths):
+            return "paths is not a list of paths inside the tree"
+        wrote = record.get("wrote", {})
+        if not isinstance(wrote, dict) or not all(
+                _safe_rel(k) and isinstance(v, list) and all(isinstance(i, str) and _ABBREV.match(i) for i in v)
+                for k, v in wrote.items()):
+            return "wrote is not a map of paths to blob ids"
+    elif op == "checkout":
+        if not _commit_exists(tree, record.get("commit")):
+            return "commit is not a commit of this tree"
+        if not _branch_ok(record.get("branch")):
+            return "branch is not a branch name"
+        if record.get("previous") is not None and not _commit_exists(tree, record["previous"]):
+            return "previous is not a commit of this tree"
+    return None
+
+
+def pending(tree: Path) -> dict | None:
+    """The journal of an unfinished operation on TREE; {"op": "unknown"} when it is unreadable or invalid."""
+    path = journal_path(tree)
+    if not (path.exists() or path.is_symlink()):
+        if record_dir(tree).exists() and not record_dir(tree).is_dir():
+            return {"op": "unknown"}  # a file where dfbuild's record directory belongs
+        return None
+    data = state.read_json(path, "journal")
+    if not data:
+        return {"op": "unknown"}
+    why = problem(tree, data)
+    if why:
+        ui.warn(f"ignoring the invalid journal {path} ({why}); it is treated as unreadable")
+        return {"op": "unknown"}
+    return data
+
+
+# --- git locks --------------------------------------------------------------------------
+
+
+def _open_by_someone(path: Path) -> bool:
+    """Whether a live process has PATH open (Linux /proc; elsewhere: unknown, so False)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return False
+    target = str(path)
+    for fd_dir in proc.glob("[0-9]*/fd"):
         try:
-            (git_dir / name).unlink()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            for fd in fd_dir.iterdir():
+                try:
+                    if os.readlink(fd) == target:
+                        return True
+                except OSError:
+                    continue
+        except OSError:
+            continue
+    return False
+
+
+def _lock_names(branch: object) -> list[str]:
+    names = list(_GIT_LOCKS)
+    if isinstance(branch, str) and branch:
+        names.append(f"refs/heads/{branch}.lock")
+    return names
+
+
+def git_locks(tree: Path, branch: object = None) -> list[Path]:
+    git_dir = Path(tree) / ".git"
+    return [git_dir / n for n in _lock_names(branch) if (git_dir / n).is_file()]
+
+
+def held_by_another(tree: Path, lock: Path) -> LockedError:
+    """LOCK was found held while this run's git needed it: note it in the journal as not ours to remove."""
+    try:
+        record = json.loads(journal_path(tree).read_text(encoding="utf-8"))
+        held = record.get("foreign_locks") if isinstance(record.get("foreign_locks"), list) else []
+        update(tree, foreign_locks=sorted({*held, lock.relative_to(Path(tree) / ".git").as_posix()}))
+    except (OSError, ValueError, AttributeError):
+        pass
+    return locked_error(tree, lock)
+
+
+def locked_error(tree: Path, lock: Path) -> LockedError:
+    return LockedError(f"another git process holds {tree} ({lock} exists); nothing more was done",
+                       f"wait for that git command to finish; if none is running, remove {lock} and run again")
+
+
+def _clear_dead_git_locks(tree: Path, record: dict) -> None:
+    """Remove the lock files that the dead run's git left; refuse (LockedError) one that someone else holds.
+
+    A lock is the dead run's when it appeared while that run's journal existed
+    (not older than it), no live process has it open, and the run did not
+    itself find it held by another git (journal 'foreign_locks').
+    """
+    started = record.get("started")
+    foreign = set(record.get("foreign_locks") or []) if isinstance(record.get("foreign_locks"), list) else set()
+    for lock in git_locks(tree, record.get("branch")):
+        try:
+            mtime = lock.stat().st_mtime
+        except OSError:
+            continue
+        rel = lock.relative_to(Path(tree) / ".git").as_posix()
+        older = isinstance(started, (int, float)) and mtime < started - 1
+        if rel in foreign or older or _open_by_someone(lock):
+            raise locked_error(tree, lock)
+        try:
+            lock.unlink()
+        except FileNotFoundError:
             pass
 
 
-def restore_paths(tree: Path, commit: str, paths: list[str]) -> None:
+# --- restoring only what dfbuild wrote --------------------------------------------------
+
+
+def blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _current_blob(path: Path) -> str | None:
+    """The blob id of PATH's bytes in the work tree (a symlink: its target), None when absent or a directory."""
+    try:
+        if path.is_symlink():
+            return blob_id(os.fsencode(os.readlink(path)))
+        if path.is_file():
+            return blob_id(path.read_bytes())
+    except OSError:
+        return None
+    return None
+
+
+def _blobs_at(tree: Path, commit: str, paths: list[str]) -> dict[str, str]:
+    if not paths:
+        return {}
+    out = _git(tree, "ls-tree", "-r", commit, "--", *paths).stdout
+    found = {}
+    for line in out.splitlines():
+        meta, _, name = line.partition("\t")
+        found[name] = meta.split()[2]
+    return found
+
+
+def _ours(tree: Path, record: dict, commits: list[str], paths: list[str]) -> dict[str, set[str]]:
+    """Per path: the blob ids (full, or abbreviated as in a patch's index line) that dfbuild may have written."""
+    ours: dict[str, set[str]] = {p: set() for p in paths}
+    for commit in commits:
+        for name, blob in _blobs_at(tree, commit, paths).items():
+            ours.setdefault(name, set()).add(blob)
+    for name, ids in (record.get("wrote") or {}).items():
+        ours.setdefault(name, set()).update(ids)
+    return ours
+
+
+def _is_ours(current: str, ids: set[str]) -> bool:
+    return any(current.startswith(i) for i in ids)
+
+
+def _descendants(tree: Path, start: str) -> list[str]:
+    """START and the commits between it and HEAD either way (a derived series may redo its commits from
+    below START): the commits whose files dfbuild may have left in the tree."""
+    head = _git(tree, "rev-parse", "--verify", "--quiet", "HEAD", check=False).stdout.strip()
+    if not head:
+        return [start]
+    return [start, *_git(tree, "rev-list", f"{start}...{head}", check=False).stdout.split()]
+
+
+def restore_paths(tree: Path, commit: str, paths: list[str], record: dict | None = None) -> list[tuple[str, Path]]:
     """Put HEAD and the index back at COMMIT and PATHS (only those) back to their content there.
 
     A path that did not exist at COMMIT was created by dfbuild and is removed;
-    every other file in the tree, tracked or not, is left as it is.
+    every other file in the tree, tracked or not, is left as it is. A path whose
+    bytes dfbuild did not write is copied to .git/dfbuild/kept/ first; returns
+    [(path, copy)] for those.
     """
     tree = Path(tree)
+    ours = _ours(tree, record or {}, _descendants(tree, commit), paths)
+    kept: list[tuple[str, Path]] = []
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for rel in paths:
+        current = _current_blob(tree / rel)
+        if current is None or _is_ours(current, ours.get(rel, set())):
+            continue
+        copy = record_dir(tree) / KEPT_DIR / stamp / rel
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        if (tree / rel).is_symlink():
+            os.symlink(os.readlink(tree / rel), copy)
+        else:
+            shutil.copy2(tree / rel, copy)
+        kept.append((rel, copy))
     _git(tree, "reset", "--quiet", commit)  # HEAD and index only; the working tree is ours to fix below
     existing = set(_git(tree, "ls-tree", "-r", "--name-only", commit, "--", *paths).stdout.splitlines()) if paths else set()
     if existing:
@@ -82,45 +317,93 @@ def restore_paths(tree: Path, commit: str, paths: list[str]) -> None:
         target = tree / rel
         if target.is_file() or target.is_symlink():
             target.unlink()
+    return kept
+
+
+def _kept_words(tree: Path, kept: list[tuple[str, Path]]) -> str:
+    if not kept:
+        return "no file had changed since dfbuild wrote it, so nothing of yours was touched"
+    return "; ".join(f"{rel} had changed since dfbuild wrote it: your version is kept as {copy} "
+                     f"(copy it back with `cp {copy} {Path(tree) / rel}`)" for rel, copy in kept)
 
 
 def roll_back(tree: Path) -> bool:
     """Undo the apply in progress in this process (after a failure or Ctrl-C); False if that failed too.
 
-    The journal stays when the rollback could not finish (a second Ctrl-C, a
-    killed git), so the next run finishes it.
+    The journal stays when the rollback could not finish (a second Ctrl-C, a git
+    lock held by another process), so the next run finishes it. Git locks are
+    never removed here: a git child interrupted with us removes its own.
     """
     record = pending(tree)
     if not record or record.get("op") != "apply":
         return True
+    if git_locks(tree, record.get("branch")):
+        # another git's (see held_by_another) or our own killed child's: the next run tells them apart
+        return False
     try:
-        # a git child killed along with us leaves its lock file: ours, under our tree lock
-        _clear_git_locks(tree, record.get("branch"))
-        restore_paths(tree, record["original_head"], list(record.get("paths") or []))
+        kept = restore_paths(tree, record["original_head"], list(record.get("paths") or []), record)
     except (Exception, KeyboardInterrupt):
         return False
+    if kept:
+        ui.warn(f"the partial series in {tree} was rolled back; {_kept_words(tree, kept)}")
     end(tree)
     return True
 
 
 def recover(tree: Path) -> dict | None:
-    """Undo (apply) or finish (checkout) what an interrupted dfbuild left in TREE; None if nothing."""
+    """Undo (apply) or finish (checkout, stash) what an interrupted dfbuild left in TREE; None if nothing."""
     tree = Path(tree)
     record = pending(tree)
     if record is None:
         return None
     op = record.get("op")
-    _clear_git_locks(tree, record.get("branch"))
-    if op == "apply" and record.get("original_head"):
-        restore_paths(tree, record["original_head"], list(record.get("paths") or []))
-        ui.warn(f"an earlier dfbuild apply on {tree} was interrupted; its partial series was rolled back "
-                f"to {record['original_head'][:12]} (your own files were not touched)")
-    elif op == "checkout" and record.get("commit") and record.get("branch"):
-        # the interrupted `git checkout` is simply finished: the tree was clean (or stashed) before it
-        _git(tree, "checkout", "--quiet", "--force", "-B", record["branch"], record["commit"])
-        ui.warn(f"an earlier dfbuild checkout of {tree} was interrupted; it was finished "
-                f"({record['commit'][:12]} on {record['branch']})")
-    else:
+    if op == "unknown":
         ui.warn(f"{tree} holds an unreadable dfbuild journal; removed it (check the tree with `git status`)")
+        if record_dir(tree).exists() and not record_dir(tree).is_dir():
+            make_room(tree)
+        end(tree)
+        return record
+    _clear_dead_git_locks(tree, record)
+    if op == "apply":
+        kept = restore_paths(tree, record["original_head"], list(record.get("paths") or []), record)
+        ui.warn(f"an earlier dfbuild apply on {tree} was interrupted; its partial series was rolled back "
+                f"to {record['original_head'][:12]}; {_kept_words(tree, kept)}")
+    elif op == "checkout":
+        kept = _finish_checkout(tree, record)
+        ui.warn(f"an earlier dfbuild checkout of {tree} was interrupted; it was finished "
+                f"({record['commit'][:12]} on {record['branch']})"
+                + (f"; {_kept_words(tree, kept)}" if kept else ""))
+    else:  # stash: git stores the stash before it cleans the tree, so nothing is lost either way
+        ui.warn(f"an earlier `dfbuild --force` was interrupted while stashing your changes in {tree}; "
+                f"they are either still in the tree or in `git -C {tree} stash list`")
     end(tree)
     return record
+
+
+def _finish_checkout(tree: Path, record: dict) -> list[tuple[str, Path]]:
+    """Finish the interrupted `git checkout -B BRANCH COMMIT`: the tree was clean (or stashed) before it.
+
+    Only files whose bytes are the previous commit's or the new one's are
+    written; any other bytes (an edit since the crash) are kept aside first.
+    """
+    commit, previous = record["commit"], record.get("previous")
+    changed = _git(tree, "diff", "--name-only", "--no-renames", "-z", commit, "--").stdout.split("\0")
+    if previous:
+        changed += _git(tree, "diff", "--name-only", "--no-renames", "-z", previous, commit, "--").stdout.split("\0")
+    paths = sorted({p for p in changed if p})
+    ours: dict[str, set[str]] = {p: set() for p in paths}
+    for rev in filter(None, (commit, previous)):
+        for name, blob in _blobs_at(tree, rev, paths).items():
+            ours[name].add(blob)
+    kept = []
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for rel in paths:
+        current = _current_blob(tree / rel)
+        if current is None or _is_ours(current, ours[rel]):
+            continue
+        copy = record_dir(tree) / KEPT_DIR / stamp / rel
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(tree / rel, copy, follow_symlinks=False)
+        kept.append((rel, copy))
+    _git(tree, "checkout", "--quiet", "--force", "-B", record["branch"], commit)
+    return kept

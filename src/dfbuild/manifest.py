@@ -7,10 +7,10 @@ A checkout keeps its manifest inside its git dir so the tree never looks dirty.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from . import state
+from .ui import dumps
 
 SECTIONS = ("source", "series", "build", "smoke", "proof", "release")
 
@@ -29,14 +29,11 @@ def save(manifest: dict, path: Path) -> Path:
     return state.atomic_write_text(Path(path), dumps(manifest) + "\n")
 
 
-def dumps(data: dict) -> str:
-    return json.dumps(data, indent=2, sort_keys=True, default=str)
-
-
 def update_tree_manifest(tree: Path, section: str, data: dict) -> dict:
     """Record one stage's section in the checkout's manifest and return the whole manifest."""
     assert section in SECTIONS, section
     path = tree_manifest_path(tree)
+    state.clear_non_file(path, "tree record")
     manifest = load(path)
     manifest[section] = data
     save(manifest, path)

@@ -29,6 +29,8 @@ def owned_names(out: Path, legacy: Callable[[Path], Iterable[str]] | None = None
     marker = Path(out) / MARKER_NAME
     if marker.is_file():
         data = state.read_json(marker, "ownership marker")
+        if data.get("written_by") != "dfbuild":
+            return set()  # not dfbuild's marker: it owns nothing here (and check() refuses to replace it)
         files = data.get("files")
         return {f for f in files if isinstance(f, str)} if isinstance(files, list) else set()
     if legacy is not None:
@@ -43,6 +45,13 @@ def check(out: Path, names: Iterable[str], error: type[DfbuildError], *,
           legacy: Callable[[Path], Iterable[str]] | None = None) -> set[str]:
     """Refuse (ERROR) any of NAMES that exists in OUT and is not dfbuild's; writes nothing. Returns dfbuild's names."""
     out = Path(out)
+    marker = out / MARKER_NAME
+    if (marker.exists() or marker.is_symlink()) and (
+            not marker.is_file() or marker.is_symlink()
+            or state.read_json(marker, "ownership marker").get("written_by") != "dfbuild"):
+        # a file of the user's that happens to have the marker's name: never overwritten
+        raise error(f"{marker} exists and is not dfbuild's ownership marker; refusing to overwrite it",
+                    "move it away, or choose another output directory")
     mine = owned_names(out, legacy)
     foreign = [n for n in names if n not in mine and ((out / n).exists() or (out / n).is_symlink())]
     if foreign:

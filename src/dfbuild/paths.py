@@ -1,14 +1,17 @@
-"""Where dfbuild keeps its caches (clones, sdists, imported trees)."""
+"""Where dfbuild keeps its caches (clones, sdists, imported trees). The lowest floor: errors and locks only."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-from contextlib import contextmanager
 from pathlib import Path
 
+from contextlib import contextmanager
+
 import platformdirs
+
 from .errors import DfbuildError, UsageError
+from .locks import hold
 
 CACHE_ENV = "DFBUILD_CACHE_DIR"
 
@@ -43,14 +46,12 @@ def sha256_file(path: Path) -> str:
 @contextmanager
 def locked(path: Path, timeout: float = 600):
     """Hold an inter-process lock next to `path` so concurrent runs don't share a half-made cache."""
-    from . import state
-
     path.parent.mkdir(parents=True, exist_ok=True)
     lock_file = str(path) + ".lock"
     busy = DfbuildError(
         f"another dfbuild holds the cache lock {lock_file}",
         "wait for it to finish; the lock is released when that process ends",
     )
-    # says who holds it while it waits (state.hold), instead of waiting in silence
-    with state.hold(Path(lock_file), f"the cache lock {lock_file}", timeout=timeout, timeout_error=busy):
+    # says who holds it while it waits (locks.hold), instead of waiting in silence
+    with hold(Path(lock_file), f"the cache lock {lock_file}", timeout=timeout, timeout_error=busy):
         yield

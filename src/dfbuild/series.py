@@ -656,6 +656,21 @@ def patch_paths(patch: Path) -> list[str]:
     return found
 
 
+def patch_post_images(patch: Path) -> dict[str, list[str]]:
+    """Per file, the (abbreviated) blob ids a patch leaves, from its `index OLD..NEW` lines."""
+    found: dict[str, list[str]] = {}
+    current = None
+    for line in patch.read_text(encoding="utf-8", errors="replace").splitlines():
+        match = re.match(r"^diff --git a/(.+) b/(.+)$", line)
+        if match:
+            current = match.group(2)
+            continue
+        match = re.match(r"^index [0-9a-f]+\.\.([0-9a-f]{7,})", line)
+        if match and current and not set(match.group(1)) == {"0"}:
+            found.setdefault(current, []).append(match.group(1))
+    return found
+
+
 def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: tuple[str, ...] = ()) -> dict:
     """Apply every needed concern as one fixed-identity commit each; all or nothing.
 
@@ -692,9 +707,15 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
     start = series_start(tree) if derived else None
     to_apply = [step for step in steps if step.status in CARRIED]
     touched = sorted({p for step in to_apply for p in patch_paths(patch_path(series, step.variant))})
+    branch = None
     if to_apply:
         branch = None if repo.head.is_detached else repo.active_branch.name
-        journal.begin(tree, "apply", original_head=original_head, branch=branch, paths=touched)
+        # what the patches write, so that a rollback can tell those bytes from a user's edit since
+        wrote: dict[str, list[str]] = {}
+        for step in to_apply:
+            for name, ids in patch_post_images(patch_path(series, step.variant)).items():
+                wrote.setdefault(name, []).extend(i for i in ids if i not in wrote.get(name, []))
+        journal.begin(tree, "apply", original_head=original_head, branch=branch, paths=touched, wrote=wrote)
     state.fault_point("apply: journal written")
     results = []
     try:
@@ -707,6 +728,9 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
                 patch = patch_path(series, step.variant)
                 args = ["apply", "--index", *(["--3way"] if step.status == "3-way" else []), str(patch)]
                 applied = _git(tree, *args, check=False)
+                if applied.returncode != 0 and journal.git_locks(tree, branch):
+                    # another git process holds the tree: not a bad patch, and its lock is not ours to remove
+                    raise journal.held_by_another(tree, journal.git_locks(tree, branch)[0])
                 if applied.returncode != 0 or (step.blob and _index_blob(tree, {}) != step.blob):
                     raise PatchConflictError(
                         f"patch {step.variant.file} failed: {describe_failure(patch, applied.stderr)}",
@@ -714,7 +738,12 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
                     )
                 state.fault_point(f"apply: {step.concern.id} staged")
                 entry["status"] = "applied"
-                entry["commit"] = source.commit_fixed(repo, commit_message(patch))
+                try:
+                    entry["commit"] = source.commit_fixed(repo, commit_message(patch))
+                except git.GitCommandError:
+                    if journal.git_locks(tree, branch):
+                        raise journal.held_by_another(tree, journal.git_locks(tree, branch)[0]) from None
+                    raise
                 state.fault_point(f"apply: {step.concern.id} committed")
             elif step.status == "applied":
                 entry["status"] = "already-present"
@@ -722,7 +751,10 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
     except BaseException:
         # restore exactly what the patches touched; the user's other files stay as they are
         if to_apply and not journal.roll_back(tree):
-            ui.warn(f"the rollback in {tree} did not finish; the next dfbuild run on it finishes it")
+            held = journal.git_locks(tree, branch)
+            ui.warn(f"the rollback in {tree} did not finish"
+                    + (f" ({held[0]} is held by another git process)" if held else "")
+                    + "; the next dfbuild run on it finishes it")
         raise
     journal.end(tree)
 

@@ -34,6 +34,7 @@ from .errors import (
     NotLlamaTreeError,
     SourceError,
     UnknownBaseError,
+    from_os_error,
     UsageError,
 )
 from .gitfetch import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
@@ -172,9 +173,13 @@ def speculative_blob(tree: Path) -> str | None:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
+# a base or tag names a dir (llama.cpp-NAME, and .NAME.dfbuild-partial beside it) within a file name's 255 bytes
+MAX_NAME_BYTES = 200
+
+
 def check_base_name(base: str) -> None:
     """Refuse a base that cannot name the branch dfbuild/BASE, before anything is cloned or written."""
-    if not base or base.startswith("-") or not valid_ref_name(f"refs/heads/{branch_for(base)}"):
+    if not base or base.startswith("-") or len(os.fsencode(base)) > MAX_NAME_BYTES or not valid_ref_name(f"refs/heads/{branch_for(base)}"):
         raise UsageError(
             f"'{base}' cannot name a branch (dfbuild/{base}); nothing was touched",
             "pass a commit id, a tag or a branch name as --base (not an expression like HEAD~3)",
@@ -254,7 +259,7 @@ def _clear_debris(dest: Path) -> None:
             shutil.rmtree(partial, ignore_errors=True)
         else:
             partial.unlink()
-    if dest.is_dir() and journal.pending(dest):
+    if (dest / ".git").is_dir():
         journal.recover(dest)
 
 
@@ -273,6 +278,7 @@ def _staged(dest: Path):
 
 
 def _move_into_place(made: Path, dest: Path) -> None:
+    state.tree_made(made, dest)  # the new tree's own lock, taken before anyone can see it as DEST
     if dest.exists():
         dest.rmdir()  # empty, as checked: a non-empty DIR was refused
     os.replace(made, dest)
@@ -310,8 +316,15 @@ def _prepare_dir(dest: Path, force: bool) -> git.Repo | None:
     if repo is not None and repo.is_dirty(untracked_files=True):
         try:
             stamp = repo.git.rev_parse("--short", "HEAD")
+            # journalled: a kill during the stash leaves git's lock, which the next run must know is ours
+            journal.begin(dest, "stash")
+            state.fault_point("checkout: stash journal written")
             repo.git.stash("push", "--include-untracked", "-m", f"dfbuild checkout --force (was at {stamp})")
+            journal.end(dest)
         except git.GitCommandError as exc:
+            journal.end(dest)  # git refused (it was not killed): nothing of the stash is half done
+            if journal.git_locks(dest):
+                raise journal.locked_error(dest, journal.git_locks(dest)[0]) from None
             raise DirtyTreeError(f"{dest} has local changes that cannot be stashed: {_git_error(exc)}",
                                  "commit or move them away yourself, then run again") from None
         ui.warn(f"stashed your local changes in {dest} (see `git -C {dest} stash list`)")
@@ -505,7 +518,7 @@ def find_llama_root(top: Path) -> Path:
 def check_tag_name(tag: str) -> None:
     """A tag git accepts and that stays one plain name (it also names the default DIR)."""
     plain = re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", tag or "")
-    if not plain or ".." in tag.split("/") or not valid_ref_name(f"refs/tags/{tag}") \
+    if not plain or ".." in tag.split("/") or len(tag) > MAX_NAME_BYTES or not valid_ref_name(f"refs/tags/{tag}") \
             or not valid_ref_name(f"refs/heads/{branch_for(tag)}"):
         raise ArchiveError(f"'{tag}' is not a valid tag name; nothing was touched",
                            "use letters, digits, '.', '_', '-' or '/' as git allows them (no '..', no '.lock' ending)")

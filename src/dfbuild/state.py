@@ -29,9 +29,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from filelock import FileLock, Timeout
-
-from .errors import LockedError
+# the lowest floor: errors, ui, locks and paths only (never manifest, source or anything above)
+from . import ui
+from .locks import adopt, hold, hold_dir
+from .paths import cache_dir
 
 # --- atomic files -----------------------------------------------------------------------
 
@@ -81,8 +82,6 @@ def atomic_write_text(path: Path, text: str, *, durable: bool = True) -> Path:
 
 def read_json(path: Path, what: str = "record") -> dict:
     """PATH's JSON object, or {} when it is missing; an unreadable one is {} with a warning."""
-    from . import ui
-
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -97,101 +96,117 @@ def read_json(path: Path, what: str = "record") -> dict:
     return data
 
 
+def clear_non_file(path: Path, what: str = "record") -> None:
+    """A directory where dfbuild's own record file PATH belongs (in .git/dfbuild or the cache) is not a
+    record: warn and remove it, so the record can be written again (never used on a user's dir)."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        ui.warn(f"{path} should be dfbuild's {what} but is a directory; removed it")
+        shutil.rmtree(path, ignore_errors=True)
+
+
 # --- locks ------------------------------------------------------------------------------
 
-# path -> [FileLock, depth]: locks this process holds (re-entrant per process)
-_held: dict[str, list] = {}
-
-
 def lock_dir() -> Path:
-    from .paths import cache_dir
-
     folder = cache_dir() / "locks"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 
-def lock_path_for(kind: str, target: Path) -> Path:
-    """The lock of a work tree, build dir or output dir: one file per resolved path, in the cache.
-
-    The lock lives in dfbuild's cache, not in TARGET, so a DIR that does not
-    exist yet (a first checkout or import) is locked the same way as one that does.
-    """
+def _cache_lock_path(kind: str, target: Path) -> Path:
     resolved = str(Path(target).resolve())
     stem = re.sub(r"[^A-Za-z0-9]+", "-", resolved).strip("-")[-40:]
-    digest = hashlib.sha256(resolved.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(os.fsencode(resolved)).hexdigest()[:16]
     return lock_dir() / f"{kind}-{stem}-{digest}.lock"
 
 
-def _command_line() -> str:
-    args = [Path(sys.argv[0]).name if sys.argv else "dfbuild", *sys.argv[1:]]
-    if args and args[0] in ("cli.py", "__main__.py", "-m", "-c"):
-        args[0] = "dfbuild"
-    return " ".join(args)[:200]
+def tree_lock_path(tree: Path) -> Path:
+    return Path(tree) / ".git" / "dfbuild" / "lock"
 
 
-def _holder(info_path: Path) -> str:
-    try:
-        data = json.loads(info_path.read_text(encoding="utf-8"))
-        return f"pid {data['pid']} ({data['command']}, since {data['since']})"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "another dfbuild process"
+def lock_path_for(kind: str, target: Path) -> Path:
+    """The lock of a work tree (TREE/.git/dfbuild/lock), build dir or output dir (in the cache).
+
+    A tree's lock lives in the tree, so two caches (two users, a CI cache and a
+    shell) still exclude each other on it.
+    """
+    if kind == "tree":
+        return tree_lock_path(Path(os.path.abspath(target)).resolve())
+    return _cache_lock_path(kind, target)
+
+
+def _record_dir_ready(tree: Path) -> None:
+    """TREE/.git/dfbuild must be a directory: anything else in its place is not dfbuild's record; replace it."""
+    folder = Path(tree) / ".git" / "dfbuild"
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        ui.warn(f"{folder} is not a directory; replaced it with dfbuild's record directory")
+        folder.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+
+
+def dir_note_path(folder: Path) -> Path:
+    """Who holds the flock of FOLDER (a new tree's parent): a note in the cache, since none is made beside it."""
+    return _cache_lock_path("dir", folder).with_suffix(".owner")
+
+
+# resolved DIR -> the lock inside a tree this process is creating (see tree_made), None until it is made
+_creating: dict[str, object] = {}
 
 
 @contextmanager
-def hold(lock_file: Path, what: str, *, wait: bool = True, timeout: float = -1, timeout_error=None):
-    """Hold LOCK_FILE for the duration of the block; WHAT names the thing locked in messages.
+def _hold_tree(tree: Path, what: str, wait: bool):
+    """The lock inside TREE/.git; while TREE does not exist yet, the flock of its parent directory.
 
-    Waiting prints who holds the lock. wait=False raises LockedError at once;
-    running out of TIMEOUT raises TIMEOUT_ERROR (a DfbuildError) or LockedError.
+    The parent's flock (no file is created beside TREE) orders the creators of
+    a new TREE; the creator takes the lock inside the new tree's .git before it
+    renames it into place (tree_made), so whoever comes later waits on that lock.
     """
-    key = str(Path(lock_file).resolve())
-    if key in _held:
-        _held[key][1] += 1
-        try:
-            yield
-        finally:
-            _held[key][1] -= 1
-        return
-    Path(lock_file).parent.mkdir(parents=True, exist_ok=True)
-    info_path = Path(key + ".owner")
-    lock = FileLock(key, thread_local=False)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        from . import ui
+    while True:
+        if (tree / ".git").is_dir():
+            _record_dir_ready(tree)
+            clear_non_file(tree_lock_path(tree), "tree lock")
+            with hold(tree_lock_path(tree), what, wait=wait):
+                yield
+            return
+        parent = tree.parent
+        parent.mkdir(parents=True, exist_ok=True)
+        with hold_dir(parent, what, wait=wait, note=dir_note_path(parent)):
+            if (tree / ".git").is_dir():
+                continue  # made by the one we waited for: its own lock guards it now
+            _creating[str(tree)] = None
+            try:
+                yield
+            finally:
+                inner = _creating.pop(str(tree), None)
+                if inner is not None:
+                    inner.__exit__(None, None, None)
+            return
 
-        holder = _holder(info_path)
-        if not wait:
-            raise LockedError(f"{what} is in use by {holder}; --no-wait given, so nothing was done",
-                              "wait for that command to finish, or run again without --no-wait") from None
-        ui.info(f"waiting for {what}: it is in use by {holder} (Ctrl-C to stop waiting)")
-        try:
-            lock.acquire(timeout=timeout)
-        except Timeout:
-            if timeout_error is not None:
-                raise timeout_error from None
-            raise LockedError(f"{what} is still in use by {_holder(info_path)} after {timeout:.0f}s",
-                              "wait for that command to finish; the lock is released when it ends") from None
-    _held[key] = [lock, 1]
-    try:
-        try:
-            atomic_write_text(info_path, json.dumps({
-                "pid": os.getpid(), "command": _command_line(),
-                "since": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n", durable=False)
-        except OSError:
-            pass
-        yield
-    finally:
-        del _held[key]
-        lock.release()
+
+def tree_made(made: Path, dest: Path) -> None:
+    """Called with a new tree MADE beside DEST, right before it is renamed to DEST: lock it from inside.
+
+    The lock file's inode moves with the rename, so the lock then guards DEST.
+    """
+    key = str(Path(os.path.abspath(dest)).resolve())
+    if key not in _creating or _creating[key] is not None or not (Path(made) / ".git").is_dir():
+        return
+    _record_dir_ready(made)
+    inner = adopt(tree_lock_path(made), tree_lock_path(Path(key)))
+    inner.__enter__()
+    _creating[key] = inner
 
 
 @contextmanager
 def hold_path(kind: str, target: Path, *, wait: bool = True):
     """Hold the lock of a work tree (kind 'tree'), build dir ('build') or output dir ('out')."""
     words = {"tree": "the work tree", "build": "the build dir", "out": "the output dir"}.get(kind, kind)
-    with hold(lock_path_for(kind, target), f"{words} {Path(target).resolve()}", wait=wait):
+    resolved = Path(os.path.abspath(target)).resolve()
+    if kind == "tree" and hold_dir is not None:
+        with _hold_tree(resolved, f"{words} {resolved}", wait):
+            yield
+        return
+    with hold(_cache_lock_path(kind, target), f"{words} {resolved}", wait=wait):
         yield
 
 
@@ -199,8 +214,6 @@ def hold_path(kind: str, target: Path, *, wait: bool = True):
 
 
 def tmp_root() -> Path:
-    from .paths import cache_dir
-
     folder = cache_dir() / "tmp"
     folder.mkdir(parents=True, exist_ok=True)
     return folder

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import time
 from contextlib import contextmanager
 
 import click
 from rich.console import Console
 
-from .manifest import dumps
+# the lowest floor: ui imports nothing of dfbuild's, so every module may report through it
 
 console = Console(stderr=True, highlight=False)
 
@@ -19,6 +20,11 @@ def info(message: str) -> None:
 
 def warn(message: str) -> None:
     console.print(f"[yellow]warning:[/yellow] {message}")
+
+
+def dumps(data: dict) -> str:
+    """The one JSON form of dfbuild's data (stdout, manifests, records)."""
+    return json.dumps(data, indent=2, sort_keys=True, default=str)
 
 
 def emit_json(data: dict) -> None:

@@ -16,7 +16,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from .errors import ArchiveError, UsageError
+from .errors import ArchiveError, UsageError, from_os_error
 
 
 # --- archives ---------------------------------------------------------------------
@@ -99,7 +99,12 @@ def _extract(archive: Path, into: Path, limits: Limits | None = None) -> None:
                 tf.extractall(into, members=members, filter="data")
             else:  # Python < 3.10.12 / 3.11.4 (Debian 12 has 3.11.2): the same checks by hand
                 tf.extractall(into, members=[_data_member(m) for m in members])
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as exc:
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, KeyError) as exc:
+        if isinstance(exc, OSError) and from_os_error(exc):  # a full disk is not a bad download
+            raise from_os_error(exc) from None
+        if isinstance(exc, KeyError):  # a hard link to a member the archive does not hold
+            raise ArchiveError(f"archive {archive} has a link to a member it does not hold ({exc}); "
+                               "refusing the whole archive", "only use archives from a source you trust") from None
         # tarfile lists every compression it tried on separate lines; one line is enough
         reason = (str(exc).splitlines() or [type(exc).__name__])[0].rstrip(":")
         raise ArchiveError(f"cannot read archive {archive}: {reason}",

@@ -40,7 +40,8 @@ RUN_OPT_IN = "--run"
 
 def _check_archive(path: Path, problems: list[str], notes: list[str], run_binaries: bool,
                    host: backends.Host, *, not_run_why: str = "not run (--no-run)",
-                   limits: source.Limits | None = None, glibc: dict | None = None) -> dict | None:
+                   limits: source.Limits | None = None, glibc: dict | None = None,
+                   run_later: list[str] | None = None) -> dict | None:
     """Check one archive; return its embedded manifest (None when it cannot be read).
 
     Its llama-server runs only when RUN_BINARIES and the archive passed every check before that.
@@ -119,6 +120,9 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
     exe = "bin/llama-server" + (".exe" if packed.get("os") == "windows" else "")
     if len(problems) > problems_before:
         why = "not run: the archive failed the checks above"
+    elif run_later is not None:  # the caller runs it once every other check of the directory has passed
+        run_later.append(path.name)
+        return embedded
     elif not run_binaries:
         why = not_run_why
     elif (packed.get("os"), packed.get("arch")) != (host.os, host.arch):
@@ -309,7 +313,8 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
     RUN_BINARIES: None (the default) runs an archive's llama-server --version only
     when the archive is one this dfbuild packaged (owned.was_produced); True also
     runs it from other archives (--run); False never runs anything (--no-run). No
-    binary runs from an archive once any checksum in the directory is wrong.
+    binary runs unless every other check of the directory (checksums, archives,
+    wheels, manifest.json) has passed: the runs come last.
     """
     directory = Path(directory)
     host = host or backends.current_host()
@@ -344,6 +349,7 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
     checksums_ok = bool(sums) and not problems
 
     embedded_by_archive: dict[str, dict] = {}
+    to_run: list[str] = []  # archives that passed their own checks and may run, once all else has passed
     for name in present:
         if name.startswith("cudart-"):  # the Windows CUDA runtime DLLs: covered by SHA256SUMS above
             continue
@@ -356,8 +362,9 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
             else:
                 allowed, why = run_binaries, "not run (--no-run)"
             try:
-                embedded = _check_archive(directory / name, problems, notes, allowed, host, not_run_why=why,
-                                          limits=limits, glibc=glibc)
+                # nothing runs yet: a binary runs last, once every check of the directory has passed
+                embedded = _check_archive(directory / name, problems, notes, False, host, not_run_why=why,
+                                          limits=limits, glibc=glibc, run_later=to_run if allowed else None)
             except VerifyError as exc:
                 problems.append(exc.message)
                 embedded = None
@@ -370,45 +377,60 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
         if name.endswith(".whl"):
             _check_wheel(directory / name, by_version, problems, notes, glibc)
 
-    top = directory / MANIFEST_NAME
-    if top.is_file():
+    # a merged dir (CI's release job: each entry's manifest.json renamed manifest-ID.json) has one per entry
+    tops = [directory / MANIFEST_NAME] if (directory / MANIFEST_NAME).is_file() else sorted(
+        p for p in directory.glob("manifest-*.json") if p.is_file())
+    if not tops:
+        problems.append(f"no {MANIFEST_NAME} in {directory} (nor the manifest-ID.json files of a merged dir): "
+                        "a dfbuild release dir has one beside its archives")
+    for top in tops:
+        label = top.name
         try:
             full = json.loads(top.read_text(encoding="utf-8"))
         except ValueError:
-            problems.append(f"{MANIFEST_NAME} is not JSON")
+            problems.append(f"{label} is not JSON")
             full = {}
         rel = full.get("release") if isinstance(full, dict) else None
         artifacts = rel.get("artifacts", []) if isinstance(rel, dict) else None
         if not isinstance(artifacts, list) or not all(
                 isinstance(a, dict) and isinstance(a.get("name"), str) and "sha256" in a and "size" in a
                 for a in artifacts) or not isinstance(rel.get("archive", ""), str):
-            problems.append(f"{MANIFEST_NAME} does not have the shape of a dfbuild manifest")
+            problems.append(f"{label} does not have the shape of a dfbuild manifest")
             full, rel, artifacts = {}, {}, []
         for artifact in artifacts:
             if unsafe_member(artifact["name"]) or "/" in artifact["name"]:
-                problems.append(f"{MANIFEST_NAME} names {artifact['name']!r}, which is not a file of this directory")
+                problems.append(f"{label} names {artifact['name']!r}, which is not a file of this directory")
                 continue
             path = directory / artifact["name"]
             if not path.is_file():
-                problems.append(f"{MANIFEST_NAME} names {artifact['name']}, which is missing")
+                problems.append(f"{label} names {artifact['name']}, which is missing")
             elif sha256_file(path) != artifact["sha256"] or path.stat().st_size != artifact["size"]:
-                problems.append(f"{artifact['name']}: sha256 or size does not match {MANIFEST_NAME}")
+                problems.append(f"{artifact['name']}: sha256 or size does not match {label}")
             elif sums.get(artifact["name"]) != artifact["sha256"]:
-                problems.append(f"{artifact['name']}: {MANIFEST_NAME} and {SUMS_NAME} disagree")
+                problems.append(f"{artifact['name']}: {label} and {SUMS_NAME} disagree")
         embedded = embedded_by_archive.get(rel.get("archive"))
         if rel.get("archive") and embedded is not None:
             for section in ("source", "series", "build", "smoke"):
                 if full.get(section) != embedded.get(section):
-                    problems.append(f"{MANIFEST_NAME}: the {section} section differs from the one in {rel['archive']}")
+                    problems.append(f"{label}: the {section} section differs from the one in {rel['archive']}")
             for key, value in embedded.get("release", {}).items():
                 if rel.get(key) != value:
-                    problems.append(f"{MANIFEST_NAME}: release.{key} differs from the one in {rel['archive']}")
+                    problems.append(f"{label}: release.{key} differs from the one in {rel['archive']}")
         elif rel.get("archive"):
-            problems.append(f"{MANIFEST_NAME} describes {rel['archive']}, which could not be checked")
+            problems.append(f"{label} describes {rel['archive']}, which could not be checked")
         else:
-            problems.append(f"{MANIFEST_NAME} has no release section")
-        if not any(p.startswith(MANIFEST_NAME) for p in problems):
-            notes.append(f"{MANIFEST_NAME}: matches {rel.get('archive')}")
+            problems.append(f"{label} has no release section")
+        if not any(p.startswith(label) for p in problems):
+            notes.append(f"{label}: matches {rel.get('archive')}")
+    checked_ok = not problems
+    for name in to_run:
+        again: list[str] = []  # its member checks were noted above; keep only what the run (or not) adds
+        try:
+            _check_archive(directory / name, problems, again, checked_ok, host, limits=limits,
+                           not_run_why="not run: another check of this directory failed")
+        except VerifyError as exc:
+            problems.append(exc.message)
+        notes.extend(n for n in again if not n.endswith("files match its manifest"))
     report["ok"] = not problems
     return report
 

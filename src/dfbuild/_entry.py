@@ -1,0 +1,32 @@
+"""The `dfbuild` command's entry point: Ctrl-C while Python still imports exits 130, quietly.
+
+Importing click, rich and the stages takes a noticeable fraction of a second.
+A Ctrl-C in that time would print a KeyboardInterrupt traceback (or click's
+"Aborted!" with exit 1). Nothing has been done yet then, so the handler set
+here exits 130 at once; cli.handle_errors replaces it with Python's own (a
+KeyboardInterrupt that rolls back) when a command starts its work.
+"""
+
+import os
+import signal
+import sys
+
+
+def _interrupted_early(signum, frame):
+    os.write(2, b"interrupted: stopped (Ctrl-C) before anything was done\n")
+    os._exit(130)
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, _interrupted_early)
+    from .cli import main as cli_main
+
+    try:
+        cli_main(prog_name="dfbuild")
+    finally:
+        # after the command (click's own teardown, interpreter exit) a Ctrl-C has nothing left to undo
+        signal.signal(signal.SIGINT, _interrupted_early)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
