@@ -86,11 +86,45 @@ class Concern:
 
 
 @dataclass
+class Epoch:
+    """A run of llama.cpp releases one curated variant serves, between two upstream rewrites.
+
+    Its proofs are the repo's one record of what was proved (track, drift and
+    `series check` read them): each a dict with release, outcome, unpatched,
+    patched, fixtures, where, when and record.
+    """
+    first: int                  # build numbers, both ends included
+    last: int
+    variant: str                # the base whose variants serve it
+    upstream_change: str        # what upstream changed at its first release
+    proofs: list[dict] = field(default_factory=list)
+
+    def holds(self, build: int | None) -> bool:
+        return build is not None and self.first <= build <= self.last
+
+    @property
+    def name(self) -> str:
+        return f"b{self.first}..b{self.last}"
+
+
+@dataclass
 class Series:
     path: Path
     bug: str
     bases: dict[str, dict]      # name -> {"blob": ..., "commit": ..., "note": ...}
     concerns: list[Concern]
+    epochs: list[Epoch] = field(default_factory=list)
+
+    def epoch_of(self, build: int | None) -> Epoch | None:
+        return next((e for e in self.epochs if e.holds(build)), None)
+
+    def recorded_proof(self, build: int | None) -> dict | None:
+        """The proof of release bBUILD that series.toml records, if any."""
+        for epoch in self.epochs:
+            for proof in epoch.proofs:
+                if build is not None and proof.get("release") == f"b{build}":
+                    return {**proof, "epoch": epoch.name, "variant": epoch.variant}
+        return None
 
     @property
     def root(self) -> Path:
@@ -133,6 +167,19 @@ def _variant(concern_id: str, base: str, raw) -> Variant:
     return variant
 
 
+def _epoch(raw: dict, bases: dict) -> Epoch:
+    ends = [source.release_build(raw.get(end)) for end in ("first", "last")]
+    if None in ends or ends[0] > ends[1]:
+        raise _Malformed(f"epoch {raw.get('first')}..{raw.get('last')} must name two releases bNNNN, oldest first")
+    if raw.get("variant") not in bases:
+        raise _Malformed(f"epoch {raw['first']}..{raw['last']} names variant {raw.get('variant')!r}, not a base")
+    proofs = [dict(p) for p in raw.get("proof", [])]
+    if any(not isinstance(p.get("release"), str) or not p.get("outcome") for p in proofs):
+        raise _Malformed(f"epoch {raw['first']}..{raw['last']}: every proof needs a release and an outcome")
+    return Epoch(first=ends[0], last=ends[1], variant=raw["variant"], upstream_change=raw.get("upstream_change", ""),
+                 proofs=proofs)
+
+
 def load_series(patches_dir: Path | None = None) -> Series:
     # absolute, because git runs in the tree and would read a relative patch path from there
     patches_dir = Path(patches_dir or default_patches_dir()).resolve()
@@ -160,7 +207,8 @@ def load_series(patches_dir: Path | None = None) -> Series:
         for name, entry in doc["bases"].items():
             if not isinstance(entry, dict):
                 raise _Malformed(f"base {name} must be a table like {{blob = ..., note = ...}}")
-        return Series(path=path, bug=doc["bug"], bases=dict(doc["bases"]), concerns=concerns)
+        return Series(path=path, bug=doc["bug"], bases=dict(doc["bases"]), concerns=concerns,
+                      epochs=[_epoch(raw, doc["bases"]) for raw in doc.get("epoch", [])])
     except _Malformed as exc:
         raise SeriesFileError(f"{path} is malformed: {exc}", hint) from None
     except (KeyError, TypeError, AttributeError) as exc:
