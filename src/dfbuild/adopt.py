@@ -1,0 +1,186 @@
+"""From commits and proofs back into series.toml: refresh, adopt, and the curator's loop.
+
+refresh turns one commit per concern on top of a base into that base's
+variants; adopt does it for a carried series that `dfbuild prove` proved.
+Built on series.py's types (imported at the top; series.py re-exports these
+names lazily, never importing this module while it loads).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import git
+import tomlkit
+
+from . import source, state
+from .errors import PatchConflictError, SeriesFileError
+from .paths import sha256_file
+from .series import (
+    CONCERN_TRAILER,
+    SPECULATIVE,
+    Series,
+    _git,
+    _try_apply,
+    describe_failure,
+)
+
+
+def refresh(series: Series, tree: Path, onto: str, *, name: str | None = None, base_info: dict | None = None,
+            decisions: dict[str, str] | None = None) -> dict:
+    """Regenerate the variants for base ONTO from the concern commits on top of it in TREE.
+
+    Each commit in ONTO..HEAD must carry a `Dfbuild-Concern: <id>` trailer, one
+    commit per concern. The new patch files are checked on ONTO, in the order of
+    series.toml (the order `apply` uses), with zero fuzz and no offset, before
+    anything is written.
+    """
+    tree = Path(tree)
+    repo = git.Repo(tree)
+    onto_commit = source.resolve_commit(repo, onto)
+    commits = _git(tree, "rev-list", "--reverse", f"{onto_commit}..HEAD").stdout.split()
+    decisions = decisions or {}
+    if not commits and not decisions:
+        raise SeriesFileError(f"no commits between {onto} and HEAD in {tree}",
+                              "commit one change per concern on top of the base first")
+    blob = _git(tree, "rev-parse", f"{onto_commit}:{SPECULATIVE}").stdout.strip()
+    # a new base is named after ONTO when that is a plain name (a tag like b11312), else its short id
+    plain_name = re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", onto) and not onto.endswith(".lock")
+    base = name or series.base_for_blob(blob) or (onto if plain_name else onto_commit[:7])
+    out_dir = series.root / base
+
+    with state.temp_dir("refresh") as tmp:
+        generated, made_by = [], {}
+        for commit in commits:
+            body = _git(tree, "log", "-1", "--format=%B", commit).stdout
+            match = re.search(rf"^{CONCERN_TRAILER}:[ \t]*(\S+)", body, re.M)
+            if not match:
+                raise SeriesFileError(f"commit {commit[:12]} has no '{CONCERN_TRAILER}: <id>' trailer",
+                                      "add the trailer naming the concern it implements")
+            concern = series.concern(match.group(1))
+            if concern.id in made_by:
+                raise SeriesFileError(
+                    f"commits {made_by[concern.id][:12]} and {commit[:12]} are both for concern {concern.id}",
+                    "squash them: each concern is one patch")
+            made_by[concern.id] = commit
+            number = series.concerns.index(concern) + 1
+            path = Path(tmp) / f"{number:04d}-{concern.id}.patch"
+            # bytes, exactly as git wrote them: no newline or encoding translation
+            patch = subprocess.run(["git", "-C", str(tree), "format-patch", "-1", commit, "--zero-commit",
+                                    "--no-signature", "--no-numbered", "--full-index", "--stdout"],
+                                   capture_output=True, check=True)
+            path.write_bytes(patch.stdout)
+            generated.append((concern, path))
+        generated.sort(key=lambda item: series.concerns.index(item[0]))
+
+        # prove the new variant applies in series order on the base itself, with zero fuzz
+        scratch_index = Path(tmp) / "index"
+        index_env = {"GIT_INDEX_FILE": str(scratch_index)}
+        _git(tree, "read-tree", onto_commit, env=index_env)
+        for concern, path in generated:
+            trial = _try_apply(tree, path, index_env)
+            moved = re.search(r"Hunk #(\d+) succeeded at \d+ \(offset", trial.stderr)
+            if trial.returncode != 0 or moved:
+                reason = (f"hunk #{moved.group(1)} only applies at an offset" if trial.returncode == 0
+                          else describe_failure(path, trial.stderr))
+                raise PatchConflictError(
+                    f"regenerated {path.name} does not apply cleanly on {onto} in series order: "
+                    f"{reason}; nothing was written",
+                    "rebase the concern commits onto the base, in the order of series.toml, and try again",
+                )
+
+        if generated:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        doc = tomlkit.parse(series.path.read_bytes().decode("utf-8"))
+        doc["bases"].setdefault(base, tomlkit.table())
+        doc["bases"][base]["blob"] = blob
+        for key, value in (base_info or {}).items():
+            doc["bases"][base][key] = value
+        for table in doc["concern"]:
+            if table["id"] in decisions:  # a decision, not a patch: e.g. the change is upstream in this base
+                entry = tomlkit.inline_table()
+                entry.update({"status": "upstream", "note": decisions[table["id"]]})
+                table.setdefault("variants", tomlkit.table())[base] = entry
+        written = []
+        for concern, path in generated:
+            dest = out_dir / path.name
+            shutil.copyfile(path, dest)
+            for table in doc["concern"]:
+                if table["id"] == concern.id:
+                    variants = table.setdefault("variants", tomlkit.table())
+                    entry = tomlkit.inline_table()
+                    entry.update({"file": f"{base}/{path.name}", "sha256": sha256_file(dest)})
+                    variants[base] = entry
+            written.append({"id": concern.id, "file": f"{base}/{path.name}", "sha256": sha256_file(dest)})
+        series.path.write_bytes(tomlkit.dumps(doc).encode("utf-8"))
+    return {"base": base, "blob": blob, "onto": onto_commit, "variants": written,
+            "decisions": [{"id": cid, "status": "upstream", "note": note} for cid, note in decisions.items()]}
+
+
+def adopt(series: Series, tree: Path) -> dict:
+    """Turn a proven carried result into a recorded variant of its own base.
+
+    The tree's record must say that its series was carried (`derived`) and
+    that the proof ran on exactly this HEAD with the outcome fixed (or fixed
+    upstream). The concern commits become patch files through `refresh`
+    (format-patch, sha256, checked to apply with zero offset); concerns found
+    in the tree or carried as an upstream decision are recorded as upstream;
+    the base gets its blob, build number, where its tree comes from and how
+    each concern was carried and proven.
+    """
+    from . import manifest
+
+    tree = Path(tree)
+    record = manifest.load(manifest.tree_manifest_path(tree))
+    applied, proof, src = record.get("series") or {}, record.get("proof") or {}, record.get("source") or {}
+    head = _git(tree, "rev-parse", "HEAD").stdout.strip()
+    if not applied.get("derived"):
+        raise SeriesFileError(f"{tree}: base {applied.get('base') or '?'} already has its own variants; nothing to adopt",
+                              "adopt trees whose series `dfbuild apply` carried from other bases")
+    if applied.get("head") != head or proof.get("patched_commit") != head:
+        raise SeriesFileError(f"{tree}: HEAD {head[:12]} is not the commit the proof ran on",
+                              "run `dfbuild prove` (or `dfbuild release`) on this tree first")
+    outcome = proof.get("outcome")
+    if outcome not in ("fixed", "fixed-upstream"):
+        raise SeriesFileError(f"{tree}: the proof says {outcome or 'nothing'}; only a proven fix is adopted",
+                              "a still-broken or conflicting base needs a maintainer: see `dfbuild series refresh`")
+    start, base = applied["start"], applied["base"]
+    proven = f"proven {proof.get('proven_at', '?')[:10]} on {proof.get('backend')}"
+    decisions, carried_from = {}, {}
+    for concern in applied.get("concerns", []):
+        carried_from[concern["id"]] = f"{concern.get('variant')} {concern.get('how')}"
+        if outcome == "fixed-upstream":
+            decisions[concern["id"]] = f"fixed upstream: the unpatched tree passes every scenario ({proven})"
+        elif concern.get("how", "").startswith("upstream"):
+            decisions[concern["id"]] = f"{concern.get('detail')} ({proven})"
+    if outcome == "fixed-upstream":
+        onto = head  # no patch files: every concern is a decision
+        if head != start:
+            raise SeriesFileError(f"{tree}: fixed upstream, yet commits sit on top of {start[:12]}",
+                                  "adopt from the unpatched tree: dfbuild prove leaves it in WORK/unpatched/src")
+    else:
+        onto = start
+    patched, unpatched = proof.get("patched") or {}, proof.get("unpatched") or {}
+    info = {
+        "note": f"llama.cpp {base}, adopted from a proven carry",
+        "provenance": {
+            "carried_from": carried_from,
+            "outcome": outcome,
+            "proof": (f"unpatched: {len(unpatched.get('failed', []))} of {unpatched.get('runs')} scenario runs failed"
+                      f"{' with the upstream symptom' if unpatched.get('upstream_symptom') else ''}; "
+                      f"patched: {'all ' + str(patched.get('runs')) + ' passed' if patched.get('passed') else 'not run'}"),
+            "proven": proven,
+        },
+    }
+    build = source.release_build(base)
+    if build is not None:
+        info["build"] = build
+    if src.get("kind") == "sdist" and str(src.get("repo", "")).startswith("pypi:"):
+        info["sdist"] = src["repo"][len("pypi:"):]
+    elif src.get("kind") == "git" and src.get("commit") == start:
+        info["commit"] = start
+    result = refresh(series, tree, onto, name=base, base_info=info, decisions=decisions)
+    return {**result, "outcome": outcome, "provenance": info["provenance"]}
