@@ -329,8 +329,9 @@ def series_check(tree, patches_dir, as_json):
     curated = series.load_series(patches_dir)
     base, steps = series.plan(curated, tree)
     rows = [s.to_dict() for s in steps]
+    recorded = curated.recorded_for(_release_build(curated, tree, base))
     if as_json:
-        ui.emit_json({"dir": str(tree), "base": base, "derived": base is None, "concerns": rows})
+        ui.emit_json({"dir": str(tree), "base": base, "derived": base is None, "concerns": rows, **recorded})
     else:
         if base:
             ui.info(f"{tree}: base {base}")
@@ -340,6 +341,7 @@ def series_check(tree, patches_dir, as_json):
             ui.info(f"{tree}: a base the series has no variant for: carried from the nearest known variants "
                     "(unproven until `dfbuild prove` has run)")
         _render_concerns(rows)
+        _render_recorded(recorded)
     # scripts can gate on the result: the same codes apply would fail with
     statuses = {row["status"] for row in rows}
     if "conflict" in statuses:
@@ -348,6 +350,35 @@ def series_check(tree, patches_dir, as_json):
         sys.exit(errors.NoVariantError.exit_code)
     if statuses == {"not-applicable"}:
         sys.exit(errors.NotApplicableError.exit_code)
+
+
+def _release_build(curated, tree: Path, base: str | None) -> int | None:
+    """The llama.cpp release the tree is: the name it was checked out as (or its bNNNN tag), else its known base's."""
+    from . import carry, series
+
+    build = carry.tree_build(tree, series.series_start(tree))
+    return build if build is not None or base is None else series.base_build(curated, base)
+
+
+def _render_recorded(recorded: dict) -> None:
+    """The repo's record of the tree's release: its epoch, and the proof of it or of its epoch's ends."""
+    from . import series
+
+    release, epoch, proof = recorded["release"], recorded["epoch"], recorded["proof"]
+    if release is None:
+        ui.info("release: unknown (not a bNNNN checkout), so no recorded epoch or proof applies")
+        return
+    if epoch is None:
+        ui.info(f"release {release}: in no epoch series.toml records: unproven until `dfbuild prove`")
+        return
+    ui.info(f"release {release}: epoch {epoch['name']}, served by {epoch['variant']}'s variant"
+            + (f" ({epoch['upstream_change']})" if epoch["upstream_change"] else ""))
+    if proof:
+        ui.info(f"  proven: {series.describe_proof(proof)}")
+        return
+    ends = [p for p in recorded["epoch_proofs"] if p.get("release") in (epoch["first"], epoch["last"])]
+    ui.info(f"  {release} itself is not proven; its epoch was proven on "
+            + ("; ".join(series.describe_proof(p) for p in ends) if ends else "nothing yet"))
 
 
 @series_group.command("refresh")
@@ -553,6 +584,12 @@ def _render_track(report: dict) -> None:
         table.add_row(entry["name"], entry["kind"], f"[{style}]{outcome}[/{style}]"
                       + (" (now)" if entry["proven_now"] else ""), escape(entry["detail"] or ""))
     ui.console.print(table)
+    # where and when each outcome was proven, and which record holds it (the repo's, or this machine's)
+    for entry in report["candidates"]:
+        if entry.get("recorded_in") and entry["outcome"]:
+            ui.console.print(f"{entry['name']}: {entry['outcome']}, proven on {entry.get('where') or '?'}, "
+                             f"{entry.get('when') or '?'} (recorded in {entry['recorded_in']})",
+                             soft_wrap=True, markup=False)
     best = report["newest_proven"]
     if best:
         ui.info(f"newest proven: {best['name']} ({best['outcome']})")

@@ -128,8 +128,27 @@ class Series:
         for epoch in self.epochs:
             for proof in epoch.proofs:
                 if build is not None and proof.get("release") == f"b{build}":
-                    return {**proof, "epoch": epoch.name, "variant": epoch.variant}
+                    return {**proof, "epoch": epoch.name, "variant": epoch.variant,
+                            "recorded_in": self.record_name}
         return None
+
+    def recorded_for(self, build: int | None) -> dict:
+        """What the repo records of release bBUILD: the epoch holding it, the proof of it, and
+        the proofs of its epoch (its first and last release: what the curation was proved on)."""
+        epoch = self.epoch_of(build)
+        return {
+            "release": f"b{build}" if build is not None else None,
+            "epoch": None if epoch is None else {"name": epoch.name, "first": f"b{epoch.first}",
+                                                 "last": f"b{epoch.last}", "variant": epoch.variant,
+                                                 "upstream_change": epoch.upstream_change},
+            "proof": self.recorded_proof(build),
+            "epoch_proofs": [] if epoch is None else [{**p, "recorded_in": self.record_name} for p in epoch.proofs],
+        }
+
+    @property
+    def record_name(self) -> str:
+        """series.toml as a person finds it: patches/series.toml for the shipped series."""
+        return f"{self.path.parent.name}/{self.path.name}"
 
     @property
     def root(self) -> Path:
@@ -149,6 +168,18 @@ class Series:
             if info.get("blob") == blob:
                 return name
         return None
+
+
+def describe_proof(proof: dict, *, where: bool = True) -> str:
+    """One line of a recorded proof: release, outcome, counts, fixtures and (WHERE) where, when,
+    and in which file it is recorded."""
+    counts = "; ".join(f"{label}: {proof[label]}" for label in ("unpatched", "patched") if proof.get(label))
+    fixtures = f"; fixtures: {proof['fixtures']}" if proof.get("fixtures") else ""
+    text = f"{proof.get('release')} {proof.get('outcome')}: {counts}{fixtures}"
+    if where:
+        at = ", ".join(str(proof[k]) for k in ("where", "when") if proof.get(k)) or "where and when unrecorded"
+        text += f"; proven on {at}" + (f" (recorded in {proof['recorded_in']})" if proof.get("recorded_in") else "")
+    return text
 
 
 class _Malformed(Exception):
