@@ -117,7 +117,7 @@ def refresh(series: Series, tree: Path, onto: str, *, name: str | None = None, b
                     entry.update({"file": f"{base}/{path.name}", "sha256": sha256_file(dest)})
                     variants[base] = entry
             written.append({"id": concern.id, "file": f"{base}/{path.name}", "sha256": sha256_file(dest)})
-        series.path.write_bytes(tomlkit.dumps(doc).encode("utf-8"))
+        state.atomic_write_text(series.path, tomlkit.dumps(doc))  # a crash leaves the old file or the new
     return {"base": base, "blob": blob, "onto": onto_commit, "variants": written,
             "decisions": [{"id": cid, "status": "upstream", "note": note} for cid, note in decisions.items()]}
 
