@@ -166,8 +166,10 @@ def test_start_carries_what_carries_stops_at_a_conflict_and_continue_and_record_
 def test_abort_puts_the_tree_back(syn, new_epoch, tmp_path):
     tree = tmp_path / "curate"
     assert start(syn, tree).exit_code == 21
-    base = run_git(tree, "rev-parse", "b120^{commit}")
-    assert run_git(tree, "rev-parse", "HEAD") != base
+    base, stopped = run_git(tree, "rev-parse", "b120^{commit}"), run_git(tree, "rev-parse", "HEAD")
+    assert stopped != base
+    again = start(syn, tree)  # a second start would lose the curation's commits: refused, tree untouched
+    assert again.exit_code != 0 and "in progress" in said(again) and run_git(tree, "rev-parse", "HEAD") == stopped
 
     result = dfbuild("series", "continue", "--dir", tree, "--abort")
     assert result.exit_code == 0, said(result)

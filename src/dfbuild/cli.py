@@ -490,6 +490,11 @@ def series_start(base, repo, tree, abort, patches_dir, as_json):
     curated = series.load_series(patches_dir)
     source.check_base_name(base)
     with _locks(("tree", tree), no_wait=False):
+        # before the checkout, which would move the tree off the curation's commits
+        known = adopt.read_curation(tree) if (tree / ".git").exists() else None
+        if known and not known.get("finished"):
+            raise errors.UsageError(f"{tree}: a curation of {known['base']} is in progress (stopped at "
+                                    f"{known.get('waiting')})", f"dfbuild series continue --dir {tree} [--abort]")
         with ui.step(f"checkout {base}"):
             section = source.checkout(base, repo=repo, dest=tree)
         tree = Path(section["dir"])
