@@ -106,6 +106,22 @@ class ProofRecord:
         state.atomic_write_text(self.path, manifest.dumps(self.data) + "\n")
 
 
+def machine_facts() -> dict:
+    """Where a proof ran, as its record says it (`series record-proof` writes it into series.toml)."""
+    import platform
+
+    cpu = platform.processor()
+    try:  # Linux names the CPU model here; platform.processor() is often empty or just the arch
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.lower().startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cores": os.cpu_count(), "arch": platform.machine(), "cpu": cpu or None,
+            "system": f"{platform.system()} {platform.release()}"}
+
+
 # --- the unpatched build: the base commit, built in the patched tree's own build dir -----------
 
 
@@ -332,7 +348,7 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
     patched = smoke_summary(patched_section) if patched_section else None
     outcome = verdict(unpatched, patched)
     proof.update({"outcome": outcome, "unpatched": unpatched, "patched": patched, "times": times,
-                  "proven_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  "proven_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine_facts(),
                   "source": {k: src_section.get(k) for k in ("kind", "repo", "base", "commit")}})
     if outcome == "fixed-upstream":
         # what the series would have added; a concern already in the tree was upstream's own doing

@@ -9,6 +9,12 @@ Applying follows ollama's apply-git-patches loop: reverse-check means already
 applied, forward-check then apply, and a failure says what to regenerate. On
 top of that the whole series is atomic, and every patch becomes a commit with a
 fixed identity and date, so one base always yields one patched commit id.
+
+Two jobs live beside it and build on its types: carry.py carries the series to
+a base no variant was made for, and adopt.py turns commits and proofs back into
+series.toml (refresh, adopt, the curator's commands). This module reaches them
+only when called (plan -> carry), and re-exports their public names lazily, so
+`from dfbuild.series import carry` keeps working and no import is circular.
 """
 
 from __future__ import annotations
@@ -17,7 +23,6 @@ import email
 import email.policy
 import os
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,8 +128,27 @@ class Series:
         for epoch in self.epochs:
             for proof in epoch.proofs:
                 if build is not None and proof.get("release") == f"b{build}":
-                    return {**proof, "epoch": epoch.name, "variant": epoch.variant}
+                    return {**proof, "epoch": epoch.name, "variant": epoch.variant,
+                            "recorded_in": self.record_name}
         return None
+
+    def recorded_for(self, build: int | None) -> dict:
+        """What the repo records of release bBUILD: the epoch holding it, the proof of it, and
+        the proofs of its epoch (its first and last release: what the curation was proved on)."""
+        epoch = self.epoch_of(build)
+        return {
+            "release": f"b{build}" if build is not None else None,
+            "epoch": None if epoch is None else {"name": epoch.name, "first": f"b{epoch.first}",
+                                                 "last": f"b{epoch.last}", "variant": epoch.variant,
+                                                 "upstream_change": epoch.upstream_change},
+            "proof": self.recorded_proof(build),
+            "epoch_proofs": [] if epoch is None else [{**p, "recorded_in": self.record_name} for p in epoch.proofs],
+        }
+
+    @property
+    def record_name(self) -> str:
+        """series.toml as a person finds it: patches/series.toml for the shipped series."""
+        return f"{self.path.parent.name}/{self.path.name}"
 
     @property
     def root(self) -> Path:
@@ -144,6 +168,18 @@ class Series:
             if info.get("blob") == blob:
                 return name
         return None
+
+
+def describe_proof(proof: dict, *, where: bool = True) -> str:
+    """One line of a recorded proof: release, outcome, counts, fixtures and (WHERE) where, when,
+    and in which file it is recorded."""
+    counts = "; ".join(f"{label}: {proof[label]}" for label in ("unpatched", "patched") if proof.get(label))
+    fixtures = f"; fixtures: {proof['fixtures']}" if proof.get("fixtures") else ""
+    text = f"{proof.get('release')} {proof.get('outcome')}: {counts}{fixtures}"
+    if where:
+        at = ", ".join(str(proof[k]) for k in ("where", "when") if proof.get(k)) or "where and when unrecorded"
+        text += f"; proven on {at}" + (f" (recorded in {proof['recorded_in']})" if proof.get("recorded_in") else "")
+    return text
 
 
 class _Malformed(Exception):
@@ -380,6 +416,8 @@ def plan(series: Series, tree: Path, base: str | None = None, *, skip: tuple[str
     check_skip(series, skip)
     base = base or identify_base(series, tree)
     if base is None:
+        from .carry import carry  # the layer above: imported on use, so loading the series never needs it
+
         return None, carry(series, tree, skip=skip)
     return base, _plan_known(series, tree, base, skip)
 
@@ -433,12 +471,8 @@ def _plan_known(series: Series, tree: Path, base: str, skip: tuple[str, ...]) ->
 _OFFSETS = re.compile(r"Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)")
 
 
-# --- carrying the series to a base it has never seen ---------------------------------------------
 
-
-def has_dflash(tree: Path, rev: str) -> bool:
-    shown = _git(tree, "show", f"{rev}:{SPECULATIVE}", check=False)
-    return shown.returncode == 0 and "dflash" in shown.stdout.lower()
+# --- what a known base is (build number), for carry and track -----------------------------------
 
 
 def base_build(series: Series, name: str) -> int | None:
@@ -448,225 +482,6 @@ def base_build(series: Series, name: str) -> int | None:
     if info.get("build") is not None:
         return int(info["build"])
     return source.release_build(name) or source.release_build(info.get("nearest_release"))
-
-
-def tree_build(tree: Path, rev: str) -> int | None:
-    """The build number of the tree at REV: from the name it was checked out as, else a bNNNN tag."""
-    from . import manifest  # the tree's record of where it came from
-
-    recorded = manifest.load(manifest.tree_manifest_path(tree)).get("source", {})
-    if recorded.get("commit") == rev and source.release_build(recorded.get("base")) is not None:
-        return source.release_build(recorded.get("base"))
-    described = _git(tree, "describe", "--tags", "--match", "b[0-9]*", rev, check=False).stdout.strip()
-    match = re.match(r"b(\d+)", described)
-    return int(match.group(1)) if match else None
-
-
-def history_distance(tree: Path, one: str, other: str) -> int | None:
-    """How many commits lie between ONE and OTHER (either side of their merge base), or None if unknown.
-
-    A shallow repo (dfbuild fetches only what it needs) may hold both commits
-    but not the history that joins them; counted anyway, git would call them
-    close. The count stands only when the two meet and no commit counted is
-    one whose parents were left out.
-    """
-    shallow_file = _git(tree, "rev-parse", "--git-path", "shallow", check=False).stdout.strip()
-    shallow_path = Path(shallow_file) if Path(shallow_file).is_absolute() else Path(tree) / shallow_file
-    roots = set(shallow_path.read_text().split()) if shallow_file and shallow_path.is_file() else set()
-    if roots:
-        if _git(tree, "merge-base", one, other, check=False).returncode != 0:
-            return None  # no common history here: unknown, not far
-        listed = _git(tree, "rev-list", f"{one}...{other}", check=False)
-        if listed.returncode != 0 or roots & set(listed.stdout.split()):
-            return None
-        return len(listed.stdout.split())
-    count = _git(tree, "rev-list", "--count", f"{one}...{other}", check=False).stdout.strip()
-    return int(count) if count.isdigit() else None
-
-
-def nearest_bases(series: Series, tree: Path, rev: str) -> list[str]:
-    """The known bases, nearest to REV first: by history where the repo holds a base's
-    commit (and the history between), else by build number, else the newest first."""
-    by_history = {}
-    for name, info in series.bases.items():
-        commit = info.get("commit")
-        found = _git(tree, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}", check=False) if commit else None
-        if found is not None and found.returncode == 0:
-            distance = history_distance(tree, found.stdout.strip(), rev)
-            if distance is not None:
-                by_history[name] = distance
-    build = tree_build(tree, rev)
-
-    def key(name: str) -> tuple:
-        known = base_build(series, name)
-        if name in by_history:
-            return (0, by_history[name], 0)
-        if known is not None and build is not None:
-            return (1, abs(known - build), -known)
-        return (2, 0, -(known or 0))
-
-    return sorted(series.bases, key=key)
-
-
-def _preimages(series: Series, tree: Path, base: str, tmp: Path) -> bool:
-    """Put the blobs a 3-way merge of BASE's variants needs into TREE's object store.
-
-    A variant's patch records the blob it applies to: the base's
-    speculative.cpp with that variant's earlier concerns in. The base's blob
-    comes from TREE itself when its history has it (a shallow checkout fetches
-    the base's commit, or its tag, from its origin first), else from
-    the known base's cached tree (an offline base is fetched once); the later ones are made by
-    applying the variant's patches in order to a scratch index. Nothing but
-    objects is written, and nothing is committed.
-    """
-    blob = series.bases.get(base, {}).get("blob")
-    if not blob:
-        return False
-    if _git(tree, "cat-file", "-e", f"{blob}^{{blob}}", check=False).returncode != 0:
-        # a shallow checkout: the base's commit (or tag), fetched from the tree's origin on demand
-        source.fetch_base_into(tree, base, series.bases.get(base, {}).get("commit"))
-    if _git(tree, "cat-file", "-e", f"{blob}^{{blob}}", check=False).returncode != 0:
-        data = source.known_base_blob(base, blob)
-        if data is None:
-            return False
-        written = subprocess.run(["git", "-C", str(tree), "hash-object", "-w", "--stdin"], input=data,
-                                 capture_output=True)
-        if written.stdout.decode().strip() != blob:
-            return False
-    env = {"GIT_INDEX_FILE": str(tmp / f"preimage-{base}")}
-    _git(tree, "read-tree", "--empty", env=env)
-    _git(tree, "update-index", "--add", "--cacheinfo", f"100644,{blob},{SPECULATIVE}", env=env)
-    for concern in series.concerns:
-        variant = concern.variants.get(base)
-        if variant is not None and variant.file:
-            _try_apply(tree, verify_patch(series, concern, variant), env)
-    return True
-
-
-def _patched_between(series: Series, concern: Concern, since: int | None, until: int | None) -> str | None:
-    """A known base built after SINCE and up to UNTIL whose variant of CONCERN is a patch, if any.
-
-    An upstream decision carries forward in time only while upstream keeps the
-    change; a later base that needed the patch again ends that epoch.
-    """
-    if since is None or until is None:
-        return None
-    for name, variant in concern.variants.items():
-        build = base_build(series, name)
-        if variant.file and build is not None and since < build <= until:
-            return name
-    return None
-
-
-def _carry_concern(series: Series, tree: Path, concern: Concern, order: list[str], index: Path,
-                   preimages: dict, tmp: Path, start: str) -> Step:
-    """Carry one concern on the scratch INDEX: exact, by offset, by 3-way merge, or a conflict.
-
-    On success INDEX holds the tree with the concern in, as `apply` will make it.
-    """
-    candidates = [concern.variants[name] for name in order if name in concern.variants]
-    patches = {v.base: verify_patch(series, concern, v) for v in candidates if v.file}
-    trial = tmp / "trial"
-    trial_env = {"GIT_INDEX_FILE": str(trial)}
-    env = {"GIT_INDEX_FILE": str(index)}
-    tried = []
-    for variant in candidates:
-        if variant.file is None:  # the nearest base records the change as upstream: carry that decision
-            recorded, build = base_build(series, variant.base), tree_build(tree, start)
-            if recorded is not None and build is not None and build < recorded:
-                tried.append(f"{variant.base} records it upstream, but b{build} is older than {variant.base}")
-                continue  # upstream changes carry forward in time, not back
-            undone = _patched_between(series, concern, recorded, build)
-            if undone:
-                # upstream had it in that epoch and later took it out again (b9837 skipped image
-                # rows, b10355 injected them): a base between needed a patch, so the epoch is over
-                tried.append(f"{variant.base} records it upstream, but {undone}, between it and b{build}, "
-                             "needed a patch")
-                continue
-            note = f": {variant.note}" if variant.note else ""
-            return Step(concern, variant, "upstream", f"upstream as recorded for {variant.base}{note}",
-                        how=f"upstream (as in {variant.base})")
-        patch = patches[variant.base]
-        shutil.copyfile(index, trial)
-        forward = _try_apply(tree, patch, trial_env)  # git apply never fuzzes: context must match
-        if forward.returncode == 0:
-            os.replace(trial, index)
-            offsets = sorted({int(off) for _, _, off in _OFFSETS.findall(forward.stderr)})
-            if not offsets:
-                return Step(concern, variant, "clean", f"carried from {variant.base}, exact", how="exact")
-            how = "offset " + ", ".join(f"{off:+d}" for off in offsets)
-            return Step(concern, variant, "offset", f"carried from {variant.base}, {how}", how=how)
-        failure = f"{variant.file}: {describe_failure(patch, forward.stderr)}"
-        if variant.base not in preimages:
-            preimages[variant.base] = _preimages(series, tree, variant.base, tmp)
-        if not preimages[variant.base]:
-            tried.append(f"{failure} (no 3-way: {variant.base}'s tree is not available)")
-            continue
-        shutil.copyfile(index, trial)
-        if _try_apply(tree, patch, trial_env, "--3way").returncode == 0:
-            if _index_blob(tree, trial_env) == _index_blob(tree, env):  # both sides made the same change
-                return Step(concern, variant, "applied", f"already in the tree: a 3-way merge of the {variant.base} "
-                            "variant changes nothing", how="upstream")
-            os.replace(trial, index)
-            return Step(concern, variant, "3-way", f"carried from {variant.base}, conflict-free 3-way merge",
-                        how="3-way")
-        tried.append(f"{failure} (and the 3-way merge conflicts)")
-    closest = next((v for v in candidates if v.file), None)
-    detail = ("tried " + "; ".join(tried)) if tried else "no known base has a variant of it"
-    return Step(concern, closest, "conflict", detail)
-
-
-def carry(series: Series, tree: Path, *, skip: tuple[str, ...] = ()) -> list[Step]:
-    """The series decided for a base no variant was made for, concern by concern, in order.
-
-    Planned on the commit the series goes on (`series_start`), so a tree that
-    already carries it plans the same; when HEAD already holds the planned
-    result, the carried concerns say `applied` (already present).
-    """
-    start = series_start(tree)
-    if not has_dflash(tree, start):
-        return [Step(c, None, "not-applicable", "common/speculative.cpp has no DFlash: nothing to fix")
-                for c in series.concerns]
-    order = nearest_bases(series, tree, start)
-    steps = []
-    with state.temp_dir("index") as tmp:
-        index = tmp / "carry"
-        env = {"GIT_INDEX_FILE": str(index)}
-        _git(tree, "read-tree", start, env=env)
-        # Already in the tree (upstream made the change, or it was committed by hand): a known
-        # variant reverse-applies. Undone last to first, as for a known base: neighbouring
-        # concerns share context lines.
-        present: dict[str, Variant] = {}
-        undo_env = {"GIT_INDEX_FILE": str(tmp / "undo")}
-        _git(tree, "read-tree", start, env=undo_env)
-        for concern in reversed(series.concerns):
-            for variant in (concern.variants[name] for name in order if name in concern.variants):
-                if variant.file and concern.id not in skip and _try_apply(
-                        tree, verify_patch(series, concern, variant), undo_env, "--reverse").returncode == 0:
-                    present[concern.id] = variant
-                    break
-        preimages: dict[str, bool] = {}
-        for concern in series.concerns:
-            if concern.id in skip:
-                steps.append(Step(concern, None, "skipped", "left out on request"))
-                continue
-            if concern.id in present:
-                variant = present[concern.id]
-                steps.append(Step(concern, variant, "applied",
-                                  f"already in the tree: the {variant.base} variant reverse-applies",
-                                  how="upstream", blob=_index_blob(tree, env)))
-                continue
-            step = _carry_concern(series, tree, concern, order, index, preimages, tmp, start)
-            if step.status != "conflict":
-                step.blob = _index_blob(tree, env)
-            steps.append(step)
-    head = _git(tree, "rev-parse", "HEAD").stdout.strip()
-    final = next((s.blob for s in reversed(steps) if s.blob), None)
-    if head != start and final and source.committed_blob(tree, head) == final:
-        for step in steps:
-            if step.status in CARRIED:
-                step.status, step.detail = "applied", f"already present ({step.detail})"
-    return steps
 
 
 CARRIED = ("clean", "offset", "3-way")
@@ -847,161 +662,20 @@ def _tree_label(tree: Path, start: str) -> str:
     return recorded.get("base") if recorded.get("commit") == start and recorded.get("base") else start[:12]
 
 
-# --- refresh (maintainers) --------------------------------------------------------------------
+# --- the jobs built on top: carry.py and adopt.py, re-exported on first use ---------------------
+
+_LAZY = {
+    "carry": ("has_dflash", "tree_build", "history_distance", "nearest_bases", "carry"),
+    "adopt": ("refresh", "adopt"),
+}
 
 
-def refresh(series: Series, tree: Path, onto: str, *, name: str | None = None, base_info: dict | None = None,
-            decisions: dict[str, str] | None = None) -> dict:
-    """Regenerate the variants for base ONTO from the concern commits on top of it in TREE.
+def __getattr__(name: str):
+    # PEP 562: `series.carry(...)` and `from dfbuild.series import refresh` keep working for callers
+    # and tests, while carry.py and adopt.py import this module's types at their top without a cycle
+    import importlib
 
-    Each commit in ONTO..HEAD must carry a `Dfbuild-Concern: <id>` trailer, one
-    commit per concern. The new patch files are checked on ONTO, in the order of
-    series.toml (the order `apply` uses), with zero fuzz and no offset, before
-    anything is written.
-    """
-    tree = Path(tree)
-    repo = git.Repo(tree)
-    onto_commit = source.resolve_commit(repo, onto)
-    commits = _git(tree, "rev-list", "--reverse", f"{onto_commit}..HEAD").stdout.split()
-    decisions = decisions or {}
-    if not commits and not decisions:
-        raise SeriesFileError(f"no commits between {onto} and HEAD in {tree}",
-                              "commit one change per concern on top of the base first")
-    blob = _git(tree, "rev-parse", f"{onto_commit}:{SPECULATIVE}").stdout.strip()
-    # a new base is named after ONTO when that is a plain name (a tag like b11312), else its short id
-    plain_name = re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", onto) and not onto.endswith(".lock")
-    base = name or series.base_for_blob(blob) or (onto if plain_name else onto_commit[:7])
-    out_dir = series.root / base
-
-    with state.temp_dir("refresh") as tmp:
-        generated, made_by = [], {}
-        for commit in commits:
-            body = _git(tree, "log", "-1", "--format=%B", commit).stdout
-            match = re.search(rf"^{CONCERN_TRAILER}:[ \t]*(\S+)", body, re.M)
-            if not match:
-                raise SeriesFileError(f"commit {commit[:12]} has no '{CONCERN_TRAILER}: <id>' trailer",
-                                      "add the trailer naming the concern it implements")
-            concern = series.concern(match.group(1))
-            if concern.id in made_by:
-                raise SeriesFileError(
-                    f"commits {made_by[concern.id][:12]} and {commit[:12]} are both for concern {concern.id}",
-                    "squash them: each concern is one patch")
-            made_by[concern.id] = commit
-            number = series.concerns.index(concern) + 1
-            path = Path(tmp) / f"{number:04d}-{concern.id}.patch"
-            # bytes, exactly as git wrote them: no newline or encoding translation
-            patch = subprocess.run(["git", "-C", str(tree), "format-patch", "-1", commit, "--zero-commit",
-                                    "--no-signature", "--no-numbered", "--full-index", "--stdout"],
-                                   capture_output=True, check=True)
-            path.write_bytes(patch.stdout)
-            generated.append((concern, path))
-        generated.sort(key=lambda item: series.concerns.index(item[0]))
-
-        # prove the new variant applies in series order on the base itself, with zero fuzz
-        scratch_index = Path(tmp) / "index"
-        index_env = {"GIT_INDEX_FILE": str(scratch_index)}
-        _git(tree, "read-tree", onto_commit, env=index_env)
-        for concern, path in generated:
-            trial = _try_apply(tree, path, index_env)
-            moved = re.search(r"Hunk #(\d+) succeeded at \d+ \(offset", trial.stderr)
-            if trial.returncode != 0 or moved:
-                reason = (f"hunk #{moved.group(1)} only applies at an offset" if trial.returncode == 0
-                          else describe_failure(path, trial.stderr))
-                raise PatchConflictError(
-                    f"regenerated {path.name} does not apply cleanly on {onto} in series order: "
-                    f"{reason}; nothing was written",
-                    "rebase the concern commits onto the base, in the order of series.toml, and try again",
-                )
-
-        if generated:
-            out_dir.mkdir(parents=True, exist_ok=True)
-        doc = tomlkit.parse(series.path.read_bytes().decode("utf-8"))
-        doc["bases"].setdefault(base, tomlkit.table())
-        doc["bases"][base]["blob"] = blob
-        for key, value in (base_info or {}).items():
-            doc["bases"][base][key] = value
-        for table in doc["concern"]:
-            if table["id"] in decisions:  # a decision, not a patch: e.g. the change is upstream in this base
-                entry = tomlkit.inline_table()
-                entry.update({"status": "upstream", "note": decisions[table["id"]]})
-                table.setdefault("variants", tomlkit.table())[base] = entry
-        written = []
-        for concern, path in generated:
-            dest = out_dir / path.name
-            shutil.copyfile(path, dest)
-            for table in doc["concern"]:
-                if table["id"] == concern.id:
-                    variants = table.setdefault("variants", tomlkit.table())
-                    entry = tomlkit.inline_table()
-                    entry.update({"file": f"{base}/{path.name}", "sha256": sha256_file(dest)})
-                    variants[base] = entry
-            written.append({"id": concern.id, "file": f"{base}/{path.name}", "sha256": sha256_file(dest)})
-        series.path.write_bytes(tomlkit.dumps(doc).encode("utf-8"))
-    return {"base": base, "blob": blob, "onto": onto_commit, "variants": written,
-            "decisions": [{"id": cid, "status": "upstream", "note": note} for cid, note in decisions.items()]}
-
-
-def adopt(series: Series, tree: Path) -> dict:
-    """Turn a proven carried result into a recorded variant of its own base.
-
-    The tree's record must say that its series was carried (`derived`) and
-    that the proof ran on exactly this HEAD with the outcome fixed (or fixed
-    upstream). The concern commits become patch files through `refresh`
-    (format-patch, sha256, checked to apply with zero offset); concerns found
-    in the tree or carried as an upstream decision are recorded as upstream;
-    the base gets its blob, build number, where its tree comes from and how
-    each concern was carried and proven.
-    """
-    from . import manifest
-
-    tree = Path(tree)
-    record = manifest.load(manifest.tree_manifest_path(tree))
-    applied, proof, src = record.get("series") or {}, record.get("proof") or {}, record.get("source") or {}
-    head = _git(tree, "rev-parse", "HEAD").stdout.strip()
-    if not applied.get("derived"):
-        raise SeriesFileError(f"{tree}: base {applied.get('base') or '?'} already has its own variants; nothing to adopt",
-                              "adopt trees whose series `dfbuild apply` carried from other bases")
-    if applied.get("head") != head or proof.get("patched_commit") != head:
-        raise SeriesFileError(f"{tree}: HEAD {head[:12]} is not the commit the proof ran on",
-                              "run `dfbuild prove` (or `dfbuild release`) on this tree first")
-    outcome = proof.get("outcome")
-    if outcome not in ("fixed", "fixed-upstream"):
-        raise SeriesFileError(f"{tree}: the proof says {outcome or 'nothing'}; only a proven fix is adopted",
-                              "a still-broken or conflicting base needs a maintainer: see `dfbuild series refresh`")
-    start, base = applied["start"], applied["base"]
-    proven = f"proven {proof.get('proven_at', '?')[:10]} on {proof.get('backend')}"
-    decisions, carried_from = {}, {}
-    for concern in applied.get("concerns", []):
-        carried_from[concern["id"]] = f"{concern.get('variant')} {concern.get('how')}"
-        if outcome == "fixed-upstream":
-            decisions[concern["id"]] = f"fixed upstream: the unpatched tree passes every scenario ({proven})"
-        elif concern.get("how", "").startswith("upstream"):
-            decisions[concern["id"]] = f"{concern.get('detail')} ({proven})"
-    if outcome == "fixed-upstream":
-        onto = head  # no patch files: every concern is a decision
-        if head != start:
-            raise SeriesFileError(f"{tree}: fixed upstream, yet commits sit on top of {start[:12]}",
-                                  "adopt from the unpatched tree: dfbuild prove leaves it in WORK/unpatched/src")
-    else:
-        onto = start
-    patched, unpatched = proof.get("patched") or {}, proof.get("unpatched") or {}
-    info = {
-        "note": f"llama.cpp {base}, adopted from a proven carry",
-        "provenance": {
-            "carried_from": carried_from,
-            "outcome": outcome,
-            "proof": (f"unpatched: {len(unpatched.get('failed', []))} of {unpatched.get('runs')} scenario runs failed"
-                      f"{' with the upstream symptom' if unpatched.get('upstream_symptom') else ''}; "
-                      f"patched: {'all ' + str(patched.get('runs')) + ' passed' if patched.get('passed') else 'not run'}"),
-            "proven": proven,
-        },
-    }
-    build = source.release_build(base)
-    if build is not None:
-        info["build"] = build
-    if src.get("kind") == "sdist" and str(src.get("repo", "")).startswith("pypi:"):
-        info["sdist"] = src["repo"][len("pypi:"):]
-    elif src.get("kind") == "git" and src.get("commit") == start:
-        info["commit"] = start
-    result = refresh(series, tree, onto, name=base, base_info=info, decisions=decisions)
-    return {**result, "outcome": outcome, "provenance": info["provenance"]}
+    for module, names in _LAZY.items():
+        if name in names:
+            return getattr(importlib.import_module(f".{module}", __package__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -36,6 +36,8 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import tomlkit
+
 from . import manifest, paths, pypi, series, source, state, ui
 from .errors import DfbuildError, PatchConflictError, SourceError, StillBrokenError, UsageError
 
@@ -82,8 +84,14 @@ def known_commit(curated: series.Series, commit: str) -> str | None:
 
 
 def series_digest(curated: series.Series) -> str:
-    """What a recorded outcome depends on: series.toml (it holds every patch's sha256)."""
-    return hashlib.sha256(curated.path.read_bytes()).hexdigest()
+    """What a recorded outcome depends on: series.toml (it holds every patch's sha256).
+
+    Its epochs' proof records are left out: recording a proof there changes no patch, so it
+    must not send every outcome this machine recorded to be proven again.
+    """
+    doc = tomlkit.parse(curated.path.read_bytes().decode("utf-8"))
+    doc.pop("epoch", None)
+    return hashlib.sha256(tomlkit.dumps(doc).encode("utf-8")).hexdigest()
 
 
 def parse_since(text: str | None) -> int | None:
@@ -260,13 +268,23 @@ def prove_candidate(candidate: Candidate, work: Path, *, backend: str, patches_d
                       patches_dir=patches_dir, sets=sets, scenarios=scenarios, build_options=build_options)
 
 
-def _entry(candidate: Candidate, recorded: dict | None, work: Path) -> dict:
+def _entry(candidate: Candidate, recorded: dict | None, work: Path, in_repo: dict | None = None,
+           state_path: Path | None = None) -> dict:
+    """A candidate's row. RECORDED is this machine's proof (the state file); IN_REPO the proof
+    series.toml records, which every machine sees. This machine's own, newer, proof comes first."""
     entry = {**asdict(candidate), "outcome": None, "detail": None, "scenario": None, "proven_at": None,
-             "work": str(work), "tree": str(work / "src"), "recorded": recorded is not None, "proven_now": False}
+             "work": str(work), "tree": str(work / "src"), "recorded": recorded is not None, "proven_now": False,
+             "recorded_in": None, "where": None, "when": None}
     if recorded:
         entry.update({k: recorded.get(k) for k in ("outcome", "detail", "scenario", "proven_at", "work")})
         entry["tree"] = str(Path(recorded.get("work") or work) / "src")
         entry["commit"] = entry["commit"] or recorded.get("commit")
+        entry.update({"recorded_in": str(state_path) if state_path else "this machine's track record",
+                      "where": f"this machine ({entry['work']})", "when": recorded.get("proven_at")})
+    elif in_repo:
+        entry.update({"outcome": in_repo["outcome"], "detail": series.describe_proof(in_repo, where=False),
+                      "proven_at": in_repo.get("when"), "recorded_in": in_repo["recorded_in"],
+                      "where": in_repo.get("where"), "when": in_repo.get("when")})
     return entry
 
 
@@ -323,8 +341,10 @@ def track(*, repo: str | None = None, pr: int | None = None, since: int | None =
         for candidate in candidates:
             work = work_root / candidate.name
             recorded = record.get(candidate, digest)
-            entry = _entry(candidate, recorded, work)
-            if prove and recorded is None and (limit is None or proven < limit):
+            # a proof the repo records (series.toml's epochs) stands on every machine, a fresh one too
+            in_repo = curated.recorded_proof(candidate.build) if candidate.kind == "release" else None
+            entry = _entry(candidate, recorded, work, in_repo, state_path)
+            if prove and entry["outcome"] is None and (limit is None or proven < limit):
                 proven += 1
                 entry.update(_prove_one(candidate, work, record, digest, backend=backend, patches_dir=patches_dir,
                                         sets=sets, scenarios=scenarios, build_options=build_options, wait=wait,
@@ -351,4 +371,5 @@ def _prove_one(candidate: Candidate, work: Path, record: TrackRecord, digest: st
                "work": str(work), "backend": options["backend"], "series": digest}
     record.put(candidate.name, outcome)
     return {**{k: outcome[k] for k in ("outcome", "detail", "scenario", "proven_at", "commit")},
-            "recorded": False, "proven_now": True}
+            "recorded": False, "proven_now": True, "recorded_in": str(record.path),
+            "where": f"this machine ({work})", "when": outcome["proven_at"]}

@@ -1,0 +1,490 @@
+"""From commits and proofs back into series.toml: refresh, adopt, and the curator's loop.
+
+refresh turns one commit per concern on top of a base into that base's
+variants; adopt does it for a carried series that `dfbuild prove` proved.
+Built on series.py's types (imported at the top; series.py re-exports these
+names lazily, never importing this module while it loads).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import git
+import tomlkit
+
+from . import source, state
+from .errors import DirtyTreeError, PatchConflictError, SeriesFileError, UsageError
+from .paths import sha256_file
+from .series import (
+    CONCERN_TRAILER,
+    SPECULATIVE,
+    Series,
+    _git,
+    _try_apply,
+    describe_failure,
+    load_series,
+)
+
+
+def refresh(series: Series, tree: Path, onto: str, *, name: str | None = None, base_info: dict | None = None,
+            decisions: dict[str, str] | None = None) -> dict:
+    """Regenerate the variants for base ONTO from the concern commits on top of it in TREE.
+
+    Each commit in ONTO..HEAD must carry a `Dfbuild-Concern: <id>` trailer, one
+    commit per concern. The new patch files are checked on ONTO, in the order of
+    series.toml (the order `apply` uses), with zero fuzz and no offset, before
+    anything is written.
+    """
+    tree = Path(tree)
+    repo = git.Repo(tree)
+    onto_commit = source.resolve_commit(repo, onto)
+    commits = _git(tree, "rev-list", "--reverse", f"{onto_commit}..HEAD").stdout.split()
+    decisions = decisions or {}
+    if not commits and not decisions:
+        raise SeriesFileError(f"no commits between {onto} and HEAD in {tree}",
+                              "commit one change per concern on top of the base first")
+    blob = _git(tree, "rev-parse", f"{onto_commit}:{SPECULATIVE}").stdout.strip()
+    # a new base is named after ONTO when that is a plain name (a tag like b11312), else its short id
+    plain_name = re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", onto) and not onto.endswith(".lock")
+    base = name or series.base_for_blob(blob) or (onto if plain_name else onto_commit[:7])
+    out_dir = series.root / base
+
+    with state.temp_dir("refresh") as tmp:
+        generated, made_by = [], {}
+        for commit in commits:
+            body = _git(tree, "log", "-1", "--format=%B", commit).stdout
+            match = re.search(rf"^{CONCERN_TRAILER}:[ \t]*(\S+)", body, re.M)
+            if not match:
+                raise SeriesFileError(f"commit {commit[:12]} has no '{CONCERN_TRAILER}: <id>' trailer",
+                                      "add the trailer naming the concern it implements")
+            concern = series.concern(match.group(1))
+            if concern.id in made_by:
+                raise SeriesFileError(
+                    f"commits {made_by[concern.id][:12]} and {commit[:12]} are both for concern {concern.id}",
+                    "squash them: each concern is one patch")
+            made_by[concern.id] = commit
+            number = series.concerns.index(concern) + 1
+            path = Path(tmp) / f"{number:04d}-{concern.id}.patch"
+            # bytes, exactly as git wrote them: no newline or encoding translation
+            patch = subprocess.run(["git", "-C", str(tree), "format-patch", "-1", commit, "--zero-commit",
+                                    "--no-signature", "--no-numbered", "--full-index", "--stdout"],
+                                   capture_output=True, check=True)
+            path.write_bytes(patch.stdout)
+            generated.append((concern, path))
+        generated.sort(key=lambda item: series.concerns.index(item[0]))
+
+        # prove the new variant applies in series order on the base itself, with zero fuzz
+        scratch_index = Path(tmp) / "index"
+        index_env = {"GIT_INDEX_FILE": str(scratch_index)}
+        _git(tree, "read-tree", onto_commit, env=index_env)
+        for concern, path in generated:
+            trial = _try_apply(tree, path, index_env)
+            moved = re.search(r"Hunk #(\d+) succeeded at \d+ \(offset", trial.stderr)
+            if trial.returncode != 0 or moved:
+                reason = (f"hunk #{moved.group(1)} only applies at an offset" if trial.returncode == 0
+                          else describe_failure(path, trial.stderr))
+                raise PatchConflictError(
+                    f"regenerated {path.name} does not apply cleanly on {onto} in series order: "
+                    f"{reason}; nothing was written",
+                    "rebase the concern commits onto the base, in the order of series.toml, and try again",
+                )
+
+        if generated:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        doc = tomlkit.parse(series.path.read_bytes().decode("utf-8"))
+        doc["bases"].setdefault(base, tomlkit.table())
+        doc["bases"][base]["blob"] = blob
+        for key, value in (base_info or {}).items():
+            doc["bases"][base][key] = value
+        for table in doc["concern"]:
+            if table["id"] in decisions:  # a decision, not a patch: e.g. the change is upstream in this base
+                entry = tomlkit.inline_table()
+                entry.update({"status": "upstream", "note": decisions[table["id"]]})
+                table.setdefault("variants", tomlkit.table())[base] = entry
+        written = []
+        for concern, path in generated:
+            dest = out_dir / path.name
+            shutil.copyfile(path, dest)
+            for table in doc["concern"]:
+                if table["id"] == concern.id:
+                    variants = table.setdefault("variants", tomlkit.table())
+                    entry = tomlkit.inline_table()
+                    entry.update({"file": f"{base}/{path.name}", "sha256": sha256_file(dest)})
+                    variants[base] = entry
+            written.append({"id": concern.id, "file": f"{base}/{path.name}", "sha256": sha256_file(dest)})
+        state.atomic_write_text(series.path, tomlkit.dumps(doc))  # a crash leaves the old file or the new
+    return {"base": base, "blob": blob, "onto": onto_commit, "variants": written,
+            "decisions": [{"id": cid, "status": "upstream", "note": note} for cid, note in decisions.items()]}
+
+
+def adopt(series: Series, tree: Path) -> dict:
+    """Turn a proven carried result into a recorded variant of its own base.
+
+    The tree's record must say that its series was carried (`derived`) and
+    that the proof ran on exactly this HEAD with the outcome fixed (or fixed
+    upstream). The concern commits become patch files through `refresh`
+    (format-patch, sha256, checked to apply with zero offset); concerns found
+    in the tree or carried as an upstream decision are recorded as upstream;
+    the base gets its blob, build number, where its tree comes from and how
+    each concern was carried and proven.
+    """
+    from . import manifest
+
+    tree = Path(tree)
+    record = manifest.load(manifest.tree_manifest_path(tree))
+    applied, proof, src = record.get("series") or {}, record.get("proof") or {}, record.get("source") or {}
+    head = _git(tree, "rev-parse", "HEAD").stdout.strip()
+    if not applied.get("derived"):
+        raise SeriesFileError(f"{tree}: base {applied.get('base') or '?'} already has its own variants; nothing to adopt",
+                              "adopt trees whose series `dfbuild apply` carried from other bases")
+    if applied.get("head") != head or proof.get("patched_commit") != head:
+        raise SeriesFileError(f"{tree}: HEAD {head[:12]} is not the commit the proof ran on",
+                              "run `dfbuild prove` (or `dfbuild release`) on this tree first")
+    outcome = proof.get("outcome")
+    if outcome not in ("fixed", "fixed-upstream"):
+        raise SeriesFileError(f"{tree}: the proof says {outcome or 'nothing'}; only a proven fix is adopted",
+                              "a still-broken or conflicting base needs a maintainer: see `dfbuild series refresh`")
+    start, base = applied["start"], applied["base"]
+    proven = f"proven {proof.get('proven_at', '?')[:10]} on {proof.get('backend')}"
+    decisions, carried_from = {}, {}
+    for concern in applied.get("concerns", []):
+        carried_from[concern["id"]] = f"{concern.get('variant')} {concern.get('how')}"
+        if outcome == "fixed-upstream":
+            decisions[concern["id"]] = f"fixed upstream: the unpatched tree passes every scenario ({proven})"
+        elif concern.get("how", "").startswith("upstream"):
+            decisions[concern["id"]] = f"{concern.get('detail')} ({proven})"
+    if outcome == "fixed-upstream":
+        onto = head  # no patch files: every concern is a decision
+        if head != start:
+            raise SeriesFileError(f"{tree}: fixed upstream, yet commits sit on top of {start[:12]}",
+                                  "adopt from the unpatched tree: dfbuild prove leaves it in WORK/unpatched/src")
+    else:
+        onto = start
+    patched, unpatched = proof.get("patched") or {}, proof.get("unpatched") or {}
+    info = {
+        "note": f"llama.cpp {base}, adopted from a proven carry",
+        "provenance": {
+            "carried_from": carried_from,
+            "outcome": outcome,
+            "proof": (f"unpatched: {len(unpatched.get('failed', []))} of {unpatched.get('runs')} scenario runs failed"
+                      f"{' with the upstream symptom' if unpatched.get('upstream_symptom') else ''}; "
+                      f"patched: {'all ' + str(patched.get('runs')) + ' passed' if patched.get('passed') else 'not run'}"),
+            "proven": proven,
+        },
+    }
+    build = source.release_build(base)
+    if build is not None:
+        info["build"] = build
+    if src.get("kind") == "sdist" and str(src.get("repo", "")).startswith("pypi:"):
+        info["sdist"] = src["repo"][len("pypi:"):]
+    elif src.get("kind") == "git" and src.get("commit") == start:
+        info["commit"] = start
+    result = refresh(series, tree, onto, name=base, base_info=info, decisions=decisions)
+    # the one record of what was proved: the epoch that holds the base gets its proof too
+    epoch_proof = None
+    curated = load_series(series.root)
+    if curated.epoch_of(build) is not None:
+        epoch_proof = record_proofs(curated, [{**proof, "base": base}],
+                                    record_name=f"{tree}, adopted with dfbuild series adopt")["proofs"][0]
+    return {**result, "outcome": outcome, "provenance": info["provenance"], "epoch_proof": epoch_proof}
+
+
+# --- the curator's loop: a variant for a new epoch, by command ----------------------------------------
+#
+#   dfbuild series start --base bN --dir D     carry every concern that carries, one commit each
+#   (edit, git commit with the trailer)         for the concern that does not
+#   dfbuild series continue --dir D            carry the rest the same way
+#   dfbuild series record --dir D --onto bN    the commits become bN's variant (refresh + base info)
+#   dfbuild prove --base bN; series record-proof --work WORK   on the epoch's first and last release
+
+CURATE_STATE = "curate.json"
+
+
+def curate_state_path(tree: Path) -> Path:
+    """The curation's state, in the tree's git dir (as git keeps a rebase's): it goes where the tree goes."""
+    git_dir = _git(tree, "rev-parse", "--absolute-git-dir").stdout.strip()
+    return Path(git_dir) / "dfbuild" / CURATE_STATE
+
+
+def read_curation(tree: Path) -> dict | None:
+    data = state.read_json(curate_state_path(tree), "curation state")
+    return data if isinstance(data, dict) and data.get("onto") else None
+
+
+def _write_curation(tree: Path, data: dict) -> None:
+    path = curate_state_path(tree)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state.atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _with_trailer(message: str, concern_id: str) -> str:
+    """The variant's own message; a patch made before the trailer existed gets it, so refresh can read it."""
+    if re.search(rf"^{CONCERN_TRAILER}:[ \t]*{re.escape(concern_id)}\s*$", message, re.M):
+        return message
+    return message.rstrip("\n") + f"\n\n{CONCERN_TRAILER}: {concern_id}\n"
+
+
+def _concern_of(tree: Path, commit: str) -> str | None:
+    body = _git(tree, "log", "-1", "--format=%B", commit).stdout
+    match = re.search(rf"^{CONCERN_TRAILER}:[ \t]*(\S+)", body, re.M)
+    return match.group(1) if match else None
+
+
+def _carry_one(series: Series, tree: Path, concern, order: list[str], onto: str, preimages: dict, tmp: Path):
+    """Decide CONCERN on the tree's HEAD as `carry` does: already there, carried, upstream, or a conflict."""
+    from . import carry as carrying
+    from .series import verify_patch
+
+    index = tmp / f"curate-{concern.id}"
+    env = {"GIT_INDEX_FILE": str(index)}
+    _git(tree, "read-tree", "HEAD", env=env)
+    for name in order:
+        variant = concern.variants.get(name)
+        if variant is not None and variant.file and _try_apply(
+                tree, verify_patch(series, concern, variant), env, "--reverse").returncode == 0:
+            return "present", variant, f"already in the tree: the {variant.base} variant reverse-applies"
+    _git(tree, "read-tree", "HEAD", env=env)
+    step = carrying._carry_concern(series, tree, concern, order, index, preimages, tmp, onto)
+    return step.status, step.variant, step.detail
+
+
+def _advance(series: Series, tree: Path, data: dict) -> dict:
+    """Carry the concerns still to do, in series order, one commit each; stop at the first conflict."""
+    from . import carry as carrying
+    from .series import CARRIED, commit_message, patch_path
+
+    repo = git.Repo(tree)
+    order = carrying.nearest_bases(series, tree, data["onto"])
+    preimages: dict = {}
+    with state.temp_dir("curate") as tmp:
+        while data["todo"]:
+            concern = series.concern(data["todo"][0])
+            status, variant, detail = _carry_one(series, tree, concern, order, data["onto"], preimages, Path(tmp))
+            if status in CARRIED:
+                patch = patch_path(series, variant)
+                _git(tree, "apply", "--index", *(["--3way"] if status == "3-way" else []), str(patch))
+                commit = source.commit_fixed(repo, _with_trailer(commit_message(patch), concern.id))
+                data["done"].append({"id": concern.id, "how": detail, "commit": commit})
+            elif status in ("upstream", "present", "applied"):
+                # nothing to commit: the decision goes to `series record`, which writes it as the variant
+                data["decisions"][concern.id] = detail
+                data["done"].append({"id": concern.id, "how": f"upstream, no commit: {detail}", "commit": None})
+            else:
+                data.update({"waiting": concern.id, "waiting_detail": detail, "head": repo.head.commit.hexsha})
+                _write_curation(tree, data)
+                return data
+            data["todo"].pop(0)
+            _write_curation(tree, data)  # each step recorded as it is made: an interrupted run resumes
+    data.update({"waiting": None, "waiting_detail": None, "finished": True, "head": repo.head.commit.hexsha})
+    _write_curation(tree, data)
+    return data
+
+
+def curate_start(series: Series, tree: Path, base: str) -> dict:
+    """Begin a variant for BASE on TREE (checked out at BASE): carry what carries, stop at a conflict."""
+    tree = Path(tree)
+    known = read_curation(tree)
+    if known and not known.get("finished"):
+        raise UsageError(f"{tree}: a curation of {known['base']} is in progress",
+                         f"finish it with `dfbuild series continue --dir {tree}`, or `--abort` it")
+    if git.Repo(tree).is_dirty(untracked_files=True):
+        raise DirtyTreeError(f"{tree} has local changes; nothing was done", "commit or stash them first")
+    repo = git.Repo(tree)
+    head = repo.head.commit.hexsha
+    data = {"base": base, "onto": head, "orig_head": head,
+            "branch": None if repo.head.is_detached else repo.active_branch.name,
+            "todo": [c.id for c in series.concerns], "done": [], "decisions": {},
+            "waiting": None, "finished": False}
+    _write_curation(tree, data)
+    return _advance(series, tree, data)
+
+
+def curate_continue(series: Series, tree: Path, upstream_note: str | None = None) -> dict:
+    """Resume after the concern the curation stopped at was committed by hand (or, with
+    UPSTREAM_NOTE, decided to be upstream already)."""
+    tree = Path(tree)
+    data = read_curation(tree)
+    if not data or data.get("finished"):
+        raise UsageError(f"{tree}: no curation is in progress", "start one with `dfbuild series start`")
+    waiting = data["waiting"]
+    repo = git.Repo(tree)
+    if repo.is_dirty(untracked_files=False):
+        raise DirtyTreeError(f"{tree} has uncommitted changes",
+                             f"commit the {waiting} change with the trailer '{CONCERN_TRAILER}: {waiting}', "
+                             "then continue")
+    new = _git(tree, "rev-list", "--reverse", f"{data['head']}..HEAD").stdout.split()
+    if upstream_note is not None:
+        if new:
+            raise UsageError(f"{tree}: {waiting} was committed, so it is not upstream",
+                             "continue without --upstream")
+        data["decisions"][waiting] = upstream_note
+        data["done"].append({"id": waiting, "how": f"upstream, no commit: {upstream_note}", "commit": None})
+    else:
+        made = [(commit, _concern_of(tree, commit)) for commit in new]
+        if [concern for _, concern in made] != [waiting]:
+            found = ", ".join(f"{c[:12]} ({concern or 'no trailer'})" for c, concern in made) or "no new commit"
+            raise UsageError(f"{tree}: continuing needs one new commit for {waiting} with the trailer "
+                             f"'{CONCERN_TRAILER}: {waiting}'; found {found}",
+                             f"git commit -a -m 'SUBJECT' -m '{CONCERN_TRAILER}: {waiting}' "
+                             "(or squash into one), then continue")
+        data["done"].append({"id": waiting, "how": "written by hand", "commit": made[0][0]})
+    data["todo"].pop(0)
+    data["waiting"] = None
+    _write_curation(tree, data)
+    return _advance(series, tree, data)
+
+
+def curate_abort(tree: Path) -> dict:
+    """Put the tree back where `series start` found it, and forget the curation."""
+    tree = Path(tree)
+    data = read_curation(tree)
+    if not data:
+        raise UsageError(f"{tree}: no curation to abort", "nothing was changed")
+    repo = git.Repo(tree)
+    if data.get("branch") and (repo.head.is_detached or repo.active_branch.name != data["branch"]):
+        _git(tree, "checkout", "-q", data["branch"])
+    _git(tree, "reset", "--hard", "-q", data["orig_head"])
+    curate_state_path(tree).unlink()
+    return {"dir": str(tree), "head": data["orig_head"], "base": data["base"]}
+
+
+def record(series: Series, tree: Path, onto: str, *, decisions: dict[str, str] | None = None,
+           note: str | None = None) -> dict:
+    """The concern commits on top of ONTO become ONTO's variant; with the base's build and sdist.
+
+    Decisions made by `series start` (concerns upstream already) are recorded too; DECISIONS adds
+    to (or overrides) them.
+    """
+    from . import manifest
+
+    tree = Path(tree)
+    curation = read_curation(tree) or {}
+    if curation and not curation.get("finished"):
+        raise UsageError(f"{tree}: the curation stopped at {curation.get('waiting')}",
+                         f"finish it first: dfbuild series continue --dir {tree}")
+    rev = curation.get("onto") if curation.get("base") == onto else onto
+    all_decisions = {**curation.get("decisions", {}), **(decisions or {})}
+    info: dict = {"note": note or f"llama.cpp {onto}, the first release of its epoch (dfbuild series start)"}
+    build = source.release_build(onto)
+    if build is not None:
+        info["build"] = build
+    src = manifest.load(manifest.tree_manifest_path(tree)).get("source") or {}
+    if src.get("kind") == "sdist" and src.get("base") == onto and str(src.get("repo", "")).startswith("pypi:"):
+        info["sdist"] = src["repo"][len("pypi:"):]  # where the base's tree comes from, offline
+    return refresh(series, tree, rev, name=onto, base_info=info, decisions=all_decisions)
+
+
+# --- the record of what was proved: series.toml's epochs ----------------------------------------------
+
+
+def read_proofs(path: Path) -> list[dict]:
+    """The proofs in a `dfbuild prove` record: WORK/proof-<backend>.json maps keys to proofs; a copy
+    of one proof (bench/proofs) is the proof itself."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read the proof record {path}: {exc}", "pass a `dfbuild prove` record") from None
+    proofs = [data] if isinstance(data, dict) and "outcome" in data else (
+        [v for v in data.values() if isinstance(v, dict) and "outcome" in v] if isinstance(data, dict) else [])
+    if not proofs:
+        raise UsageError(f"{path} holds no proof", "pass WORK/proof-<backend>.json of a finished `dfbuild prove`")
+    return proofs
+
+
+def _counts(summary: dict | None, *, unpatched: bool) -> str:
+    if not summary:
+        return "not run"
+    runs, failed = summary.get("runs"), len(summary.get("failed") or [])
+    if summary.get("passed"):
+        return f"all {runs} passed"
+    symptom = " with the upstream symptom" if unpatched and summary.get("upstream_symptom") else ""
+    return f"{failed} of {runs} scenario runs failed{symptom}"
+
+
+def describe_machine(machine: dict | None) -> str:
+    if not machine:
+        return "not recorded"
+    return (f"{machine.get('cores')} {machine.get('arch')} cores, {machine.get('cpu') or 'unknown CPU'}, "
+            f"{machine.get('system')}")
+
+
+def proof_entry(proof: dict, *, record_name: str) -> dict:
+    """A `dfbuild prove` proof as series.toml records it: what, how it went, where and when."""
+    from .prove import machine_facts
+
+    machine = proof.get("machine")
+    where = describe_machine(machine) if machine else f"{describe_machine(machine_facts())} (where it was recorded)"
+    table = (proof.get("smoke_table") or {}).get("table")
+    loaded = proof.get("fixtures_loaded")
+    return {
+        "release": proof["base"],
+        "outcome": proof["outcome"],
+        "unpatched": _counts(proof.get("unpatched"), unpatched=True),
+        "patched": _counts(proof.get("patched"), unpatched=False),
+        "fixtures": f"all {len(loaded)} sets load" if loaded else "not checked",
+        "where": f"{where}; {proof.get('backend', '?')}" + (f", {table} table" if table else ""),
+        "when": proof.get("proven_at") or "unknown",
+        "record": f"dfbuild prove --base {proof['base']} --backend {proof.get('backend', 'cpu')} ({record_name})",
+    }
+
+
+def record_proofs(series: Series, proofs: list[dict], *, record_name: str, new_epoch: dict | None = None) -> dict:
+    """Add each proof to the epoch of series.toml that holds its release; a proof of the same release
+    there is replaced. An epoch is never made silently: NEW_EPOCH (first, last, variant, change) makes one."""
+    doc = tomlkit.parse(series.path.read_bytes().decode("utf-8"))
+    if "epoch" not in doc:
+        doc.append("epoch", tomlkit.aot())
+    epochs = doc["epoch"]
+    created = None
+    if new_epoch:
+        first, last = source.release_build(new_epoch["first"]), source.release_build(new_epoch["last"])
+        if first is None or last is None or first > last:
+            raise UsageError(f"--epoch-first {new_epoch['first']} --epoch-last {new_epoch['last']}: "
+                             "two releases bNNNN, oldest first", "name the epoch's first and last release")
+        if new_epoch["variant"] not in series.bases:
+            raise UsageError(f"--variant {new_epoch['variant']} is not a base series.toml knows",
+                             "record the variant first: dfbuild series record --dir D --onto BASE")
+        for epoch in series.epochs:
+            if epoch.first <= last and first <= epoch.last:
+                raise UsageError(f"epoch b{first}..b{last} overlaps {epoch.name}", "epochs follow each other")
+        table = tomlkit.table()
+        table.update({"first": f"b{first}", "last": f"b{last}", "variant": new_epoch["variant"],
+                      "upstream_change": new_epoch.get("change") or ""})
+        table.add(tomlkit.nl())  # a blank line after it, as the curated file has
+        at = sum(1 for epoch in series.epochs if epoch.first < first)  # kept in release order
+        epochs.insert(at, table)
+        created = f"b{first}..b{last}"
+    added = []
+    for proof in proofs:
+        build = source.release_build(proof.get("base"))
+        if build is None:
+            raise UsageError(f"the proof of {proof.get('base')} is not of a release bNNNN",
+                             "epochs hold releases; a PR head or commit is recorded by its own prove record")
+        holder = next((e for e in epochs if source.release_build(e["first"]) <= build
+                       <= source.release_build(e["last"])), None)
+        if holder is None:
+            raise UsageError(f"no epoch in series.toml holds {proof['base']}; nothing was written",
+                             "make one: --epoch-first bN --epoch-last bM --variant BASE --change TEXT")
+        entry = proof_entry(proof, record_name=record_name)
+        table = tomlkit.table()
+        table.update(entry)
+        table.add(tomlkit.nl())
+        kept = holder.setdefault("proof", tomlkit.aot())
+        same = [i for i, p in enumerate(kept) if p.get("release") == entry["release"]]
+        if same:
+            kept[same[0]] = table
+        else:
+            kept.append(table)
+        added.append({**entry, "epoch": f"{holder['first']}..{holder['last']}", "replaced": bool(same)})
+    state.atomic_write_text(series.path, tomlkit.dumps(doc))
+    return {"series": str(series.path), "created_epoch": created, "proofs": added}
+
+
+def epochs_table(series: Series) -> list[dict]:
+    return [{"name": e.name, "first": f"b{e.first}", "last": f"b{e.last}", "variant": e.variant,
+             "upstream_change": e.upstream_change, "proofs": e.proofs} for e in series.epochs]
