@@ -35,7 +35,7 @@ RELEASE_CPU_VARIANTS = TEST_CPU_VARIANTS
 # incremental), and proves it; `dfbuild track`'s real case
 # proves the same work dir, and the release test releases from it.
 REAL_BASE = "b11434"
-# DFBUILD_TEST_BASES=b10355,b10359,b11312,b11434 adds the pinned bases' builds and smoke
+# DFBUILD_TEST_BASES=b10355,pydist-0.94.0,b11312,b11434 adds the pinned bases' builds and smoke
 # tables and the b11434 proof: each another cold build.
 SLOW_BASES = tuple(os.environ.get("DFBUILD_TEST_BASES", REAL_BASE).replace(" ", "").split(","))
 

@@ -16,7 +16,7 @@ Which unseen releases run:
   proven and adopted into patches/; the carry runs on a copy of the series
   without it. Its work dir is the one `dfbuild track`'s real case proves and the
   release test releases from.
-- b10355 with DFBUILD_TEST_BASES naming it: all four of b10359's patches carried
+- b10355 with DFBUILD_TEST_BASES naming it: all four of pydist-0.94.0's patches carried
   at a -29 line offset. Another cold build: it shares little with b11434.
 """
 
@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow,
 
 # base -> the nearest known base it is carried from, and how each concern gets there
 UNSEEN = {
-    "b10355": {"from": "b10359", "how": {"embedding-skip": "offset -29", "zero-fill": "offset -29",
+    "b10355": {"from": "pydist-0.94.0", "how": {"embedding-skip": "offset -29", "zero-fill": "offset -29",
                                          "noise-block-base": "offset -29", "warning-downgrade": "offset -29"}},
     "b11434": {"from": "b11312", "how": {"embedding-skip": "upstream (as in b11312)", "zero-fill": "offset +59",
                                          "noise-block-base": "upstream (as in b11312)",

@@ -46,3 +46,12 @@ def test_the_fixtures_load_on_the_first_release_of_every_epoch(epoch):
     record = REPO / "bench" / "proofs" / f"proof-b{epoch.first}.json"
     assert record.is_file(), f"the proof record of b{epoch.first} is not in bench/proofs"
     assert len(json.loads(record.read_text())["fixtures_loaded"]) >= 11
+
+
+def test_the_readme_quick_start_releases_the_newest_proven_release():
+    import re
+
+    proven = [int(p["release"][1:]) for e in CURATED.epochs for p in e.proofs if p["outcome"] == "fixed"]
+    quick = re.search(r"dfbuild release --base (\S+) --backend cpu", (REPO / "README.md").read_text())
+    assert quick, "the README's quick start has no `dfbuild release --base ...`"
+    assert quick.group(1) == f"b{max(proven)}"

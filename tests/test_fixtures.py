@@ -184,7 +184,7 @@ def server_binary_for(base: str) -> Path:
 # REAL_BASE (b11434, the tree CI builds anyway) and the pinned bases in DFBUILD_TEST_BASES. `dfbuild prove`
 # runs the same check on every base it proves, so each epoch's recorded proofs say its first release
 # loads them all (tests/test_epochs.py reads that from series.toml).
-@pytest.mark.parametrize("base", [b for b in (REAL_BASE, "b10355", "b10359", "b11312") if b in SLOW_BASES])
+@pytest.mark.parametrize("base", [b for b in (REAL_BASE, "b10355", "pydist-0.94.0", "b11312") if b in SLOW_BASES])
 def test_every_fixture_set_loads_in_llama_server(base, written, tmp_path):
     problems = smoke.fixtures_that_do_not_load(server_binary_for(base), written, tmp_path)
     assert not problems, "\n".join(f"{name}: {why}" for name, why in problems.items())

@@ -96,17 +96,17 @@ def series_section(head: str) -> dict:
     curated = series.load_series()
     concerns = []
     for concern in curated.concerns:
-        variant = concern.variants["b10359"]
+        variant = concern.variants["pydist-0.94.0"]
         concerns.append({"id": concern.id, "status": "applied", "file": variant.file, "sha256": variant.sha256,
                          "detail": "", "commit": head})
-    return {"base": "b10359", "patches_dir": str(curated.root), "concerns": concerns, "head": head, "changed": True}
+    return {"base": "pydist-0.94.0", "patches_dir": str(curated.root), "concerns": concerns, "head": head, "changed": True}
 
 
 def make_inputs(tmp_path: Path) -> dict:
     tree, head = make_tree(tmp_path)
     build_section = make_build_dir(tmp_path / "build-cpu", head)
     sections = {
-        "source": {"kind": "sdist", "base": "b10359", "commit": head, "dir": str(tree)},
+        "source": {"kind": "sdist", "base": "pydist-0.94.0", "commit": head, "dir": str(tree)},
         "series": series_section(head),
         "build": build_section,
         "smoke": {"passed": True, "failed": [], "results": {}},
@@ -176,7 +176,7 @@ def test_tag_and_wheel_version_name_base_and_series():
     section = series_section("0" * 40)
     digest = release.series_hash(section)
     assert len(digest) == 8 and int(digest, 16) >= 0
-    assert release.release_tag("b10359", section) == f"b10359-{digest}"
+    assert release.release_tag("pydist-0.94.0", section) == f"pydist-0.94.0-{digest}"
     assert release.release_tag("5ecbe1ac17ec0484c5b44af0bd580cdc9c428ed4", section) == f"5ecbe1ac17ec-{digest}"
     version = release.wheel_version(10359, digest, "cpu")
     assert version == f"0.0.10359+dflash.{digest}.cpu"
@@ -599,7 +599,7 @@ def stub_stages(inputs, fake_wheel, monkeypatch):
 @posix_only
 def test_skip_smoke_is_recorded_in_every_manifest(inputs, stub_stages, tmp_path):
     out = tmp_path / "out"
-    result = CliRunner().invoke(main, ["release", "--base", "b10359", "--backend", "cpu", "--out", str(out),
+    result = CliRunner().invoke(main, ["release", "--base", "pydist-0.94.0", "--backend", "cpu", "--out", str(out),
                                        "--work", str(tmp_path / "work"), "--skip-smoke", "--json"])
     assert result.exit_code == 0, result.output
     full = json.loads(result.stdout)
@@ -615,7 +615,7 @@ def test_skip_smoke_is_recorded_in_every_manifest(inputs, stub_stages, tmp_path)
 @posix_only
 def test_pipeline_records_stage_times_and_a_rerun_reuses_smoke_and_artifacts(inputs, stub_stages, tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
-    first = release.release("b10359", backend="cpu", out=out, work=work)
+    first = release.release("pydist-0.94.0", backend="cpu", out=out, work=work)
     assert set(first["release"]["stages"]) == set(release.STAGES)
     assert all(isinstance(s["wall_s"], float) for s in first["release"]["stages"].values())
     assert first["smoke"]["passed"] is True and stub_stages["smoke"] == 1
@@ -623,7 +623,7 @@ def test_pipeline_records_stage_times_and_a_rerun_reuses_smoke_and_artifacts(inp
     before = archive.read_bytes()
     mtime = archive.stat().st_mtime_ns
 
-    second = release.release("b10359", backend="cpu", out=out, work=work)
+    second = release.release("pydist-0.94.0", backend="cpu", out=out, work=work)
     assert stub_stages["smoke"] == 1, "unchanged binaries and fixtures: smoke must not run again"
     assert second["release"]["stages"]["smoke"]["reused"] and second["release"]["stages"]["package"]["reused"]
     assert archive.read_bytes() == before and archive.stat().st_mtime_ns == mtime
@@ -633,7 +633,7 @@ def test_pipeline_records_stage_times_and_a_rerun_reuses_smoke_and_artifacts(inp
     # a changed library (the fix lives in one) means new smoke and new artifacts
     lib = Path(inputs["sections"]["build"]["build_dir"]) / "bin" / "libimpl.so"
     lib.write_bytes(b"\x7fELF changed")
-    third = release.release("b10359", backend="cpu", out=out, work=work)
+    third = release.release("pydist-0.94.0", backend="cpu", out=out, work=work)
     assert stub_stages["smoke"] == 2
     assert not third["release"]["stages"]["package"]["reused"]
     assert third["release"]["artifacts"][0]["sha256"] != first["release"]["artifacts"][0]["sha256"]
@@ -642,16 +642,16 @@ def test_pipeline_records_stage_times_and_a_rerun_reuses_smoke_and_artifacts(inp
 
 @posix_only
 def test_the_same_binaries_released_from_another_work_folder_reuse_their_passed_smoke(inputs, stub_stages, tmp_path):
-    first = release.release("b10359", backend="cpu", out=tmp_path / "a" / "out", work=tmp_path / "a" / "work")
+    first = release.release("pydist-0.94.0", backend="cpu", out=tmp_path / "a" / "out", work=tmp_path / "a" / "work")
     assert stub_stages["smoke"] == 1
-    second = release.release("b10359", backend="cpu", out=tmp_path / "b" / "out", work=tmp_path / "b" / "work")
+    second = release.release("pydist-0.94.0", backend="cpu", out=tmp_path / "b" / "out", work=tmp_path / "b" / "work")
     assert stub_stages["smoke"] == 1, "the same binaries and fixtures passed smoke already"
     assert second["release"]["stages"]["smoke"]["reused"] and second["smoke"] == first["smoke"]
     assert second["release"]["artifacts"] == first["release"]["artifacts"]
     # other binaries are smoked again
     lib = Path(inputs["sections"]["build"]["build_dir"]) / "bin" / "libimpl.so"
     lib.write_bytes(b"\x7fELF changed")
-    release.release("b10359", backend="cpu", out=tmp_path / "c" / "out", work=tmp_path / "c" / "work")
+    release.release("pydist-0.94.0", backend="cpu", out=tmp_path / "c" / "out", work=tmp_path / "c" / "work")
     assert stub_stages["smoke"] == 2
 
 
@@ -665,7 +665,7 @@ def test_a_tree_patched_now_or_found_patched_gives_the_same_archive(inputs, stub
     made = []
     for name, section in (("fresh", fresh), ("found", found)):
         monkeypatch.setattr(series, "apply_series", lambda curated, tree, section=section, **kwargs: section)
-        made.append(release.release("b10359", backend="cpu", out=tmp_path / name / "out", work=tmp_path / name / "work"))
+        made.append(release.release("pydist-0.94.0", backend="cpu", out=tmp_path / name / "out", work=tmp_path / name / "work"))
     assert made[0]["release"]["artifacts"] == made[1]["release"]["artifacts"]  # names and sha256
     assert made[0]["series"] == made[1]["series"]
     assert {c["status"] for c in made[0]["series"]["concerns"]} == {"applied"}
@@ -676,9 +676,9 @@ def test_failing_smoke_stops_before_packaging(inputs, stub_stages, tmp_path):
     stub_stages["smoke_passes"] = False
     out = tmp_path / "out"
     with pytest.raises(SmokeFailedError, match="image/x"):
-        release.release("b10359", backend="cpu", out=out, work=tmp_path / "work")
+        release.release("pydist-0.94.0", backend="cpu", out=out, work=tmp_path / "work")
     assert not out.exists()
-    result = CliRunner().invoke(main, ["release", "--base", "b10359", "--backend", "cpu", "--out", str(out),
+    result = CliRunner().invoke(main, ["release", "--base", "pydist-0.94.0", "--backend", "cpu", "--out", str(out),
                                        "--work", str(tmp_path / "work")])
     assert result.exit_code == SmokeFailedError.exit_code
 
@@ -690,7 +690,7 @@ def test_a_failing_stage_stops_the_pipeline_with_its_own_error(inputs, stub_stag
         raise BuildError("build failed: x.cpp:1: error: boom", "full log: x")
 
     monkeypatch.setattr(build, "build_tree", broken_build)
-    result = CliRunner().invoke(main, ["release", "--base", "b10359", "--backend", "cpu",
+    result = CliRunner().invoke(main, ["release", "--base", "pydist-0.94.0", "--backend", "cpu",
                                        "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")])
     assert result.exit_code == BuildError.exit_code
     assert "boom" in result.stderr

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 # What the series decided per base (see patches/series.toml): b11312 already
 # has embedding-skip (for pinned M-RoPE images) and a position-based block base.
 DECISIONS = {
-    "b10359": {"embedding-skip": "patch", "zero-fill": "patch", "noise-block-base": "patch",
+    "pydist-0.94.0": {"embedding-skip": "patch", "zero-fill": "patch", "noise-block-base": "patch",
                "warning-downgrade": "patch"},
     "b11312": {"embedding-skip": "upstream", "zero-fill": "patch", "noise-block-base": "upstream",
                "warning-downgrade": "patch"},

