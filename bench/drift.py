@@ -28,7 +28,7 @@ Written to bench/drift.json, with tables and a plot (drift.png) in RESULTS.md:
 A partial sweep is saved as it goes and resumed, but only for the same
 series.toml (its sha256 is recorded): another series decides anew.
 
-    python bench/drift.py                 # every release (~5 min here: planning, not the network, bounds it)
+    python bench/drift.py                 # every release (1 to 2 min here, 2 cores)
     python bench/drift.py --step 5        # every 5th, plus the first with DFlash and every boundary
     python bench/drift.py --report-only   # redraw from drift.json (epochs re-read from series.toml)
 """
