@@ -107,6 +107,23 @@ def test_item2_two_caches_on_one_tree_exclude_each_other(world, tmp_path):
     _report("concurrency, two caches", {"rounds": rounds, "runs": 2 * rounds, "outcomes": outcomes})
 
 
+@posix_only
+@pytest.mark.parametrize("kind", ["build"])
+def test_item2_two_caches_on_one_build_or_output_dir_exclude_each_other(kind, tmp_path, monkeypatch):
+    """A build dir's lock is the dir's own flock, not a file in one cache: a second
+    dfbuild with another DFBUILD_CACHE_DIR is refused (--no-wait), and nothing appears in the dir."""
+    target = tmp_path / "dir"
+    monkeypatch.setenv("DFBUILD_CACHE_DIR", str(tmp_path / "cache-1"))
+    with state.hold_path(kind, target, wait=False):
+        monkeypatch.setenv("DFBUILD_CACHE_DIR", str(tmp_path / "cache-2"))
+        with pytest.raises(LockedError):
+            with state.hold_path(kind, target, wait=False):
+                pass
+    assert list(target.iterdir()) == []
+    with state.hold_path(kind, target, wait=False):  # released: the next one gets it
+        pass
+
+
 # --- item 3: verify runs a binary last, only when every check passed -------------------------------------
 
 
@@ -372,8 +389,11 @@ def test_item8_ctrl_c_while_importing_exits_130_quietly(tmp_path):
             continue
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
-        codes.append(proc.returncode)
         text = err.decode(errors="replace")
+        if "Could not import runpy module" in text:
+            continue  # a loaded machine: the signal came while the interpreter itself started, before any
+            # line of dfbuild ran (CPython prints that traceback; no program can catch it there)
+        codes.append(proc.returncode)
         assert "Traceback" not in text and "Aborted!" not in text, (delay, text)
         assert proc.returncode in (130, -signal.SIGINT), (delay, proc.returncode, text)
     assert codes, "every run finished before its Ctrl-C"

@@ -1,6 +1,16 @@
 """dfbuild: fixed, tested, releasable llama.cpp DFlash binaries."""
 
-from importlib.metadata import PackageNotFoundError, version
+import sys
+
+if sys.argv and (sys.argv[0] == "-m" or sys.argv[0].replace("\\", "/").rsplit("/", 1)[-1] in ("dfbuild", "dfbuild.exe")):
+    # Run as the command (`python -m dfbuild` imports this package first, then runpy finds __main__; the
+    # console script imports it too): Ctrl-C from here on exits 130 quietly, as _entry explains. Imported
+    # as a library, dfbuild leaves the process's signal handlers alone.
+    from ._entry import catch_early_interrupt
+
+    catch_early_interrupt()
+
+from importlib.metadata import PackageNotFoundError, version  # noqa: E402 - after the handler: it takes a while
 
 try:
     __version__ = version("dfbuild")

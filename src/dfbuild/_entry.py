@@ -17,8 +17,12 @@ def _interrupted_early(signum, frame):
     os._exit(130)
 
 
-def main() -> None:
+def catch_early_interrupt() -> None:
     signal.signal(signal.SIGINT, _interrupted_early)
+
+
+def main() -> None:
+    catch_early_interrupt()
     from .cli import main as cli_main
 
     try:

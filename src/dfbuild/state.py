@@ -125,7 +125,8 @@ def tree_lock_path(tree: Path) -> Path:
 
 
 def lock_path_for(kind: str, target: Path) -> Path:
-    """The lock of a work tree (TREE/.git/dfbuild/lock), build dir or output dir (in the cache).
+    """The lock file of a work tree (TREE/.git/dfbuild/lock); a build dir is locked by the flock of the
+    dir itself (this cache path only where there is no flock); an output dir, by this cache path.
 
     A tree's lock lives in the tree, so two caches (two users, a CI cache and a
     shell) still exclude each other on it.
@@ -206,7 +207,15 @@ def hold_path(kind: str, target: Path, *, wait: bool = True):
         with _hold_tree(resolved, f"{words} {resolved}", wait):
             yield
         return
-    with hold(_cache_lock_path(kind, target), f"{words} {resolved}", wait=wait):
+    if kind == "build" and hold_dir is not None:
+        # the flock of the build dir itself (dfbuild makes it anyway): no file appears in it, and two
+        # caches (two users, a CI cache and a shell) still exclude each other, as for a tree. An output
+        # dir keeps its lock in the cache: it must not be made before there is something to put in it
+        resolved.mkdir(parents=True, exist_ok=True)
+        with hold_dir(resolved, f"{words} {resolved}", wait=wait, note=dir_note_path(resolved)):
+            yield
+        return
+    with hold(_cache_lock_path(kind, target), f"{words} {resolved}", wait=wait):  # no flock (Windows)
         yield
 
 
