@@ -194,7 +194,9 @@ def _keep_unpatched(built: dict, folder: Path, key: str, commit: str) -> dict:
     if folder.exists():
         # an older copy, or a work dir of the two-tree layout (a real build dir of WORK/unpatched/src):
         # both dfbuild's; anything else there is not ours to delete
-        if not ((folder / UNPATCHED_RECORD).is_file() or (folder / build.STAMP_NAME).is_file()):
+        # (an empty dir is the build-dir lock's own: `prove` locks WORK/unpatched/build-<backend> too)
+        if any(folder.iterdir()) and not ((folder / UNPATCHED_RECORD).is_file()
+                                          or (folder / build.STAMP_NAME).is_file()):
             raise BuildDirMismatchError(f"{folder} holds files dfbuild did not write; nothing was touched",
                                         "move it away, or use another --work dir")
         os.replace(folder, trash)
