@@ -354,3 +354,20 @@ def test_a_fixture_set_the_base_cannot_load_is_no_proof(syn, tmp_path, fakes, mo
     assert "qwen35-mlp-plain-disagree" in raised.value.message and "expected 15, got 14" in raised.value.message
     assert not fakes["smoke"]  # no scenario ran
     assert not (tmp_path / "work" / "proof-cpu.json").exists()
+
+
+def test_prove_takes_the_toolchain_options_a_release_takes(tmp_path, monkeypatch):
+    """A Vulkan proof on Debian 12 needs newer headers, a CUDA one its architectures: as for release."""
+    seen = {}
+
+    def fake_prove(base, **kwargs):
+        seen.update(kwargs["build_options"])
+        return {"base": base, "outcome": "fixed", "json": True}
+
+    monkeypatch.setattr(prove, "prove", fake_prove)
+    headers = tmp_path / "include"
+    headers.mkdir()
+    result = dfbuild("prove", "--base", "b11434", "--backend", "vulkan", "--vulkan-include-dir", headers,
+                     "--cuda-arch", "90", "--work", tmp_path / "work", "--json")
+    assert result.exit_code == 0, said(result)
+    assert seen["vulkan_include_dir"] == headers and seen["cuda_arch"] == "90"

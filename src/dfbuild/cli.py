@@ -664,6 +664,18 @@ def proof_options(func):
     return func
 
 
+def toolchain_options(func):
+    """--cuda-arch / --gpu-targets / --vulkan-include-dir: what a backend's compile needs, for release and prove."""
+    for option in reversed([
+        click.option("--cuda-arch", default=None, help="CUDA architectures, e.g. 86 or '86;90' (cuda only)."),
+        click.option("--gpu-targets", default=None, help="AMD GPU targets or families, e.g. rdna4 (hip only)."),
+        click.option("--vulkan-include-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+                     help="Use these Vulkan headers instead of the system's (vulkan only)."),
+    ]):
+        func = option(func)
+    return func
+
+
 def _work_locks(work_dir: Path, backend: str) -> list[tuple[str, Path]]:
     """The locks of a release/prove work dir: both trees and both build dirs."""
     return [("tree", work_dir / "src"), ("tree", work_dir / "unpatched" / "src"),
@@ -678,13 +690,14 @@ def _work_locks(work_dir: Path, backend: str) -> list[tuple[str, Path]]:
 @click.option("--work", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Working dir (default: ./dfbuild-BASE, shared with `dfbuild release`). Reruns reuse it.")
 @proof_options
+@toolchain_options
 @smoke_run_options
 @patches_option
 @no_wait_option
 @json_option
 @handle_errors
-def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, start_timeout, smoke_table, patches_dir,
-          no_wait, as_json):
+def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, cuda_arch, gpu_targets,
+          vulkan_include_dir, start_timeout, smoke_table, patches_dir, no_wait, as_json):
     """Build BASE unpatched and patched, smoke both, and say what the series does for it.
 
     Exit codes: 0 fixed, 44 fixed upstream, 43 still broken, 24 not applicable, 21 conflict.
@@ -699,7 +712,9 @@ def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, st
     with _locks(*_work_locks(work_dir, backend), no_wait=no_wait):
         proof = prove_stage.prove(base, backend=backend, work=work_dir, repo=repo, pr=pr, patches_dir=patches_dir,
                                   sets=sets or None, scenarios=scenarios or None,
-                                  build_options={"jobs": jobs, "cpu_variants": cpu_variants},
+                                  build_options={"jobs": jobs, "cpu_variants": cpu_variants, "cuda_arch": cuda_arch,
+                                                 "gpu_targets": gpu_targets,
+                                                 "vulkan_include_dir": vulkan_include_dir},
                                   smoke_options=_smoke_options(start_timeout, smoke_table))
     if as_json:
         ui.emit_json(proof)
@@ -1019,10 +1034,7 @@ def _human_size(n: int) -> str:
                    "(repeatable; llama-server always included).")
 @click.option("--cpu-variants", default=None,
               help="x64 only: the runtime-dispatched CPU variants to ship, e.g. x64,haswell (default: all).")
-@click.option("--cuda-arch", default=None, help="CUDA architectures, e.g. 86 or '86;90' (cuda only).")
-@click.option("--gpu-targets", default=None, help="AMD GPU targets or families, e.g. rdna4 (hip only).")
-@click.option("--vulkan-include-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
-              help="Use these Vulkan headers instead of the system's (vulkan only).")
+@toolchain_options
 @click.option("--cmake-arg", "cmake_args", multiple=True, help="Extra argument for CMake configure (repeatable).")
 @click.option("-j", "--jobs", type=int, default=None, help="Parallel compile jobs (default: ninja's).")
 @smoke_run_options
