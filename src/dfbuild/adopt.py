@@ -162,7 +162,7 @@ def adopt(series: Series, tree: Path) -> dict:
         onto = head  # no patch files: every concern is a decision
         if head != start:
             raise SeriesFileError(f"{tree}: fixed upstream, yet commits sit on top of {start[:12]}",
-                                  "adopt from the unpatched tree: dfbuild prove leaves it in WORK/unpatched/src")
+                                  "adopt from the unpatched tree: check out the base itself (dfbuild checkout --base BASE) and adopt that")
     else:
         onto = start
     patched, unpatched = proof.get("patched") or {}, proof.get("unpatched") or {}

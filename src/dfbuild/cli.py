@@ -677,9 +677,9 @@ def toolchain_options(func):
 
 
 def _work_locks(work_dir: Path, backend: str) -> list[tuple[str, Path]]:
-    """The locks of a release/prove work dir: both trees and both build dirs."""
-    return [("tree", work_dir / "src"), ("tree", work_dir / "unpatched" / "src"),
-            ("build", work_dir / f"build-{backend}"), ("build", work_dir / "unpatched" / f"build-{backend}")]
+    from . import prove as prove_stage
+
+    return prove_stage.work_locks(work_dir, backend)
 
 
 @main.command()
@@ -1054,7 +1054,7 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cpu_var
                "cpu_variants": cpu_variants, "extra_cmake_args": cmake_args, "jobs": jobs}
     source.check_base_name(base)
     work_dir = Path(work or release_stage.default_work_dir(base)).resolve()
-    # the work trees (WORK/src, and WORK/unpatched/src for a proof), their build dirs and OUT, for the whole pipeline
+    # the work tree (WORK/src), its build dir and OUT, for the whole pipeline
     with _locks(*_work_locks(work_dir, backend), ("out", Path(out)), no_wait=no_wait):
         full = release_stage.release(base, backend=spec, pr=pr, repo=repo, out=out, work=work,
                                      skip_smoke=skip_smoke, targets=build_stage.parse_targets(targets),

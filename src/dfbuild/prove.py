@@ -125,6 +125,12 @@ def machine_facts() -> dict:
 # --- the unpatched build: the base commit, built in the patched tree's own build dir -----------
 
 
+def work_locks(work: Path, backend: str) -> list[tuple[str, Path]]:
+    """What `prove`, `release` and `track --prove` lock in a work dir: its one tree and build dir. The
+    unpatched binaries a proof keeps (WORK/unpatched) are written only under the tree's lock."""
+    return [("tree", Path(work) / "src"), ("build", Path(work) / f"build-{backend}")]
+
+
 def unpatched_dir(work: Path, backend: str) -> Path:
     """WORK/unpatched/build-<backend>: the copy of the unpatched binaries that smoke runs."""
     return Path(work) / "unpatched" / f"build-{backend}"
@@ -194,9 +200,7 @@ def _keep_unpatched(built: dict, folder: Path, key: str, commit: str) -> dict:
     if folder.exists():
         # an older copy, or a work dir of the two-tree layout (a real build dir of WORK/unpatched/src):
         # both dfbuild's; anything else there is not ours to delete
-        # (an empty dir is the build-dir lock's own: `prove` locks WORK/unpatched/build-<backend> too)
-        if any(folder.iterdir()) and not ((folder / UNPATCHED_RECORD).is_file()
-                                          or (folder / build.STAMP_NAME).is_file()):
+        if not ((folder / UNPATCHED_RECORD).is_file() or (folder / build.STAMP_NAME).is_file()):
             raise BuildDirMismatchError(f"{folder} holds files dfbuild did not write; nothing was touched",
                                         "move it away, or use another --work dir")
         os.replace(folder, trash)

@@ -34,7 +34,6 @@ from .errors import (
     NotLlamaTreeError,
     SourceError,
     UnknownBaseError,
-    from_os_error,
     UsageError,
 )
 from .gitfetch import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source

@@ -23,7 +23,6 @@ import os
 import re
 import shutil
 import signal
-import sys
 import tempfile
 import time
 from contextlib import contextmanager

@@ -250,19 +250,13 @@ def first_failure(proof: dict) -> str | None:
 # --- proving --------------------------------------------------------------------------------
 
 
-def _work_locks(work: Path, backend: str) -> list[tuple[str, Path]]:
-    # the same locks as `dfbuild prove` and `release` on a work dir: both trees and both build dirs
-    return [("tree", work / "src"), ("tree", work / "unpatched" / "src"),
-            ("build", work / f"build-{backend}"), ("build", work / "unpatched" / f"build-{backend}")]
-
-
 def prove_candidate(candidate: Candidate, work: Path, *, backend: str, patches_dir: Path | None, sets, scenarios,
                     build_options: dict | None, wait: bool, prover=None) -> dict:
     from . import prove as prove_stage
 
     prover = prover or prove_stage.prove
     with ExitStack() as stack:
-        for kind, path in _work_locks(work, backend):
+        for kind, path in prove_stage.work_locks(work, backend):
             stack.enter_context(state.hold_path(kind, path, wait=wait))
         return prover(candidate.name, backend=backend, work=work, repo=candidate.repo, pr=candidate.pr,
                       patches_dir=patches_dir, sets=sets, scenarios=scenarios, build_options=build_options)
