@@ -110,19 +110,26 @@ class Host:
     arch: str                    # x64 | arm64
     distro: str | None = None    # e.g. "debian", "ubuntu" (Linux only)
     distro_version: str | None = None  # e.g. "12"
+    # A cross build (`--os windows` on Linux): the OS of the machine that runs the build, while
+    # `os` and `arch` are what the binaries are for (platforms.target_host makes these). None: native.
+    build_os: str | None = None
 
     @property
     def exe_suffix(self) -> str:
         return ".exe" if self.os == "windows" else ""
 
+    @property
+    def cross(self) -> bool:
+        return bool(self.build_os) and self.build_os != self.os
+
     def install_keys(self) -> list[str]:
-        """Keys of a probe's install table, most specific first."""
+        """Keys of a probe's install table, most specific first (the machine that installs: the build OS)."""
         keys = []
         if self.distro and self.distro_version:
             keys.append(f"{self.distro}-{self.distro_version}")
         if self.distro:
             keys.append(self.distro)
-        keys.append(self.os)
+        keys.append(self.build_os or self.os)
         return keys
 
 
@@ -248,12 +255,23 @@ def version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", str(text))[:3])
 
 
-def cpu_variants(host_os: str, arch: str) -> list[str]:
-    """The runtime-dispatched CPU variants a release build has on this host (empty: none)."""
+def cpu_variants(host_os: str, arch: str, *, msvc: bool | None = None) -> list[str]:
+    """The runtime-dispatched CPU variants a release build has on this host (empty: none).
+
+    MSVC builds fewer (ggml skips the ones it cannot compile); MSVC is the compiler
+    of a native Windows build, while a cross build for Windows (mingw-w64 GCC) has
+    GCC's full list: pass msvc=False (or use host_cpu_variants).
+    """
     if "GGML_CPU_ALL_VARIANTS" not in table()["common"].get("arch_flags", {}).get(arch, {}):
         return []
     variants = table()["common"]["cpu_variants"]
-    return list(variants["x64_msvc"] if host_os == "windows" else variants["x64"])
+    msvc = host_os == "windows" if msvc is None else msvc
+    return list(variants["x64_msvc"] if msvc else variants["x64"])
+
+
+def host_cpu_variants(host: "Host") -> list[str]:
+    """cpu_variants for a Host: a cross build for Windows compiles with GCC, not MSVC."""
+    return cpu_variants(host.os, host.arch, msvc=host.os == "windows" and not host.cross)
 
 
 def cmake_flags(backend: "Backend | str", host_os: str, *, cuda_arch: str | Iterable[str] | None = None,

@@ -34,7 +34,7 @@ from typing import Iterable
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import backends, doctor, ui
+from . import backends, doctor, platforms, ui
 from .backends import Host
 from .paths import sha256_file
 from .errors import BuildDirMismatchError, BuildError, NotLlamaTreeError, SourceError, ToolchainMissingError
@@ -188,9 +188,16 @@ def check_llama_tree(source_dir: Path) -> None:
         )
 
 
-def default_build_dir(source_dir: Path, backend: str) -> Path:
-    """X/src -> X/build-<backend>: the same layout everywhere, so ccache hits across copies."""
-    return Path(source_dir).resolve().parent / f"build-{backend}"
+def dir_label(backend: str, host: Host | None = None) -> str:
+    """What a work dir's build folders are named by: the backend, plus the target OS of a cross build
+    (build-cpu, build-cpu-windows), so one tree keeps its native and its cross builds apart."""
+    return f"{backend}-{host.os}" if host is not None and host.cross else backend
+
+
+def default_build_dir(source_dir: Path, backend: str, host: Host | None = None) -> Path:
+    """X/src -> X/build-<backend> (build-<backend>-<os> for a cross build): the same layout everywhere,
+    so ccache hits across copies."""
+    return Path(source_dir).resolve().parent / f"build-{dir_label(backend, host)}"
 
 
 # --- the stamp ------------------------------------------------------------------------
@@ -314,6 +321,8 @@ def build_flags(backend: "backends.Backend | str", host: Host, *, commit: str, n
     flags = backends.cmake_flags(backend, host.os, cuda_arch=cuda_arch, gpu_targets=gpu_targets,
                                  vulkan_include_dir=vulkan_include_dir, nvcc_version=_nvcc_version(entry),
                                  arch=host.arch)
+    if host.cross:  # the cross target's own flags (targets.toml): shared libraries, its TLS choice
+        flags.update(platforms.cross_entry(host).get("flags", {}))
     flags["LLAMA_BUILD_NUMBER"] = str(number)
     flags["LLAMA_BUILD_COMMIT"] = commit
     ccache = _probe_path(entry, "ccache") if use_ccache else None
@@ -344,7 +353,7 @@ def env_cmake_args() -> list[str]:
     return shlex.split(os.environ.get("DFBUILD_CMAKE_ARGS", ""))
 
 
-def relative_file_args(host: Host, source_dir: Path, build_dir: Path) -> list[str]:
+def relative_file_args(host: Host, source_dir: Path, build_dir: Path, extra_c: Iterable[str] = ()) -> list[str]:
     """CMake arguments that make __FILE__ relative to the tree (gcc and clang: not on Windows).
 
     ggml's asserts and aborts print __FILE__, and CMake hands the compiler absolute
@@ -352,12 +361,15 @@ def relative_file_args(host: Host, source_dir: Path, build_dir: Path) -> list[st
     ccache's base_dir rewrites the mapped paths too, so trees in different folders
     still share its entries (and an entry compiled elsewhere brings no foreign path).
     The user's CFLAGS/CXXFLAGS are kept: CMake ignores them once CMAKE_<LANG>_FLAGS is given.
+    A cross build for Windows compiles with GCC (mingw-w64), so it gets the maps too; EXTRA_C
+    (its compat header's forced include) goes to C files only.
     """
-    if host.os == "windows":
+    if host.os == "windows" and not host.cross:
         return []
     maps = " ".join(f"-fmacro-prefix-map={Path(d).resolve()}/={label}"
                     for d, label in ((source_dir, ""), (build_dir, "build/")))  # the last match wins
-    return [f"-DCMAKE_{lang}_FLAGS={' '.join(filter(None, [os.environ.get(env, '').strip(), maps]))}"
+    extra = {"C": " ".join(extra_c), "CXX": ""}
+    return [f"-DCMAKE_{lang}_FLAGS={' '.join(filter(None, [os.environ.get(env, '').strip(), maps, extra[lang]]))}"
             for lang, env in (("C", "CFLAGS"), ("CXX", "CXXFLAGS"))]
 
 
@@ -376,7 +388,7 @@ def build_env(backend: str, host: Host, source_dir: Path, build_dir: Path) -> di
     # SOURCE_DATE_EPOCH is set; the flags here are explicit, so keep the
     # reproducible-archive setting away from CMake.
     env.pop("SOURCE_DATE_EPOCH", None)
-    if host.os == "windows":
+    if host.os == "windows" and not host.cross:
         msvc = doctor.find_msvc(host.arch)
         if msvc is None:
             raise ToolchainMissingError("MSVC (cl.exe) was not found", doctor.MSVC_HINT)
@@ -504,7 +516,7 @@ def parse_targets(values: str | Iterable[str]) -> list[str]:
 
 def parse_cpu_variants(value: str | Iterable[str] | None, host: Host) -> list[str]:
     """--cpu-variants: `all` (the default) or a list of ggml's variant names (x64, haswell, ...)."""
-    known = backends.cpu_variants(host.os, host.arch)
+    known = backends.host_cpu_variants(host)
     items = [] if value is None else (re.split(r"[,;\s]+", value) if isinstance(value, str) else list(value))
     items = [i.strip() for i in items if i and i.strip()]
     if not items or items == [ALL_TARGETS]:
@@ -537,13 +549,14 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
     spec = backends.resolve(backend)  # unknown backend: fail before touching anything
     backend = spec.name
     check_llama_tree(source_dir)
-    build_dir = Path(build_dir).resolve() if build_dir else default_build_dir(source_dir, backend)
+    build_dir = Path(build_dir).resolve() if build_dir else default_build_dir(source_dir, backend, host)
+    cross = platforms.cross(host)  # a cross build (--os windows on Linux): its module, else None
     targets = parse_targets(targets)
     extra_cmake_args = list(extra_cmake_args)
     variants = parse_cpu_variants(cpu_variants, host) if backend != "metal" else []
     if not (source_dir / "ggml" / "CMakeLists.txt").is_file():
         variants = []  # not a ggml tree (the tests' stand-in): nothing to dispatch
-    all_variants = variants == backends.cpu_variants(host.os, host.arch)
+    all_variants = variants == backends.host_cpu_variants(host)
 
     entry = doctor.require(backend, host, extra_include_dirs=[Path(vulkan_include_dir)] if vulkan_include_dir else [])
     commit, dirty = source_commit(source_dir)
@@ -565,11 +578,15 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
             variant_targets = [f"ggml-cpu-{v}" for v in variants]
     cmake = doctor.find_pypi_program("cmake")
     ninja = doctor.find_pypi_program("ninja")
-    configure_args = [cmake, "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
-                      f"-DCMAKE_MAKE_PROGRAM={ninja}", *backends.cmake_args(flags), *variant_args,
-                      *relative_file_args(host, source_dir, build_dir), *env_cmake_args(), *extra_cmake_args]
 
     from_scratch = claim_build_dir(build_dir, backend, source_dir, reconfigure=reconfigure, fresh=fresh)
+    # a cross build: the toolchain file, its rules override and (when the headers need it) the compat
+    # header, written into the build dir once it is ours
+    setup = cross.configure(host, build_dir) if cross else {"cmake_args": [], "c_flags": [], "compat": []}
+    configure_args = [cmake, "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
+                      f"-DCMAKE_MAKE_PROGRAM={ninja}", *setup["cmake_args"], *backends.cmake_args(flags),
+                      *variant_args, *relative_file_args(host, source_dir, build_dir, setup["c_flags"]),
+                      *env_cmake_args(), *extra_cmake_args]
     env = build_env(backend, host, source_dir, build_dir)
     if variants:
         (build_dir / VARIANTS_INCLUDE).write_text(_VARIANTS_CMAKE, encoding="utf-8")
@@ -621,6 +638,8 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
             log.close()
             raise _fail(log_path, "build")
 
+    # the toolchain's runtime DLLs (winpthread, libgomp, libgcc_s) beside the binaries that import them
+    runtime = cross.stage_runtime(host, build_dir) if cross else []
     binaries, libraries = _binaries(build_dir, targets, host)
     missing = [t for t in targets if t.startswith("llama-") and not any(Path(b).stem == t for b in binaries)]
     if ALL_TARGETS in targets and not binaries:
@@ -644,7 +663,7 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
                                     doctor.probe("openssl-headers", host).install or "install libssl-dev")
     section = {
         "backend": backend,
-        "host": {"os": host.os, "arch": host.arch},
+        "host": {"os": host.os, "arch": host.arch, **({"build_os": host.build_os} if host.cross else {})},
         "source_dir": str(source_dir),
         "source_commit": commit,
         "source_dirty": dirty,
@@ -654,7 +673,9 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
         "flags": flags,
         "extra_cmake_args": extra_cmake_args,
         "cmake_args_env": env_cmake_args(),  # DFBUILD_CMAKE_ARGS
-        "toolchain": doctor.toolchain_versions(entry),
+        "toolchain": {**doctor.toolchain_versions(entry), **(cross.toolchain_versions(host) if cross else {})},
+        **({"cross": {"toolchain": platforms.cross_entry(host).get("toolchain"), "compat": setup["compat"],
+                      "runtime_dlls": runtime}} if cross else {}),
         "targets": targets,
         "cpu_variants": variants,
         "tls": ("OpenSSL (the system's libssl)" if cache.get("OPENSSL_VERSION_SUPPORTED")

@@ -281,7 +281,7 @@ def _probe_msvc(spec: dict, host: Host) -> tuple[str | None, str | None]:
 def probe(name: str, host: Host, *, optional: bool = False, extra_include_dirs: list[Path] = ()) -> Probe:
     spec = backends.table()["probes"][name]
     kind = spec["kind"]
-    if host.os == "windows" and spec.get("windows_kind"):
+    if host.os == "windows" and not host.cross and spec.get("windows_kind"):
         kind = spec["windows_kind"]
     if kind == "program":
         path, version = _probe_program(spec, host)
@@ -334,8 +334,27 @@ def check_backend(backend: str, host: Host | None = None, *, extra_include_dirs:
         return entry
 
     common = backends.table()["common"]
-    wanted = [(name, False) for name in (*common["probes"], *common.get("host_probes", {}).get(host.os, ()),
-                                          *spec.probes)]
+    if host.cross:
+        # a cross build (--os windows on Linux): the target's cross compilers instead of the native
+        # ones, no host TLS library (targets.toml says why), and what runs the binaries here
+        from . import platforms
+
+        target = platforms.cross_entry(host)
+        entry["target"] = {"os": host.os, "arch": host.arch, "build_os": host.build_os,
+                           "toolchain": target.get("toolchain")}
+        if spec.name not in target.get("backends", ("cpu",)):
+            entry["reason"] = target.get("not_backends", {}).get(
+                spec.name, f"the {spec.name} backend is not cross-built for {host.os} here")
+            entry["install"] = [entry["reason"]]
+            return entry
+        native = {"c-compiler", "cxx-compiler"}
+        wanted = [(name, False) for name in (*target.get("probes", ()),
+                                              *(p for p in common["probes"] if p not in native), *spec.probes)]
+        run_probes = tuple(target.get("run_probes", ()))
+    else:
+        wanted = [(name, False) for name in (*common["probes"], *common.get("host_probes", {}).get(host.os, ()),
+                                              *spec.probes)]
+        run_probes = ()
     wanted += [(name, True) for name in common.get("optional_probes", ())]
     for name, optional in wanted:
         key = (name, tuple(map(str, extra_include_dirs)))
@@ -344,10 +363,20 @@ def check_backend(backend: str, host: Host | None = None, *, extra_include_dirs:
         entry["toolchain"].append(cache[key].as_dict())
     for name in spec.runtime_probes:
         entry["runtime"].append(probe(name, host, optional=True).as_dict())
+    for name in run_probes:  # not needed to build, needed to smoke, prove and verify --run: installed with it
+        entry["runtime"].append(probe(name, host, optional=True).as_dict())
 
     blocking = [p for p in entry["toolchain"] if not p["ok"] and not p["optional"]]
     entry["missing"] = [p["name"] for p in blocking]
     entry["install"] = _dedupe(p["install"] for p in blocking)
+    if host.cross:
+        from .platforms import windows
+
+        unrunnable = [p for p in entry["runtime"] if p["name"] in run_probes and not p["ok"]]
+        entry["missing_to_run"] = [p["name"] for p in unrunnable]
+        if blocking or unrunnable:  # one line for the whole cross toolchain, as the user types it
+            entry["install"] = _dedupe([windows.install_line(host)] + entry["install"]) \
+                if host.os == "windows" else entry["install"]
     entry["can_build"] = not blocking
     if blocking:
         entry["reason"] = "missing: " + "; ".join(
@@ -372,7 +401,9 @@ def doctor(backend: str | None = None, *, host: Host | None = None,
         backends.get(name)  # unknown backend -> UnsupportedBackendError before any probing
     cache: dict = {}
     return {
-        "host": {"os": host.os, "arch": host.arch, "distro": host.distro, "distro_version": host.distro_version},
+        "host": {"os": host.build_os or host.os, "arch": backends.current_host().arch if host.cross else host.arch,
+                 "distro": host.distro, "distro_version": host.distro_version},
+        **({"target": {"os": host.os, "arch": host.arch}} if host.cross else {}),
         "backends": {name: check_backend(name, host, extra_include_dirs=extra_include_dirs, _cache=cache)
                      for name in chosen},
     }

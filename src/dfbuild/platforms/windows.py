@@ -1,0 +1,265 @@
+"""Windows x64 binaries built on Linux (mingw-w64 GCC) and run here through Wine.
+
+What targets.toml's [targets.windows.cross.linux] says, turned into files and
+arguments:
+
+- a CMake toolchain file dfbuild writes into the build dir
+  (CMAKE_SYSTEM_NAME=Windows, the cross compilers, the static libgcc/libstdc++
+  link without re-exports), and a rules override that drops MinGW's "lib"
+  prefix, so ggml finds its CPU variants as ggml-cpu-<variant>.dll;
+- a compatibility header forced into C files only when a test compile shows
+  that the toolchain's headers lack a declaration ggml uses
+  (THREAD_POWER_THROTTLING_STATE in mingw-w64 10: the code that keeps Windows 11
+  from parking ggml's worker threads stays in);
+- the runtime DLLs the binaries import from the toolchain (winpthread, libgomp,
+  libgcc_s_seh), copied beside them into bin/ and shipped with their licenses;
+- how to run a .exe here: `wine`, in a prefix inside dfbuild's cache.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from .. import paths
+from ..backends import Host
+from ..errors import BuildError, ToolchainMissingError
+from . import cross_entry
+
+TOOLCHAIN_NAME = "dfbuild-toolchain-windows.cmake"
+RULES_NAME = "dfbuild-rules-windows.cmake"
+COMPAT_NAME = "dfbuild-mingw-compat.h"
+
+# What each compat check test-compiles (with <windows.h>) and, when that fails, declares.
+# Only plain C types: the header is forced in before any Windows header is read.
+_CHECKS = {
+    "THREAD_POWER_THROTTLING_STATE": (
+        "THREAD_POWER_THROTTLING_STATE t; int main(void) { t.Version = THREAD_POWER_THROTTLING_CURRENT_VERSION; "
+        "t.ControlMask = THREAD_POWER_THROTTLING_EXECUTION_SPEED; "
+        "return SetThreadInformation(0, ThreadPowerThrottling, &t, sizeof(t)); }\n",
+        # winbase.h of mingw-w64 10 has SetThreadInformation and ThreadPowerThrottling, not these:
+        "#ifndef THREAD_POWER_THROTTLING_CURRENT_VERSION\n"
+        "#define THREAD_POWER_THROTTLING_CURRENT_VERSION 1\n"
+        "#define THREAD_POWER_THROTTLING_EXECUTION_SPEED 0x1\n"
+        "#define THREAD_POWER_THROTTLING_VALID_FLAGS (THREAD_POWER_THROTTLING_EXECUTION_SPEED)\n"
+        "typedef struct _THREAD_POWER_THROTTLING_STATE {\n"
+        "  unsigned long Version;\n"
+        "  unsigned long ControlMask;\n"
+        "  unsigned long StateMask;\n"
+        "} THREAD_POWER_THROTTLING_STATE, *PTHREAD_POWER_THROTTLING_STATE;\n"
+        "#endif\n",
+    ),
+}
+
+
+def entry(host: Host) -> dict:
+    return cross_entry(host)
+
+
+def _compiler(host: Host, which: str = "c_compiler") -> str:
+    name = entry(host)[which]
+    found = shutil.which(name)
+    if found is None:
+        raise ToolchainMissingError(f"the Windows cross compiler {name} is not installed",
+                                    install_line(host))
+    return found
+
+
+def install_line(host: Host) -> str:
+    install = entry(host).get("install", {})
+    for key in host.install_keys():
+        if key in install:
+            return install[key]
+    return install.get("linux", "install the mingw-w64 cross compilers and Wine")
+
+
+# --- the compat header ------------------------------------------------------------------
+
+
+def missing_declarations(host: Host) -> list[str]:
+    """The compat checks whose declarations the toolchain's headers lack (a test compile each)."""
+    compiler = _compiler(host)
+    missing = []
+    with tempfile.TemporaryDirectory(prefix="dfbuild-compat-") as tmp:
+        for name in entry(host).get("compat_checks", ()):
+            test, _ = _CHECKS[name]
+            source = Path(tmp) / "check.c"
+            source.write_text("#include <windows.h>\n" + test, encoding="utf-8")
+            result = subprocess.run([compiler, "-fsyntax-only", str(source)], capture_output=True, text=True)
+            if result.returncode != 0:
+                missing.append(name)
+    return missing
+
+
+def compat_header(names: list[str]) -> str:
+    parts = ["/* written by dfbuild: declarations this mingw-w64's headers lack (a test compile showed it),\n"
+             "   forced into C files so that the code using them is compiled, not dropped */\n",
+             "#pragma once\n"]
+    parts += [_CHECKS[name][1] for name in names]
+    return "".join(parts)
+
+
+# --- the toolchain file ---------------------------------------------------------------------
+
+
+def _cmake_list(items) -> str:
+    return " ".join(items)
+
+
+def toolchain_text(host: Host, rules_path: Path) -> str:
+    e = entry(host)
+    link = _cmake_list(e.get("link_flags", ()))
+    return "\n".join([
+        "# written by dfbuild: Windows x64 from Linux with mingw-w64 GCC (targets.toml)",
+        f"set(CMAKE_SYSTEM_NAME {e['system_name']})",
+        f"set(CMAKE_SYSTEM_PROCESSOR {e['system_processor']})",
+        f"set(CMAKE_C_COMPILER {e['c_compiler']})",
+        f"set(CMAKE_CXX_COMPILER {e['cxx_compiler']})",
+        f"set(CMAKE_RC_COMPILER {e['rc_compiler']})",
+        f"set(CMAKE_FIND_ROOT_PATH {e['find_root']})",
+        "set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)",
+        "set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY ONLY)",
+        "set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE ONLY)",
+        "set(CMAKE_FIND_ROOT_PATH_MODE_PACKAGE ONLY)",
+        "# libgcc and libstdc++ inside every binary, none of their symbols exported from a DLL",
+        f'set(CMAKE_EXE_LINKER_FLAGS_INIT "{link}")',
+        f'set(CMAKE_SHARED_LINKER_FLAGS_INIT "{link}")',
+        f'set(CMAKE_MODULE_LINKER_FLAGS_INIT "{link}")',
+        "# read after CMake's Windows-GNU platform file, which sets the lib prefix",
+        f'set(CMAKE_USER_MAKE_RULES_OVERRIDE "{rules_path.as_posix()}")',
+        "",
+    ])
+
+
+RULES_TEXT = """\
+# written by dfbuild: DLLs named as llama.cpp's Windows builds name them (ggml-cpu-x64.dll, llama.dll):
+# ggml's backend loader looks for ggml-<backend>-*.dll on Windows, not libggml-...
+set(CMAKE_SHARED_LIBRARY_PREFIX "")
+set(CMAKE_SHARED_MODULE_PREFIX "")
+set(CMAKE_IMPORT_LIBRARY_PREFIX "")
+"""
+
+
+def configure(host: Host, build_dir: Path) -> dict:
+    """Write the toolchain file, rules override and (when needed) compat header into BUILD_DIR.
+
+    Returns {"cmake_args": [...], "c_flags": [...], "compat": [names], "flags": {...}}: the
+    CMake arguments, the C flags to add, what the compat header supplies, and the target's flags.
+    """
+    build_dir = Path(build_dir)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    missing = missing_declarations(host)
+    c_flags = []
+    if missing:
+        header = build_dir / COMPAT_NAME
+        _write_if_changed(header, compat_header(missing))
+        c_flags = ["-include", str(header)]
+    rules = build_dir / RULES_NAME
+    _write_if_changed(rules, RULES_TEXT)
+    toolchain = build_dir / TOOLCHAIN_NAME
+    _write_if_changed(toolchain, toolchain_text(host, rules))
+    return {"cmake_args": [f"-DCMAKE_TOOLCHAIN_FILE={toolchain}"], "c_flags": c_flags, "compat": missing,
+            "flags": dict(entry(host).get("flags", {}))}
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    """Same bytes: keep the file (and its time: ninja rebuilds nothing)."""
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return
+    except OSError:
+        pass
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def toolchain_versions(host: Host) -> dict[str, str]:
+    """For the manifest: the cross compiler's version and the mingw-w64 headers'."""
+    compiler = _compiler(host)
+    out = subprocess.run([compiler, "-dumpfullversion"], capture_output=True, text=True).stdout.strip()
+    headers = subprocess.run([compiler, "-E", "-dM", "-x", "c", "-"], input="#include <_mingw.h>\n",
+                             capture_output=True, text=True).stdout
+    version = {}
+    for line in headers.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] in ("__MINGW64_VERSION_MAJOR", "__MINGW64_VERSION_MINOR"):
+            version[parts[1]] = parts[2]
+    return {"mingw-gcc": out or None,
+            "mingw-w64-headers": ".".join(version.get(k, "?") for k in ("__MINGW64_VERSION_MAJOR",
+                                                                          "__MINGW64_VERSION_MINOR"))}
+
+
+# --- the runtime DLLs -----------------------------------------------------------------------
+
+
+def runtime_dlls(host: Host) -> dict[str, Path]:
+    """{name: path} of the toolchain's runtime DLLs the binaries import (targets.toml runtime_dlls)."""
+    compiler = _compiler(host)
+    found = {}
+    for name in entry(host).get("runtime_dlls", ()):
+        result = subprocess.run([compiler, f"-print-file-name={name}"], capture_output=True, text=True)
+        path = Path(result.stdout.strip())
+        if not path.is_absolute() or not path.is_file():
+            root = Path(entry(host)["find_root"])
+            path = next((p for p in (root / "lib" / name, root / "bin" / name) if p.is_file()), path)
+        if not path.is_file():
+            raise ToolchainMissingError(f"the toolchain's {name} was not found (the binaries import it)",
+                                        install_line(host))
+        found[name] = path.resolve()
+    return found
+
+
+def stage_runtime(host: Host, build_dir: Path) -> list[str]:
+    """Copy the runtime DLLs into BUILD_DIR/bin (where the .exe and Wine look first); their names."""
+    bin_dir = Path(build_dir) / "bin"
+    if not bin_dir.is_dir():
+        raise BuildError(f"{bin_dir} does not exist after the build", "rebuild with --fresh")
+    names = []
+    for name, source in runtime_dlls(host).items():
+        target = bin_dir / name
+        if not target.is_file() or paths.sha256_file(target) != paths.sha256_file(source):
+            shutil.copyfile(source, target)
+        names.append(name)
+    return names
+
+
+def license_files(host: Host) -> dict[str, Path]:
+    """{name in licenses/: file} for the shipped runtime DLLs (the first that exists of each)."""
+    found = {}
+    for name, candidates in entry(host).get("runtime_licenses", {}).items():
+        path = next((Path(c) for c in candidates if Path(c).is_file()), None)
+        if path is not None:
+            found[name] = path
+    return found
+
+
+# --- running .exe files here ------------------------------------------------------------------
+
+
+def launcher(host: Host) -> list[str]:
+    """The command prefix that runs a Windows program here: [path of wine]."""
+    runner = entry(host).get("runner", ["wine"])
+    program = shutil.which(runner[0])
+    if program is None:
+        raise ToolchainMissingError(f"{runner[0]} is not installed, so Windows programs cannot run here",
+                                    install_line(host))
+    return [program, *runner[1:]]
+
+
+def run_env(host: Host) -> dict[str, str]:
+    """Wine's environment: a prefix in dfbuild's cache (the user's own WINEPREFIX wins), quiet, no prompts."""
+    e = entry(host)
+    env = dict(e.get("runner_env", {}))
+    var = e.get("prefix_env", "WINEPREFIX")
+    env[var] = os.environ.get(var) or str(paths.cache_dir() / e.get("prefix_dir", "wine-prefix"))
+    Path(env[var]).parent.mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def start_timeout(host: Host) -> float | None:
+    value = entry(host).get("start_timeout_s")
+    return float(value) if value else None
