@@ -167,8 +167,12 @@ def _sibling_link(path: Path) -> str:
     return target
 
 
-def collect_payload(build_section: dict, tree: Path, patches_root: Path, series_section: dict) -> list[Entry]:
-    """What the archive ships besides manifest.json, sorted by path."""
+def collect_payload(build_section: dict, tree: Path, patches_root: Path, series_section: dict,
+                    extra_licenses: dict[str, Path] | None = None) -> list[Entry]:
+    """What the archive ships besides manifest.json, sorted by path.
+
+    EXTRA_LICENSES ({name in licenses/: file}): those of shipped toolchain runtimes (a cross build's DLLs).
+    """
     build_dir = Path(build_section["build_dir"])
     entries: dict[str, Entry] = {}
 
@@ -191,6 +195,8 @@ def collect_payload(build_section: dict, tree: Path, patches_root: Path, series_
         for path in sorted(third_party.iterdir()):
             if path.is_file():
                 entries[f"licenses/{path.name}"] = Entry(f"licenses/{path.name}", source=path)
+    for name, path in sorted((extra_licenses or {}).items()):
+        entries[f"licenses/{name}"] = Entry(f"licenses/{name}", source=Path(path))
 
     for concern in series_section.get("concerns", []):
         if concern.get("status") in ("applied", "already-present") and concern.get("file"):
@@ -539,11 +545,13 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
     owned.check(out, [SUMS_NAME, MANIFEST_NAME], ReleaseError, legacy=release_files)  # fail before building
     work.mkdir(parents=True, exist_ok=True)
     tree = work / "src"
-    build_dir = work / f"build-{backend}"
+    # build-cpu, or build-cpu-windows for a cross build (--os windows): one work dir holds both
+    label = build.dir_label(backend, (build_options or {}).get("host"))
+    build_dir = work / f"build-{label}"
     stages: dict[str, dict] = {}
 
-    with paths.locked(work / f"release-{backend}"):
-        state = _State(work / f"release-{backend}.json")
+    with paths.locked(work / f"release-{label}"):
+        state = _State(work / f"release-{label}.json")
 
         with _timed(stages, "checkout", f"checkout {base}"):
             src = source.checkout(base, pr=pr, repo=repo, dest=tree, keep_descendants=True)
@@ -566,9 +574,9 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
             with _timed(stages, "prove", "prove the carried series: build and smoke it unpatched and patched"):
                 proof = prove.prove(base, backend=spec, work=work, repo=repo, pr=pr, patches_dir=patches_dir,
                                     targets=targets, build_options=build_options, smoke_options=smoke_options)
-            build_dir, ser = _proven_release(proof, ser, work, backend)
+            build_dir, ser = _proven_release(proof, ser, work, label)
         # fixed upstream: the release is the unpatched binaries the proof kept, not the tree's HEAD
-        as_is = build_dir == prove.unpatched_dir(work, backend)
+        as_is = build_dir == prove.unpatched_dir(work, label)
 
         with _timed(stages, "build", f"build {backend}") as record:
             if as_is:  # the proof's copy, or the base built again in the tree's build dir when it is gone
@@ -602,7 +610,7 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
                         state.store("smoke", key, smk)
                 record["reused"] = smk is not None
                 if smk is None:
-                    smk = run_smoke_stage(build_dir, fixtures_dir, work / f"smoke-{backend}", spec, plan)
+                    smk = run_smoke_stage(build_dir, fixtures_dir, work / f"smoke-{label}", spec, plan)
                     if not smk.get("passed"):
                         failed = smk.get("failed") or ["?"]
                         raise SmokeFailedError(
@@ -619,7 +627,7 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
         with _timed(stages, "package", f"package into {out}") as record:
             ser = series.released_form(ser)  # the tree's own manifest keeps how this run applied it
             rel = package({"source": src, "series": ser, "build": bld, "smoke": smk}, tree=tree,
-                          patches_root=curated.root, out_dir=out, work_dir=work / f"package-{backend}", state=state,
+                          patches_root=curated.root, out_dir=out, work_dir=work / f"package-{label}", state=state,
                           commit=ser.get("head") if as_is else None)
             record["reused"] = rel.pop("reused")
         state.save()
@@ -636,6 +644,8 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
 
 def _proven_release(proof: dict, ser: dict, work: Path, backend: str) -> tuple[Path, dict]:
     """What a proof lets `release` ship: (build dir, series section), or StillBrokenError.
+
+    BACKEND is the build dirs' label (build.dir_label: cpu, cpu-windows).
 
     Both builds come from the one tree WORK/src (prove.py): fixed ships its build dir,
     fixed upstream the copy of the unpatched binaries (WORK/unpatched/build-<backend>).
@@ -744,7 +754,13 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
     epoch = source_date_epoch(tree, commit)
     version = wheel_version(build_section.get("build_number", 0), series_hash(sections["series"]), backend)
 
-    entries = collect_payload(build_section, tree, patches_root, sections["series"])
+    cross_host = _cross_host(build_section)
+    extra_licenses = {}
+    if cross_host is not None and cross_host.os == "windows":
+        from .platforms import windows  # the shipped runtime DLLs' licenses
+
+        extra_licenses = windows.license_files(cross_host)
+    entries = collect_payload(build_section, tree, patches_root, sections["series"], extra_licenses)
     requires = runtime_requirements(entries) if os_name == "linux" else {}
     if os_name == "linux":
         entries = sorted([*entries, Entry(REQUIRES_NAME, data=_requires_text(requires))], key=lambda e: e.path)
@@ -787,9 +803,10 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
         owned.claim(out_dir, [name], ReleaseError, legacy=release_files)
         made = [(write_archive(out_dir / name, root, all_entries, epoch), "archive")]
         owned.record_produced(made[0][0])  # verify runs binaries by default only from archives made here
-        made.append((build_wheel(bin_dir=wheel_bin, version=version, manifest_bytes=manifest_bytes,
-                                 license_path=Path(tree) / "LICENSE", out_dir=out_dir, work_dir=work_dir, epoch=epoch,
-                                 backend=backend, os_name=os_name), "wheel"))
+        if cross_host is None:  # a cross build ships its archive only: a wheel is built where it runs
+            made.append((build_wheel(bin_dir=wheel_bin, version=version, manifest_bytes=manifest_bytes,
+                                     license_path=Path(tree) / "LICENSE", out_dir=out_dir, work_dir=work_dir,
+                                     epoch=epoch, backend=backend, os_name=os_name), "wheel"))
         if os_name == "windows" and backend == "cuda":
             made.append((cudart_bundle(out_dir, toolkit or "", arch), "cudart"))
         artifacts = [{"name": path.name, "kind": kind, "sha256": sha256_file(path), "size": path.stat().st_size}
@@ -798,6 +815,16 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
         if state:
             state.store("package", key, {"artifacts": artifacts})
     write_sha256sums(out_dir, [a["name"] for a in artifacts])
-    wheel_name = next(a["name"] for a in artifacts if a["kind"] == "wheel")
-    return {**packed, "artifacts": artifacts, "wheel": parse_wheel_name(wheel_name), "sha256sums": SUMS_NAME,
-            "reused": reused}
+    wheel_name = next((a["name"] for a in artifacts if a["kind"] == "wheel"), None)
+    return {**packed, "artifacts": artifacts, "wheel": parse_wheel_name(wheel_name) if wheel_name else None,
+            "sha256sums": SUMS_NAME, "reused": reused}
+
+
+def _cross_host(build_section: dict) -> "backends.Host | None":
+    """The cross target a build section was made for (--os windows on Linux), or None for a native build."""
+    host = build_section.get("host") or {}
+    if not host.get("build_os") or host.get("build_os") == host.get("os"):
+        return None
+    here = backends.current_host()
+    return backends.Host(host["os"], host.get("arch") or here.arch, here.distro, here.distro_version,
+                         build_os=host["build_os"])

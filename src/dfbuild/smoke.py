@@ -41,9 +41,37 @@ START_TIMEOUT_ENV = "DFBUILD_START_TIMEOUT"
 
 
 def server_binary(build_dir: Path) -> Path:
-    """`B/bin/llama-server` (`.exe` on Windows), as CMake lays it out."""
-    name = "llama-server.exe" if sys.platform == "win32" else "llama-server"
-    return Path(build_dir) / "bin" / name
+    """`B/bin/llama-server` (`.exe` on Windows), as CMake lays it out; a Windows build made here
+    (`--os windows` on Linux) has only the `.exe`, which runs through Wine (launcher_for)."""
+    native, other = ("llama-server.exe", "llama-server") if sys.platform == "win32" else ("llama-server",
+                                                                                           "llama-server.exe")
+    path = Path(build_dir) / "bin" / native
+    if not path.is_file() and (Path(build_dir) / "bin" / other).is_file():
+        return Path(build_dir) / "bin" / other
+    return path
+
+
+def launcher_for(binary: Path) -> tuple[list[str], dict[str, str]]:
+    """(command prefix, environment) that runs BINARY here: nothing for a native program; for a
+    Windows .exe on Linux, Wine in a prefix of dfbuild's cache (platforms.windows)."""
+    if Path(binary).suffix.lower() != ".exe" or sys.platform == "win32":
+        return [], {}
+    from . import platforms
+    from .platforms import windows
+
+    host = platforms.target_host("windows")  # refused (exit 33) where no cross entry says how
+    return windows.launcher(host), windows.run_env(host)
+
+
+def exe_start_timeout(binary: Path) -> float | None:
+    """The target's start timeout for a program that runs through a launcher (Wine's first start
+    makes its prefix), or None for a native one."""
+    if not launcher_for(binary)[0]:
+        return None
+    from . import platforms
+    from .platforms import windows
+
+    return windows.start_timeout(platforms.target_host("windows"))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -107,6 +135,8 @@ class LlamaServer:
                  start_timeout: float = DEFAULT_START_TIMEOUT, stop_timeout: float = 10.0, host: str = "127.0.0.1",
                  request_timeout: float = DEFAULT_REQUEST_TIMEOUT):
         self.binary = Path(binary)
+        # a Windows .exe on Linux runs through Wine: that prefix, and Wine's environment
+        self.launcher, launch_env = launcher_for(self.binary) if self.binary.is_file() else ([], {})
         self.args = [str(a) for a in args]
         self.log_path = Path(log_path)
         self.host = host
@@ -115,13 +145,13 @@ class LlamaServer:
         self.stop_timeout = stop_timeout
         self.request_timeout = request_timeout
         base_env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
-        self.env = base_env | (env or {})
+        self.env = base_env | launch_env | (env or {})
         self.process: subprocess.Popen | None = None
         self._log_file = None
 
     @property
     def command(self) -> list[str]:
-        return [str(self.binary), *self.args, "--host", self.host, "--port", str(self.port)]
+        return [*self.launcher, str(self.binary), *self.args, "--host", self.host, "--port", str(self.port)]
 
     def url(self, path: str) -> str:
         return f"http://{self.host}:{self.port}{path}"
@@ -880,7 +910,9 @@ def list_devices(binary: Path, env: dict | None = None, timeout: float = LIST_DE
     Raises OSError or subprocess errors when the binary cannot say.
     """
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
-    done = subprocess.run([str(binary), "--list-devices"], env=base_env | (env or {}), stdin=subprocess.DEVNULL,
+    prefix, launch_env = launcher_for(binary)
+    done = subprocess.run([*prefix, str(binary), "--list-devices"], env=base_env | launch_env | (env or {}),
+                          stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, errors="replace", timeout=timeout, check=True)
     lines = done.stdout.splitlines()
     start = next((i for i, line in enumerate(lines) if line.strip() == "Available devices:"), None)
@@ -930,8 +962,12 @@ def plan(how, build_dir: Path, *, table: str | None = None, start_timeout: float
     chosen_scenarios = tuple(software["scenarios"]) if table == "software" else DEFAULT_SCENARIOS
     if sets or scenarios:
         table = "custom"
+    timeout = start_timeout_for(how, start_timeout)
+    if start_timeout is None and not os.environ.get(START_TIMEOUT_ENV, "").strip():
+        # a Windows build run here through Wine: its first start makes the Wine prefix
+        timeout = max(timeout, exe_start_timeout(server_binary(build_dir)) or 0)
     return Plan(backend=how.name, sets=tuple(sets or chosen_sets), scenarios=tuple(scenarios or chosen_scenarios),
-                table=table, device=device, start_timeout=start_timeout_for(how, start_timeout),
+                table=table, device=device, start_timeout=timeout,
                 server_args=tuple(how.smoke_server_args), env=env, identity=identity_for(how), note=note)
 
 

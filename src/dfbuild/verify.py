@@ -105,6 +105,10 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
     for name_, member in sorted(actual.items()):
         if member.kind == "file" and member.data:
             _elf_problems(path.name, name_, member.data, problems, needs)
+    pe_count = _pe_problems(path.name, actual, packed.get("arch"), problems)
+    if pe_count:
+        notes.append(f"{path.name}: {pe_count} PE files are {packed.get('arch')}, import only DLLs in the archive "
+                     "or Windows system DLLs, and name no build path")
     notes.append(f"{path.name}: {len(actual)} files match its manifest")
     if glibc is not None and needs:
         glibc[path.name] = {n: elf.version_text(v) for n, v in sorted(needs.items())}
@@ -125,7 +129,7 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
         return embedded
     elif not run_binaries:
         why = not_run_why
-    elif (packed.get("os"), packed.get("arch")) != (host.os, host.arch):
+    elif (packed.get("os"), packed.get("arch")) != (host.os, host.arch) and not _runs_here(packed, host):
         why = f"built for {packed.get('os')}/{packed.get('arch')}, not run on {host.os}/{host.arch}"
     else:
         why = _run_version(path, members, root, exe, patched, problems, notes)
@@ -147,6 +151,50 @@ def version_commit(output: str) -> str | None:
 
 
 _MISSING_LIBRARY = re.compile(r"error while loading shared libraries: ([^:\s]+)")
+# Wine: "err:module:import_dll Library libwinpthread-1.dll (which is needed by ...) not found"
+_MISSING_DLL = re.compile(r"Library (\S+\.dll) \(which is needed by [^)]*\) not found", re.IGNORECASE)
+RUN_TIMEOUT_S = 300  # Wine's first start makes its prefix
+
+
+def _runs_here(packed: dict, host: backends.Host) -> bool:
+    """A Windows x64 archive runs on a Linux x64 host through Wine (targets.toml: the cross entry's runner)."""
+    if packed.get("os") != "windows" or host.os != "linux" or packed.get("arch") != host.arch:
+        return False
+    import shutil
+
+    from . import platforms
+
+    runner = platforms.table()["targets"]["windows"].get("cross", {}).get(host.os, {}).get("runner")
+    return bool(runner) and shutil.which(runner[0]) is not None  # no Wine here: the stamp is checked instead
+
+
+def _pe_problems(label: str, actual: dict[str, Member], arch: str | None, problems: list[str]) -> int:
+    """Every PE file of an archive: the archive's machine, every imported DLL inside the archive or a
+    Windows system DLL, no absolute build path. Returns how many PE files there were."""
+    from . import pe
+
+    files = {n: m for n, m in actual.items() if m.kind == "file" and m.data}
+    shipped = {PurePosixPath(n).name for n in files}
+    count = 0
+    for name_, member in sorted(files.items()):
+        if not pe.is_pe(member.data):
+            continue
+        count += 1
+        try:
+            info = pe.read(member.data)
+        except Exception as exc:  # noqa: BLE001 - a damaged PE is a finding, not a crash
+            problems.append(f"{label}: {name_} cannot be read as PE ({exc})")
+            continue
+        if arch and info.machine != arch:
+            problems.append(f"{label}: {name_} is a {info.machine} PE file, not {arch}")
+        missing = pe.unresolved_imports(info, shipped)
+        if missing:
+            problems.append(f"{label}: {name_} imports {', '.join(missing)}, which is neither in the archive nor "
+                            "a Windows system DLL (Windows would refuse to start it)")
+        paths_found = pe.absolute_paths(member.data)
+        if paths_found:
+            problems.append(f"{label}: {name_} names an absolute build path: {', '.join(paths_found)}")
+    return count
 
 
 def _run_version(path: Path, members: list[Member], root: str, exe: str, patched: str,
@@ -156,14 +204,18 @@ def _run_version(path: Path, members: list[Member], root: str, exe: str, patched
         extract_members(members, Path(tmp))
         binary = Path(tmp) / root / exe
         env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH")}
+        from .smoke import launcher_for  # a Windows .exe on Linux runs through Wine
+
+        prefix, launch_env = launcher_for(binary)
         try:
-            result = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=120,
-                                    cwd=tmp, env=env, errors="replace")
+            result = subprocess.run([*prefix, str(binary), "--version"], capture_output=True, text=True,
+                                    timeout=RUN_TIMEOUT_S if prefix else 120, cwd=tmp, env=env | launch_env,
+                                    errors="replace")
         except (OSError, subprocess.TimeoutExpired) as exc:
             problems.append(f"{path.name}: the unpacked {exe} does not run: {exc}")
             return None
     output = result.stdout + result.stderr
-    missing = _MISSING_LIBRARY.search(output)
+    missing = _MISSING_LIBRARY.search(output) or _MISSING_DLL.search(output)
     shipped = {PurePosixPath(m.name).name for m in members}
     if result.returncode != 0 and missing and missing.group(1) not in shipped:
         # e.g. libcuda.so.1 comes with the GPU driver, which this machine lacks
