@@ -127,12 +127,15 @@ def machine_facts() -> dict:
 
 def work_locks(work: Path, backend: str) -> list[tuple[str, Path]]:
     """What `prove`, `release` and `track --prove` lock in a work dir: its one tree and build dir. The
-    unpatched binaries a proof keeps (WORK/unpatched) are written only under the tree's lock."""
+    unpatched binaries a proof keeps (WORK/unpatched) are written only under the tree's lock.
+
+    BACKEND here and below is the build dirs' label (build.dir_label): the backend, plus the
+    target OS of a cross build (cpu-windows), so one work dir holds both."""
     return [("tree", Path(work) / "src"), ("build", Path(work) / f"build-{backend}")]
 
 
 def unpatched_dir(work: Path, backend: str) -> Path:
-    """WORK/unpatched/build-<backend>: the copy of the unpatched binaries that smoke runs."""
+    """WORK/unpatched/build-<label>: the copy of the unpatched binaries that smoke runs."""
     return Path(work) / "unpatched" / f"build-{backend}"
 
 
@@ -141,7 +144,8 @@ def _request_key(commit: str, backend: str, targets, options: dict) -> str:
     wanted = {k: v for k, v in sorted(options.items()) if k not in _RUN_ONLY_OPTIONS and v is not None}
     if "cpu_variants" in wanted:
         try:  # "x64,haswell" and ["x64", "haswell"] ask for the same build
-            wanted["cpu_variants"] = build.parse_cpu_variants(wanted["cpu_variants"], backends.current_host())
+            wanted["cpu_variants"] = build.parse_cpu_variants(wanted["cpu_variants"],
+                                                              options.get("host") or backends.current_host())
         except Exception:  # build_tree says what is wrong with them
             pass
     return _digest([commit, backend, build.parse_targets(targets), wanted, build.env_cmake_args()])
@@ -220,10 +224,11 @@ def build_unpatched(tree: Path, backend: "backends.Backend | str", work: Path, c
     """
     backend = backends.resolve(backend).name
     options = dict(options or {})
+    label = build.dir_label(backend, options.get("host"))
     tree = Path(tree).resolve()
-    folder = unpatched_dir(work, backend)
+    folder = unpatched_dir(work, label)
     key = _request_key(commit, backend, targets, options)
-    kept = read_unpatched(work, backend, key)
+    kept = read_unpatched(work, label, key)
     if kept is not None:
         ui.info(f"    unpatched binaries of {commit[:12]} already built ({folder})")
         return dict(kept, reused=True)
@@ -235,7 +240,7 @@ def build_unpatched(tree: Path, backend: "backends.Backend | str", work: Path, c
     if head != commit:
         _git(tree, "checkout", "-q", "--detach", commit)
     try:
-        built = build.build_tree(tree, backend, Path(work) / f"build-{backend}", targets=targets, **options)
+        built = build.build_tree(tree, backend, Path(work) / f"build-{label}", targets=targets, **options)
         # only a clean build of the base commit is kept as unpatched
         if built.get("source_commit") != commit or built.get("source_dirty"):
             raise BuildError(f"the unpatched build of {tree} was of {built.get('source_commit')}"
@@ -263,7 +268,11 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
     work.mkdir(parents=True, exist_ok=True)
     curated = series.load_series(patches_dir)
     times: dict[str, float] = {}
+    host = (build_options or {}).get("host")
+    label = build.dir_label(backend, host)  # cpu, or cpu-windows for a cross build: its own dirs and record
     proof = {"base": base, "backend": backend}
+    if host is not None and host.cross:
+        proof["os"] = host.os
 
     @contextmanager
     def timed(name: str, title: str):
@@ -293,10 +302,10 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
     smoke_options = smoke_options or {}
     # the asked-for table is part of what was proven (auto may pick the software one)
     table = smoke_options.get("table") or os.environ.get(smoke.TABLE_ENV, "").strip() or "auto"
-    key = _digest([proof["unpatched_commit"], proof["patched_commit"], backend, sorted(sets or []),
+    key = _digest([proof["unpatched_commit"], proof["patched_commit"], label, sorted(sets or []),
                    sorted(scenarios or []), {n: f["sha256"] for n, f in fx.get("files", {}).items()}, LAYOUT]
                   + ([table] if table != "auto" or how.smoke_software else []))
-    record = ProofRecord(work / f"proof-{backend}.json")
+    record = ProofRecord(work / f"proof-{label}.json")
     known = record.get(key)
     if known:
         ui.info(f"    already proven: {known['outcome']} (both commits, fixtures and scenarios unchanged)")
@@ -307,17 +316,17 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
     with timed("build_unpatched", f"build {backend} (unpatched: the base commit)"):
         plain = build_unpatched(tree, how, work, proof["unpatched_commit"], targets=targets, options=options)
     with timed("build_patched", f"build {backend} (patched: incremental, in the same build dir)"):
-        built = build.build_tree(tree, backend, work / f"build-{backend}", targets=targets, **options)
+        built = build.build_tree(tree, backend, work / f"build-{label}", targets=targets, **options)
     manifest.update_tree_manifest(tree, "build", built)
-    proof["builds"] = {label: {"build_dir": section.get("built_in", section["build_dir"]),
+    proof["builds"] = {which: {"build_dir": section.get("built_in", section["build_dir"]),
                                "commit": section.get("source_commit"), "reused": bool(section.get("reused")),
                                "compiled_steps": section.get("compiled_steps"),
                                "compiled_objects": section.get("compiled_objects"),
                                "wall_time_s": section.get("wall_time_s")}
-                       for label, section in (("unpatched", plain), ("patched", built))}
+                       for which, section in (("unpatched", plain), ("patched", built))}
 
     # one plan for both trees, chosen on the unpatched build (the same device either way)
-    plan = smoke.plan(how, unpatched_dir(work, backend), sets=sets, scenarios=scenarios, **smoke_options)
+    plan = smoke.plan(how, unpatched_dir(work, label), sets=sets, scenarios=scenarios, **smoke_options)
     if plan.note:
         ui.warn(plan.note)
     proof["smoke_table"] = {"table": plan.table, "device": plan.device, "sets": list(plan.sets),
@@ -326,31 +335,31 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
     # every set, except on a software device (minutes a server there): the sets its table runs
     load_sets = plan.sets if plan.table == "software" else sorted(fx["sets"])
     with timed("fixtures_load", "the fixture sets load in the unpatched llama-server"):
-        refused = smoke.fixtures_that_do_not_load(smoke.server_binary(unpatched_dir(work, backend)), fx,
-                                                  work / f"smoke-load-{backend}", sets=load_sets, env=plan.env,
+        refused = smoke.fixtures_that_do_not_load(smoke.server_binary(unpatched_dir(work, label)), fx,
+                                                  work / f"smoke-load-{label}", sets=load_sets, env=plan.env,
                                                   extra_server_args=plan.server_args,
                                                   start_timeout=plan.start_timeout)
     if refused:
         # a loader that refuses a fixture fails that set's every scenario, patched or not: no proof
         raise FixtureError(f"{base}'s llama-server does not load fixture set(s) "
                            + "; ".join(f"{name}: {why}" for name, why in refused.items()),
-                           hint=f"the fixtures must suit every DFlash loader; logs in {work / f'smoke-load-{backend}'}")
+                           hint=f"the fixtures must suit every DFlash loader; logs in {work / f'smoke-load-{label}'}")
     proof["fixtures_loaded"] = sorted(load_sets)
 
-    def run(build_dir: Path, label: str) -> dict:
+    def run(build_dir: Path, which: str) -> dict:
         def progress(result: dict) -> None:
             mark = "[green]pass[/green]" if result.get("passed") else "[red]FAIL[/red]"
-            ui.info(f"    {label}: {result.get('scenario')} / {result.get('set')}: {mark}")
+            ui.info(f"    {which}: {result.get('scenario')} / {result.get('set')}: {mark}")
 
-        return smoke.run_smoke(build_dir, fixtures_dir, log_dir=work / f"smoke-{label}-{backend}",
+        return smoke.run_smoke(build_dir, fixtures_dir, log_dir=work / f"smoke-{which}-{label}",
                                on_result=progress, **plan.run_kwargs())
 
     with timed("smoke_unpatched", "smoke the unpatched tree (it should fail)"):
-        unpatched = smoke_summary(run(unpatched_dir(work, backend), "unpatched"))
+        unpatched = smoke_summary(run(unpatched_dir(work, label), "unpatched"))
     patched_section = None
     if not unpatched["passed"]:
         with timed("smoke_patched", "smoke the patched tree"):
-            patched_section = run(work / f"build-{backend}", "patched")
+            patched_section = run(work / f"build-{label}", "patched")
     patched = smoke_summary(patched_section) if patched_section else None
     outcome = verdict(unpatched, patched)
     proof.update({"outcome": outcome, "unpatched": unpatched, "patched": patched, "times": times,

@@ -1,0 +1,149 @@
+"""Windows from Linux, for real: b11434 cross-built with mingw-w64, proved and released, run under Wine.
+
+The same tree as the other real tests (realtrees.REAL_BASE, in the "any head"
+work dir CACHE/work/b11434), built for Windows beside the Linux build
+(build-cpu-windows, the x64 CPU variant, the tests' -O1 flags), the way a user
+runs it (subprocesses of the CLI):
+
+- `dfbuild prove --base b11434 --os windows --cpu-variants x64`: unpatched,
+  llama-server.exe under Wine fails with the upstream symptom; patched, every
+  scenario passes: fixed (exit 0). The patched build compiles only the patch and
+  the stamps, as on Linux;
+- `dfbuild release ... --os windows` in that work dir: the zip users expect,
+  whose smoke is the proof's (same binaries); SHA256SUMS and manifest.json;
+- `dfbuild verify OUT` passes and runs the unpacked llama-server.exe --version
+  under Wine, which names the patched commit and exits;
+- a release from a second work folder gives the same bytes.
+
+Skipped, saying why, without the cross toolchain or Wine (scripts/test.sh
+installs them on Debian).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from dfbuild import pe, smoke
+
+from realtrees import CACHE, REAL_BASE
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the cross build for Windows is checked on Linux"),
+    pytest.mark.skipif(shutil.which("x86_64-w64-mingw32-g++-posix") is None or shutil.which("wine") is None,
+                       reason="needs the mingw-w64 cross compilers and Wine: "
+                              "apt-get install g++-mingw-w64-x86-64-posix gcc-mingw-w64-x86-64-posix wine wine64"),
+]
+
+WORK = CACHE / "work" / REAL_BASE
+VARIANTS = "x64"   # the baseline: any x86-64 CPU (and Wine's)
+
+
+def dfbuild(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dfbuild.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def proof():
+    started = time.monotonic()
+    result = dfbuild("prove", "--base", REAL_BASE, "--os", "windows", "--cpu-variants", VARIANTS,
+                     "--work", WORK, "-j", "2", "--json")
+    assert result.stdout, result.stderr[-4000:]
+    return {"exit": result.returncode, "proof": json.loads(result.stdout), "stderr": result.stderr,
+            "wall_s": time.monotonic() - started}
+
+
+def release_into(out: Path, work: Path) -> dict:
+    result = dfbuild("release", "--base", REAL_BASE, "--backend", "cpu", "--os", "windows",
+                     "--cpu-variants", VARIANTS, "--out", out, "--work", work, "-j", "2", "--json")
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def released(proof, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("windows-release")
+    full = release_into(tmp / "out", WORK)
+    return {"tmp": tmp, "out": tmp / "out", "manifest": full}
+
+
+def test_prove_under_wine_unpatched_fails_with_the_symptom_and_patched_passes(proof):
+    p = proof["proof"]
+    assert proof["exit"] == 0, proof["stderr"][-3000:]
+    assert p["outcome"] == "fixed" and p["os"] == "windows"
+    assert not p["unpatched"]["passed"] and p["unpatched"]["upstream_symptom"], p["unpatched"]
+    assert p["patched"]["passed"] and p["patched"]["runs"] == p["unpatched"]["runs"]
+    builds = p["builds"]
+    assert builds["unpatched"]["build_dir"] == builds["patched"]["build_dir"] == str(WORK / "build-cpu-windows")
+    compiled = {Path(o).name for o in builds["patched"]["compiled_objects"]}
+    assert compiled <= {"speculative.cpp.obj", "build-info.cpp.obj", "ggml.c.obj"}, compiled
+
+
+def test_the_zip_users_expect(released):
+    rel = released["manifest"]["release"]
+    name = rel["archive"]
+    assert name.startswith(f"llama-{REAL_BASE}-") and name.endswith("-dflash-bin-win-cpu-x64.zip")
+    assert sorted(p.name for p in released["out"].iterdir() if not p.name.startswith(".")) == sorted(
+        [name, "SHA256SUMS", "manifest.json"])
+    root = name[:-len(".zip")]
+    with zipfile.ZipFile(released["out"] / name) as zf:
+        names = {n[len(root) + 1:] for n in zf.namelist() if n != root + "/"}
+        data = {n: zf.read(root + "/" + n) for n in names if not n.endswith("/")}
+    for needed in ("bin/llama-server.exe", "bin/ggml-cpu-x64.dll", "bin/ggml-base.dll", "bin/ggml.dll",
+                   "bin/llama.dll", "bin/libwinpthread-1.dll", "bin/libgomp-1.dll", "bin/libgcc_s_seh-1.dll",
+                   "LICENSE", "manifest.json"):
+        assert needed in names, sorted(names)
+    assert any(n.startswith("licenses/") for n in names) and any(n.startswith("patches/") for n in names)
+    # every import resolves inside the zip or to Windows itself; no libgcc symbol re-exported by our DLLs
+    shipped = {Path(n).name for n in names}
+    for member, content in data.items():
+        if pe.is_pe(content):
+            info = pe.read(content)
+            assert info.machine == "x64"
+            assert pe.unresolved_imports(info, shipped) == [], (member, info.imports)
+    built = released["manifest"]["build"]
+    assert built["cross"]["compat"] == ["THREAD_POWER_THROTTLING_STATE"] or built["cross"]["compat"] == []
+
+
+def test_verify_passes_and_runs_the_exe_under_wine(released):
+    result = dfbuild("verify", released["out"], "--json")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert any("llama-server.exe --version names the patched commit" in n for n in report["checked"]), report
+
+
+def test_the_unzipped_server_names_the_patched_commit_and_exits_under_wine(released, tmp_path):
+    name = released["manifest"]["release"]["archive"]
+    with zipfile.ZipFile(released["out"] / name) as zf:
+        zf.extractall(tmp_path)
+    exe = tmp_path / name[:-len(".zip")] / "bin" / "llama-server.exe"
+    prefix, env = smoke.launcher_for(exe)
+    started = time.monotonic()
+    result = subprocess.run([*prefix, str(exe), "--version"], capture_output=True, text=True, timeout=120,
+                            env={**__import__("os").environ, **env})
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-2000:]
+    assert released["manifest"]["series"]["head"][:8] in output, output[-2000:]
+    assert time.monotonic() - started < 60, "llama-server.exe --version did not exit promptly under Wine"
+
+
+def test_two_work_folders_give_the_same_zip(released, tmp_path):
+    other = release_into(tmp_path / "out", tmp_path / "elsewhere" / "work")
+    first = released["out"] / released["manifest"]["release"]["archive"]
+    second = tmp_path / "out" / other["release"]["archive"]
+    assert second.name == first.name
+    if first.read_bytes() != second.read_bytes():
+        with zipfile.ZipFile(first) as a, zipfile.ZipFile(second) as b:
+            differ = sorted(n for n in set(a.namelist()) | set(b.namelist())
+                            if n not in b.namelist() or n not in a.namelist() or a.read(n) != b.read(n))
+        pytest.fail(f"the zip depends on the work folder: {differ}")
