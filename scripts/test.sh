@@ -9,8 +9,11 @@ mkdir -p "$DFBUILD_TEST_CACHE"
 
 # Debian packages the integration tests use (CI machines run Debian 12 or 13):
 # libssl-dev (llama-server's TLS for -hf), qemu-user (runs the archived server as
-# an old CPU), python3-venv (the second venv below).
-debian_packages=(ccache git libssl-dev qemu-user python3-venv)
+# an old CPU), python3-venv (the second venv below), and the Windows cross
+# toolchain with Wine (`--os windows`: `dfbuild doctor --backend cpu --os windows`
+# names the same packages; targets.toml holds them).
+debian_packages=(ccache git libssl-dev qemu-user python3-venv
+                 g++-mingw-w64-x86-64-posix gcc-mingw-w64-x86-64-posix wine wine64)
 missing=()
 for pkg in "${debian_packages[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

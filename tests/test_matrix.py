@@ -55,10 +55,25 @@ def test_gpu_toolkits_come_in_their_vendor_containers():
 
 
 def test_every_entry_has_the_tables_flags():
+    from dfbuild import platforms
+
     for entry in matrix_json()["include"]:
         nvcc = backends.version_tuple(entry["toolkit"]) if entry["backend"] == "cuda" else None
-        assert entry["flags"] == backends.cmake_flags(entry["backend"], entry["os"], nvcc_version=nvcc,
-                                                      arch=entry["arch"]), entry["id"]
+        expected = backends.cmake_flags(entry["backend"], entry["os"], nvcc_version=nvcc, arch=entry["arch"])
+        if entry["build_os"]:  # a cross build: the target table's flags on top
+            expected.update(platforms.table()["targets"][entry["os"]]["cross"][entry["build_os"]]["flags"])
+        assert entry["flags"] == expected, entry["id"]
+
+
+def test_the_published_win_cpu_zip_is_cross_built_and_the_msvc_build_is_a_check():
+    by_id = {e["id"]: e for e in matrix.release_matrix()}
+    cross, msvc = by_id["windows-cpu-x64"], by_id["windows-cpu-x64-msvc"]
+    assert cross["build_os"] == "linux" and cross["os_args"] == "--os windows" and cross["publish"]
+    assert cross["runner"].startswith("ubuntu-") and "mingw-w64" in cross["setup"] and "wine" in cross["setup"]
+    assert msvc["runner"].startswith("windows-") and msvc["publish"] is False and msvc["os_args"] == ""
+    # one zip per name in the release: only one published entry makes each artifact
+    published = [e["artifact"] for e in by_id.values() if e["publish"]]
+    assert len(published) == len(set(published))
 
 
 def test_dfbuild_build_on_each_runner_uses_the_entrys_flags():
@@ -66,8 +81,8 @@ def test_dfbuild_build_on_each_runner_uses_the_entrys_flags():
     for entry in matrix.release_matrix():
         probes = {"toolchain": [{"name": "nvcc", "found": True, "ok": True, "optional": False,
                                  "path": "nvcc", "version": entry["toolkit"] or "12.8"}]}
-        flags = build.build_flags(entry["backend"], Host(entry["os"], entry["arch"]), commit="c", number=1,
-                                  entry=probes)
+        host = Host(entry["os"], entry["arch"], build_os=entry["build_os"] or None)
+        flags = build.build_flags(entry["backend"], host, commit="c", number=1, entry=probes)
         static = {k: v for k, v in flags.items() if k not in PER_BUILD}
         assert static == entry["flags"], entry["id"]
 

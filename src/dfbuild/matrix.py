@@ -109,13 +109,23 @@ def release_matrix(tag: str = TAG_PLACEHOLDER) -> list[dict]:
         if not spec.builds_on(os_name):
             raise DfbuildError(f"release entry {os_name}/{backend}/{arch}: {spec.why_not_on(os_name)}",
                                "fix the [[release]] table in backends.toml")
-        ident = entry_id(os_name, backend, arch, toolkit)
+        ident = entry_id(os_name, backend, arch, toolkit) + (f"-{row['variant']}" if row.get("variant") else "")
         if ident in seen:
             raise DfbuildError(f"release entry {ident} is listed twice", "fix the [[release]] table in backends.toml")
         seen.add(ident)
         image, glibc = _linux_floor(ident, row) if os_name == "linux" else (row.get("image", row["runner"]), "")
         nvcc = backends.version_tuple(toolkit) if (toolkit and backend == "cuda") else None
         extra = [cudart_name(toolkit, arch)] if (backend == "cuda" and os_name == "windows") else []
+        flags = backends.cmake_flags(backend, os_name, nvcc_version=nvcc, arch=arch)
+        build_os = row.get("build_os", "")
+        if build_os and build_os != os_name:  # a cross build (--os): the target's flags on top (targets.toml)
+            from . import platforms
+
+            cross = platforms.table()["targets"][os_name].get("cross", {}).get(build_os)
+            if cross is None:
+                raise DfbuildError(f"release entry {ident}: no cross toolchain for {os_name} on {build_os}",
+                                   "fix the [[release]] table in backends.toml (or targets.toml)")
+            flags.update(cross.get("flags", {}))
         entries.append({
             "id": ident,
             "os": os_name,
@@ -127,7 +137,10 @@ def release_matrix(tag: str = TAG_PLACEHOLDER) -> list[dict]:
             "image": image,    # where the binaries are linked
             "glibc": glibc,    # Linux: the oldest glibc they start on (the image's)
             "setup": row.get("setup", ""),
-            "flags": backends.cmake_flags(backend, os_name, nvcc_version=nvcc, arch=arch),
+            "build_os": build_os,                        # set: a cross build, `dfbuild ... --os <os>` there
+            "os_args": f"--os {os_name}" if build_os and build_os != os_name else "",
+            "publish": bool(row.get("publish", True)),   # false: a check of another path, never released
+            "flags": flags,
             "artifact": artifact_name(tag, os_name, backend, arch, toolkit),
             "extra_artifacts": extra,
         })
