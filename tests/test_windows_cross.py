@@ -74,7 +74,8 @@ def test_cross_flags_turn_on_shared_libraries_and_say_what_tls_is():
 
 
 def test_the_toolchain_file_dfbuild_writes(tmp_path):
-    text = windows.toolchain_text(WINDOWS_ON_LINUX, tmp_path / "rules.cmake")
+    text = windows.toolchain_text(WINDOWS_ON_LINUX, tmp_path / "rules.cmake", tmp_path / "exit.obj")
+    assert f"-Wl,--wrap=exit,--exclude-symbols,__wrap_exit {(tmp_path / 'exit.obj').as_posix()}" in text
     assert "set(CMAKE_SYSTEM_NAME Windows)" in text
     assert "x86_64-w64-mingw32-g++-posix" in text
     assert "-static-libgcc -static-libstdc++ -Wl,--exclude-libs,ALL -Wl,--no-insert-timestamp" in text
@@ -275,3 +276,76 @@ def test_verify_runs_the_exe_under_wine_only_when_every_check_passed(windows_inp
     assert not report["ok"]
     assert any("not run: another check of this directory failed" in n or "not run: the archive failed" in n
                for n in report["checked"] + report["problems"]), report
+
+
+# --- exit(): llama-server.exe --version must end --------------------------------------------------
+
+_GC_DLL = """\
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+// what llama-server's stream session manager does: a thread waiting on a condition variable,
+// started before the arguments are parsed, stopped by a static destructor
+struct gc {
+  std::thread t; std::mutex m; std::condition_variable cv; bool running = false;
+  void start() { { std::lock_guard<std::mutex> l(m); running = true; }
+    t = std::thread([this] { std::unique_lock<std::mutex> l(m);
+                             cv.wait_for(l, std::chrono::seconds(600), [this] { return !running; }); }); }
+  ~gc() { { std::lock_guard<std::mutex> l(m); running = false; } cv.notify_all(); if (t.joinable()) t.join(); }
+};
+static gc g;
+extern "C" __declspec(dllexport) void start_gc() { g.start(); }
+"""
+_GC_MAIN = """\
+#include <cstdio>
+#include <cstdlib>
+#include <windows.h>
+extern "C" __declspec(dllimport) void start_gc();
+int main() { start_gc(); Sleep(300); printf("version: 1\\n"); exit(3); }   // as --version does, from arg.cpp
+"""
+
+
+def _exits_within(exe: Path, seconds: float) -> int | None:
+    """EXE's exit code under Wine, or None when it is still running after SECONDS (then killed)."""
+    from dfbuild import smoke
+
+    prefix, env = smoke.launcher_for(exe)
+    with open(exe.with_suffix(".log"), "wb") as log:  # a file: Wine's services keep inherited pipes open
+        process = subprocess.Popen([*prefix, str(exe)], stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, env={**__import__("os").environ, **env},
+                                   cwd=exe.parent)
+        try:
+            return process.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            return None
+
+
+@needs_mingw
+@pytest.mark.integration
+@pytest.mark.skipif(WINE is None, reason="wine is not installed (apt-get install wine wine64)")
+def test_exit_with_a_waiting_thread_ends_only_with_dfbuilds_exit_wrapper(tmp_path):
+    host = platforms.target_host("windows")
+    obj = windows.exit_wrapper(host, tmp_path)
+    (tmp_path / "gc.cpp").write_text(_GC_DLL)
+    (tmp_path / "main.cpp").write_text(_GC_MAIN)
+    gxx = shutil.which("x86_64-w64-mingw32-g++-posix")
+    for name, wrap in (("plain", []), ("wrapped", ["-Wl,--wrap=exit,--exclude-symbols,__wrap_exit", str(obj)])):
+        out = tmp_path / name
+        out.mkdir()
+        flags = ["-static-libgcc", "-static-libstdc++", "-Wl,--exclude-libs,ALL", *wrap]
+        subprocess.run([gxx, "-shared", "-o", out / "gc.dll", tmp_path / "gc.cpp", *flags,
+                        f"-Wl,--out-implib,{out / 'libgc.dll.a'}"], check=True, capture_output=True)
+        subprocess.run([gxx, "-o", out / "t.exe", tmp_path / "main.cpp", f"-L{out}", "-lgc", *flags],
+                       check=True, capture_output=True)
+        for dll in windows.runtime_dlls(host).values():
+            shutil.copy(dll, out)
+    # mingw-w64's own exit(): the thread dies inside winpthread's condition wait and the static
+    # destructor's pthread_cond_destroy waits for it forever
+    assert _exits_within(tmp_path / "plain" / "t.exe", 15) is None
+    # dfbuild's: flushed, ended with the exit code
+    assert _exits_within(tmp_path / "wrapped" / "t.exe", 60) == 3
+    assert (tmp_path / "wrapped" / "t.log").read_text().strip().endswith("version: 1")

@@ -32,6 +32,28 @@ from . import cross_entry
 TOOLCHAIN_NAME = "dfbuild-toolchain-windows.cmake"
 RULES_NAME = "dfbuild-rules-windows.cmake"
 COMPAT_NAME = "dfbuild-mingw-compat.h"
+EXIT_NAME = "dfbuild-mingw-exit"
+
+# exit() that ends the process without DLL_PROCESS_DETACH, linked into every binary with
+# `-Wl,--wrap=exit`. Why: llama-server starts a thread (the stream sessions' GC, waiting on a
+# std::condition_variable) before it parses its arguments, so `--version`, `--help` and an argument
+# error end the process while that thread waits. ExitProcess kills the thread inside winpthread's
+# condition wait, and the DLL's static destructors then destroy that condition variable:
+# winpthread's pthread_cond_destroy waits forever for the dead waiter (MSVC's does not). Windows
+# hangs there as Wine does. So exit() flushes every C stream (std::cout/cerr are synced with
+# them) and terminates the process with its exit code, as Windows' own guidance for process exit
+# suggests (no cleanup at process exit); a clean server shutdown has joined its threads and freed
+# its models before it returns from main, so nothing is lost.
+EXIT_SOURCE = """\
+/* written by dfbuild: exit() without DLL_PROCESS_DETACH (see platforms/windows.py) */
+#include <stdio.h>
+#include <windows.h>
+void __wrap_exit(int code) {
+  fflush(NULL);
+  TerminateProcess(GetCurrentProcess(), (UINT) code);
+  ExitProcess((UINT) code);
+}
+"""
 
 # What each compat check test-compiles (with <windows.h>) and, when that fails, declares.
 # Only plain C types: the header is forced in before any Windows header is read.
@@ -109,9 +131,11 @@ def _cmake_list(items) -> str:
     return " ".join(items)
 
 
-def toolchain_text(host: Host, rules_path: Path) -> str:
+def toolchain_text(host: Host, rules_path: Path, exit_object: Path | None = None) -> str:
     e = entry(host)
-    link = _cmake_list(e.get("link_flags", ()))
+    link = _cmake_list([*e.get("link_flags", ()),
+                        *([f"-Wl,--wrap=exit,--exclude-symbols,__wrap_exit {exit_object.as_posix()}"]
+                          if exit_object else [])])
     return "\n".join([
         "# written by dfbuild: Windows x64 from Linux with mingw-w64 GCC (targets.toml)",
         f"set(CMAKE_SYSTEM_NAME {e['system_name']})",
@@ -159,10 +183,25 @@ def configure(host: Host, build_dir: Path) -> dict:
         c_flags = ["-include", str(header)]
     rules = build_dir / RULES_NAME
     _write_if_changed(rules, RULES_TEXT)
+    exit_object = exit_wrapper(host, build_dir)
     toolchain = build_dir / TOOLCHAIN_NAME
-    _write_if_changed(toolchain, toolchain_text(host, rules))
+    _write_if_changed(toolchain, toolchain_text(host, rules, exit_object))
     return {"cmake_args": [f"-DCMAKE_TOOLCHAIN_FILE={toolchain}"], "c_flags": c_flags, "compat": missing,
             "flags": dict(entry(host).get("flags", {}))}
+
+
+def exit_wrapper(host: Host, build_dir: Path) -> Path:
+    """Compile EXIT_SOURCE into BUILD_DIR (again only when it changed); the object every link gets."""
+    source = Path(build_dir) / f"{EXIT_NAME}.c"
+    obj = Path(build_dir) / f"{EXIT_NAME}.obj"
+    _write_if_changed(source, EXIT_SOURCE)
+    if not obj.is_file() or obj.stat().st_mtime_ns < source.stat().st_mtime_ns:
+        result = subprocess.run([_compiler(host), "-O2", "-c", str(source), "-o", str(obj)],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise BuildError(f"the cross compiler cannot compile {source.name}: {result.stderr.strip()[-300:]}",
+                             install_line(host))
+    return obj
 
 
 def _write_if_changed(path: Path, text: str) -> None:
