@@ -776,6 +776,9 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
         "root": root,
         "source_date_epoch": epoch,
         "cpu_variants": build_section.get("cpu_variants", []),
+        # a cross build's toolchain DLLs, shipped as the distribution built them (verify names them apart)
+        **({"runtime_dlls": [f"bin/{n}" for n in (build_section.get("cross") or {}).get("runtime_dlls", [])]}
+           if cross_host is not None else {}),
         "requires": requires,
         "wheel_dist": wheel_package(backend).replace("_", "-"),
         "wheel_version": version,
