@@ -255,6 +255,17 @@ def test_verify_fails_a_pe_file_that_names_a_build_path_or_the_wrong_machine(win
     info = pe.read((build_dir / "bin" / "llama.dll").read_bytes())
     assert info.machine == "x64"
 
+    # the same DLL claiming to be for ARM64 (IMAGE_FILE_MACHINE_ARM64 in its COFF header)
+    _mingw(build_dir, "-shared", "-o", "bin/llama.dll", "llama.c")  # no planted path this time
+    dll = bytearray((build_dir / "bin" / "llama.dll").read_bytes())
+    header = int.from_bytes(dll[0x3C:0x40], "little") + 4
+    dll[header:header + 2] = (0xAA64).to_bytes(2, "little")
+    (build_dir / "bin" / "llama.dll").write_bytes(bytes(dll))
+    out = tmp_path / "out-arm"
+    package_windows(windows_inputs, out)
+    problems = verify.verify(out, run_binaries=False)["problems"]
+    assert any("bin/llama.dll is a arm64 PE file, not x64" in p for p in problems), problems
+
 
 WINE = shutil.which("wine")
 
@@ -349,3 +360,4 @@ def test_exit_with_a_waiting_thread_ends_only_with_dfbuilds_exit_wrapper(tmp_pat
     # dfbuild's: flushed, ended with the exit code
     assert _exits_within(tmp_path / "wrapped" / "t.exe", 60) == 3
     assert (tmp_path / "wrapped" / "t.log").read_text().strip().endswith("version: 1")
+
