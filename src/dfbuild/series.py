@@ -387,8 +387,8 @@ class Step:
             "sha256": self.variant.sha256 if self.variant else None,
             "detail": self.detail,
         }
-        if self.rule is not None:
-            entry["rule"] = self.rule
+        if self.rule is not None:  # which variant served this concern, and the rule that chose it
+            entry.update({"variant": self.variant.base if self.variant else None, "rule": self.rule})
         if self.how is not None:
             entry.update({"variant": self.variant.base if self.variant else None, "how": self.how,
                           "blob": self.blob})
