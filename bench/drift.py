@@ -51,7 +51,7 @@ from pathlib import Path
 import benchlib
 from benchlib import log
 
-from dfbuild import pypi, sdist, series
+from dfbuild import epochs, pypi, sdist, series
 
 DRIFT_JSON = benchlib.BENCH_DIR / "drift.json"
 RESULTS_MD = benchlib.BENCH_DIR / "RESULTS.md"
@@ -125,10 +125,18 @@ def check_release(curated: series.Series, build: int, files: dict[str, bytes], d
     base, steps = series.plan(curated, tree)
     times["plan_s"] = round(time.monotonic() - started, 2)
     shutil.rmtree(tree)
+    # which curated variants fit this release at all (every file exact or at one offset, every
+    # upstream decision's marker present): the epochs are read off these
+    started = time.monotonic()
+    fits = epochs.fits_by_variant(curated, files[WANTED[0]]) if "dflash" in files[WANTED[0]].decode(
+        "utf-8", "replace").lower() else {}
+    times["fit_s"] = round(time.monotonic() - started, 2)
     epoch = curated.epoch_of(build)
     return {"build": build, "blob": git_blob(files[WANTED[0]]), "known_base": base,
             "decisions": {s.concern.id: decision(s) for s in steps},
             "variants": {s.concern.id: (s.variant.base if s.variant else None) for s in steps},
+            "rules": {s.concern.id: s.rule for s in steps},
+            "fits": {base: f.offsets if epochs.pure_offset(f) else None for base, f in fits.items()},
             "details": {s.concern.id: s.detail for s in steps if s.status == "conflict"},
             "epoch": epoch.name if epoch else None, "epoch_variant": epoch.variant if epoch else None,
             "times": times, "wall_s": round(sum(times.values()), 2)}
@@ -250,7 +258,7 @@ def epochs_record(curated: series.Series, builds: list[int], entries: list[dict]
     found = []
     for epoch in curated.epochs:
         held = [e for e in entries if epoch.holds(e["build"])]
-        # the carry takes the nearest variant by build number, which may be another epoch's: say where
+        # a release carried from any variant but its epoch's (none, since carry goes by epoch): say where
         elsewhere = {f"b{e['build']}": sorted({f"{c} from {v}" for c, v in (e.get("variants") or {}).items()
                                                 if v and v != epoch.variant})
                      for e in held}
@@ -476,6 +484,13 @@ def main(argv=None) -> int:
         log(f"note: {opts.out}'s decisions were made with another series.toml; the epochs below are today's")
     builds = [e["build"] for e in data["releases"]]
     data["epochs"] = epochs_record(curated, builds, data["releases"], legacy_measurements(old))
+    # the epochs the code makes (runs of releases the same variants fit), beside the recorded ones
+    data["derived_epochs"] = [
+        {"name": f"b{run['first']}..b{run['last']}", "releases": run["count"], "fitting_variants": run["variants"],
+         "recorded": any(e["first"] == run["first"] and e["last"] == run["last"] and [e["variant"]] == run["variants"]
+                         for e in data["epochs"])}
+        for run in epochs.derive([(e["build"], {b: o is not None for b, o in e["fits"].items()})
+                                  for e in data["releases"] if e.get("fits")])]
     data["proofs"] = [{**p, "epoch": epoch["name"], "variant": epoch["variant"]}
                       for epoch in data["epochs"] for p in epoch["proofs"]]
     dflash = [e for e in data["releases"] if e["build"] >= data["first_dflash"]]

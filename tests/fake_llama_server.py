@@ -13,6 +13,8 @@ behaviour:
   near-tie        drafted output takes the runner-up at token 5, where the plain run's top two
                   are 0.01 nats apart: batch-shape noise on a device like lavapipe
   diverge         the same difference, but at a decisive token (5 nats apart): a real divergence
+  zero-fill-images like ok, but with a draft each image's span is logged as zero-filled (at -v),
+                  as a series that skips every image batch logs it
 `--list-devices` prints FAKE_DEVICES (";"-separated device lines) as llama-server does.
 With n_probs in a request, each generated token carries completion_probabilities.
 """
@@ -105,6 +107,8 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 self.reply(500, {"error": error})
             return
+        if MODE == "zero-fill-images" and State.speculative and has_image and "-v" in sys.argv:
+            log("process: seq_id=0: zero-filling draft positions [16, 32)")
         n_predict = payload.get("n_predict", 16)
         timings = {"predicted_n": n_predict}
         if State.speculative:

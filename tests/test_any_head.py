@@ -40,10 +40,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow,
 # base -> the nearest known base it is carried from, and how each concern gets there
 UNSEEN = {
     "b10355": {"from": "pydist-0.94.0", "how": {"embedding-skip": "offset -29", "zero-fill": "offset -29",
-                                         "noise-block-base": "offset -29", "warning-downgrade": "offset -29"}},
+                                         "noise-block-base": "offset -29", "warning-downgrade": "offset -29"},
+               "rule": "epoch b10355..b10644"},
     "b11434": {"from": "b11312", "how": {"embedding-skip": "upstream (as in b11312)", "zero-fill": "offset +59",
                                          "noise-block-base": "upstream (as in b11312)",
-                                         "warning-downgrade": "offset +59"}},
+                                         "warning-downgrade": "offset +59"},
+               "rule": "epoch b11236..b11434"},
 }
 BASES = [REAL_BASE] + [b for b in UNSEEN if b != REAL_BASE and b in SLOW_BASES]
 
@@ -92,6 +94,8 @@ def test_the_unseen_base_is_carried_from_its_nearest_known_base(base, proof):
     expected = UNSEEN[base]
     assert {cid: (c["variant"], c["how"]) for cid, c in concerns.items()} == {
         cid: (expected["from"], how) for cid, how in expected["how"].items()}
+    # both lie in a recorded epoch: the epoch's variant, every concern, whatever is nearest by build
+    assert {c["rule"] for c in concerns.values()} == {expected["rule"]}
 
 
 def test_the_proof_is_fixed_unpatched_fails_with_the_symptom_and_patched_passes(base, proof):

@@ -98,7 +98,28 @@ def outside_epochs(data: dict) -> list[str]:
     return problems
 
 
-CHECKS = [conflicts, undecided, not_every_release, unproven_epochs, outside_epochs]
+def other_variant(data: dict) -> list[str]:
+    """Every DFlash-era release is carried from its own epoch's variant, every concern."""
+    problems = []
+    for entry in data["releases"]:
+        epoch = CURATED.epoch_of(entry["build"])
+        if entry["build"] < data["first_dflash"] or epoch is None:
+            continue
+        for concern, variant in (entry.get("variants") or {}).items():
+            if variant != epoch.variant:
+                problems.append(f"b{entry['build']} {concern}: from {variant}, its epoch {epoch.name}'s is {epoch.variant}")
+    return problems
+
+
+def epochs_not_from_the_code(data: dict) -> list[str]:
+    """The runs of releases the same variants fit (drift.json's derived_epochs) are the recorded epochs."""
+    derived = [(e["name"], e["fitting_variants"]) for e in data.get("derived_epochs", [])]
+    recorded = [(e.name, [e.variant]) for e in CURATED.epochs]
+    return [] if derived == recorded else [f"the code makes epochs {derived}, series.toml records {recorded}"]
+
+
+CHECKS = [conflicts, undecided, not_every_release, unproven_epochs, outside_epochs, other_variant,
+          epochs_not_from_the_code]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
@@ -143,3 +164,19 @@ def test_each_check_catches_what_it_is_for():
     broken = json.loads(json.dumps(good))
     next(e for e in broken["releases"] if e["build"] >= broken["first_dflash"])["epoch"] = None
     assert outside_epochs(broken)
+    broken = json.loads(json.dumps(good))
+    next(e for e in broken["releases"] if e["build"] == 10227)["variants"]["zero-fill"] = "pydist-0.94.0"
+    assert other_variant(broken)
+    broken = json.loads(json.dumps(good))
+    broken["derived_epochs"][0]["name"] = "b9837..b10338"
+    assert epochs_not_from_the_code(broken)
+
+
+def test_the_issue_releases_take_their_epochs_variant():
+    """b11243 and b11269 (once filed under b10909) take b11312's line; b10227 takes what b10223 takes."""
+    by_build = {e["build"]: e for e in _load()["releases"]}
+    for build in (11243, 11269):
+        assert set(by_build[build]["variants"].values()) == {"b11312"}
+        assert set(by_build[build]["rules"].values()) == {"epoch b11236..b11434"}
+    assert by_build[10227]["variants"] == by_build[10223]["variants"]
+    assert set(by_build[10227]["variants"].values()) == {"b10173"}

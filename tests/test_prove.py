@@ -105,7 +105,10 @@ def test_carried_series_that_passes_where_upstream_fails_is_fixed(syn, tmp_path,
     work = tmp_path / "work"
     def remembered(build_dir):
         payload = build.payload_digest({"build_dir": str(build_dir), "binaries": ["bin/llama-server"]})
-        return smoke.recall(smoke.memo_key(payload, {"files": {}}, "cpu"))
+        # the synthetic tree is tagged b120: the table leaves out scenarios that start later (linear-image)
+        applicable = [name for name in smoke.DEFAULT_SCENARIOS if smoke.SCENARIOS[name].applies_to(120)]
+        assert "linear-image" not in applicable
+        return smoke.recall(smoke.memo_key(payload, {"files": {}}, "cpu", scenarios=applicable))
     assert remembered(work / "build-cpu")["passed"] is True
     assert remembered(work / "unpatched" / "build-cpu") is None
 

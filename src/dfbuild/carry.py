@@ -151,8 +151,23 @@ def _patched_between(series: Series, concern: Concern, since: int | None, until:
     return None
 
 
+def epoch_rule(series: Series, tree: Path, rev: str) -> tuple[list[str] | None, str]:
+    """Which variants a release may be carried from, and the rule that says so.
+
+    A release inside a recorded epoch takes every concern from that epoch's own
+    variant, and from nothing else: the epoch is where those files apply and do
+    the same thing, and its proofs are proofs of them. Only a release outside
+    every epoch (one newer than the curation) is carried from the nearest bases.
+    """
+    build = tree_build(tree, rev)
+    epoch = series.epoch_of(build)
+    if epoch is not None:
+        return [epoch.variant], f"epoch {epoch.name}"
+    return None, "nearest"
+
+
 def _carry_concern(series: Series, tree: Path, concern: Concern, order: list[str], index: Path,
-                   preimages: dict, tmp: Path, start: str) -> Step:
+                   preimages: dict, tmp: Path, start: str, in_epoch: bool = False) -> Step:
     """Carry one concern on the scratch INDEX: exact, by offset, by 3-way merge, or a conflict.
 
     On success INDEX holds the tree with the concern in, as `apply` will make it.
@@ -164,6 +179,10 @@ def _carry_concern(series: Series, tree: Path, concern: Concern, order: list[str
     env = {"GIT_INDEX_FILE": str(index)}
     tried = []
     for variant in candidates:
+        if variant.file is None and in_epoch:  # the epoch's record: upstream across the whole epoch
+            note = f": {variant.note}" if variant.note else ""
+            return Step(concern, variant, "upstream", f"upstream as recorded for {variant.base}{note}",
+                        how=f"upstream (as in {variant.base})")
         if variant.file is None:  # the nearest base records the change as upstream: carry that decision
             recorded, build = base_build(series, variant.base), tree_build(tree, start)
             if recorded is not None and build is not None and build < recorded:
@@ -220,7 +239,8 @@ def carry(series: Series, tree: Path, *, skip: tuple[str, ...] = ()) -> list[Ste
     if not has_dflash(tree, start):
         return [Step(c, None, "not-applicable", "common/speculative.cpp has no DFlash: nothing to fix")
                 for c in series.concerns]
-    order = nearest_bases(series, tree, start)
+    in_epoch, rule = epoch_rule(series, tree, start)
+    order = in_epoch or nearest_bases(series, tree, start)
     steps = []
     with state.temp_dir("index") as tmp:
         index = tmp / "carry"
@@ -249,10 +269,12 @@ def carry(series: Series, tree: Path, *, skip: tuple[str, ...] = ()) -> list[Ste
                                   f"already in the tree: the {variant.base} variant reverse-applies",
                                   how="upstream", blob=_index_blob(tree, env)))
                 continue
-            step = _carry_concern(series, tree, concern, order, index, preimages, tmp, start)
+            step = _carry_concern(series, tree, concern, order, index, preimages, tmp, start, bool(in_epoch))
             if step.status != "conflict":
                 step.blob = _index_blob(tree, env)
             steps.append(step)
+    for step in steps:
+        step.rule = rule
     head = _git(tree, "rev-parse", "HEAD").stdout.strip()
     final = next((s.blob for s in reversed(steps) if s.blob), None)
     if head != start and final and source.committed_blob(tree, head) == final:

@@ -326,7 +326,11 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
                        for which, section in (("unpatched", plain), ("patched", built))}
 
     # one plan for both trees, chosen on the unpatched build (the same device either way)
-    plan = smoke.plan(how, unpatched_dir(work, label), sets=sets, scenarios=scenarios, **smoke_options)
+    # the tree's release decides which scenarios apply (linear-image only from b10355)
+    from .carry import tree_build  # the series layer above: imported on use
+
+    plan = smoke.plan(how, unpatched_dir(work, label), sets=sets, scenarios=scenarios,
+                      release=tree_build(tree, proof["unpatched_commit"]), **smoke_options)
     if plan.note:
         ui.warn(plan.note)
     proof["smoke_table"] = {"table": plan.table, "device": plan.device, "sets": list(plan.sets),

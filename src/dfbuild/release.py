@@ -599,7 +599,10 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
                 fixtures_dir = work / "fixtures"
                 fx = fixtures.ensure_fixtures(fixtures_dir)
                 # which table (a software Vulkan device runs the smaller one), timeout and identity rule
-                plan = smoke.plan(spec, build_dir, **(smoke_options or {}))
+                from .carry import tree_build  # the series layer above: imported on use
+
+                plan = smoke.plan(spec, build_dir, release=tree_build(tree, series.series_start(tree)),
+                                  **(smoke_options or {}))
                 _say_plan(plan)
                 key = plan.memo_key(shipped, fx)
                 smk = state.cached("smoke", key)

@@ -79,6 +79,9 @@ class Variant:
     file: str | None = None     # relative to the patches dir
     sha256: str | None = None
     note: str = ""
+    # upstream decisions: a regex that the DFlash code of every release in the epoch matches
+    # (upstream's own change), checked by tests/test_epoch_fit.py
+    marker: str | None = None
 
 
 @dataclass
@@ -191,7 +194,7 @@ def _variant(concern_id: str, base: str, raw) -> Variant:
     if not isinstance(raw, dict):
         raise _Malformed(f"{where} must be a table like {{file = ..., sha256 = ...}}")
     variant = Variant(base=base, status=raw.get("status", "patch"), file=raw.get("file"),
-                      sha256=raw.get("sha256"), note=raw.get("note", ""))
+                      sha256=raw.get("sha256"), note=raw.get("note", ""), marker=raw.get("marker"))
     if variant.status not in VARIANT_STATUSES:
         raise _Malformed(f"{where} has status '{variant.status}' (use one of {', '.join(VARIANT_STATUSES)})")
     if variant.status == "patch" and not variant.file:
@@ -374,6 +377,7 @@ class Step:
     detail: str = ""
     how: str | None = None  # carried to an unknown base: exact | offset N | 3-way | upstream
     blob: str | None = None  # carried: common/speculative.cpp's blob once this concern is in
+    rule: str | None = None  # why this variant: "known base", "epoch bA..bB", or "nearest" (outside every epoch)
 
     def to_dict(self) -> dict:
         entry = {
@@ -383,6 +387,8 @@ class Step:
             "sha256": self.variant.sha256 if self.variant else None,
             "detail": self.detail,
         }
+        if self.rule is not None:  # which variant served this concern, and the rule that chose it
+            entry.update({"variant": self.variant.base if self.variant else None, "rule": self.rule})
         if self.how is not None:
             entry.update({"variant": self.variant.base if self.variant else None, "how": self.how,
                           "blob": self.blob})
@@ -419,7 +425,10 @@ def plan(series: Series, tree: Path, base: str | None = None, *, skip: tuple[str
         from .carry import carry  # the layer above: imported on use, so loading the series never needs it
 
         return None, carry(series, tree, skip=skip)
-    return base, _plan_known(series, tree, base, skip)
+    steps = _plan_known(series, tree, base, skip)
+    for step in steps:
+        step.rule = "known base"
+    return base, steps
 
 
 def _plan_known(series: Series, tree: Path, base: str, skip: tuple[str, ...]) -> list[Step]:
