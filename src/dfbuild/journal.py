@@ -76,7 +76,7 @@ def begin(tree: Path, op: str, **data) -> None:
 
 def update(tree: Path, **data) -> None:
     """Add DATA to the journal in progress."""
-    record = json.loads(journal_path(tree).read_text(encoding="utf-8"))
+    record = json.loads(state.read_state_bytes(journal_path(tree), "journal").decode("utf-8"))
     record.update(data)
     state.atomic_write_text(journal_path(tree), json.dumps(record, indent=2, sort_keys=True) + "\n")
 
@@ -193,7 +193,7 @@ def git_locks(tree: Path, branch: object = None) -> list[Path]:
 def held_by_another(tree: Path, lock: Path) -> LockedError:
     """LOCK was found held while this run's git needed it: note it in the journal as not ours to remove."""
     try:
-        record = json.loads(journal_path(tree).read_text(encoding="utf-8"))
+        record = json.loads(state.read_state_bytes(journal_path(tree), "journal").decode("utf-8"))
         held = record.get("foreign_locks") if isinstance(record.get("foreign_locks"), list) else []
         update(tree, foreign_locks=sorted({*held, lock.relative_to(Path(tree) / ".git").as_posix()}))
     except (OSError, ValueError, AttributeError):

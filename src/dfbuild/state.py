@@ -30,7 +30,7 @@ from pathlib import Path
 
 # the lowest floor: errors, ui, locks and paths only (never manifest, source or anything above)
 from . import ui
-from .locks import adopt, hold, hold_dir
+from .locks import adopt, hold, hold_dir, read_state_bytes
 from .paths import cache_dir
 
 # --- atomic files -----------------------------------------------------------------------
@@ -80,10 +80,14 @@ def atomic_write_text(path: Path, text: str, *, durable: bool = True) -> Path:
 
 
 def read_json(path: Path, what: str = "record") -> dict:
-    """PATH's JSON object, or {} when it is missing; an unreadable one is {} with a warning."""
+    """PATH's JSON object, or {} when it is missing; an unreadable one is {} with a warning.
+
+    PATH is opened the safe way (locks.open_state_file): a symlink, FIFO or device
+    there is refused (StateFileError, exit 15), never followed or waited on.
+    """
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_state_bytes(path, what).decode("utf-8"))
     except FileNotFoundError:
         return {}
     except (OSError, UnicodeDecodeError, ValueError) as exc:
