@@ -19,10 +19,11 @@ from .exits import handle_errors
 @handle_errors
 def checkout(base, pr, repo, dest, force, no_wait, as_json):
     """Check out llama.cpp at a PR head or commit."""
-    from .. import manifest, source
+    from .. import adopt, manifest, source
 
     source.check_base_name(base)
     with _locks(("tree", dest or _default_dir_here(base)), no_wait=no_wait):
+        adopt.refuse_while_curating(dest or source.default_dir(base), "checkout")
         with ui.step(f"checkout {base}"):
             section = source.checkout(base, pr=pr, repo=repo, dest=dest, force=force)
         manifest.update_tree_manifest(Path(section["dir"]), "source", section)
@@ -68,13 +69,14 @@ def import_(archive, tag, dest, max_unpacked, no_wait, as_json):
 @handle_errors
 def apply(base, pr, repo, dest, force, patches_dir, skip, no_wait, as_json):
     """Check out BASE, then apply the curated DFlash patch series."""
-    from .. import manifest, series, source, state
+    from .. import adopt, manifest, series, source, state
 
     curated = series.load_series(patches_dir)
     series.check_skip(curated, tuple(skip))
     source.check_base_name(base)
     # one lock for checkout + apply + record: a second run waits, and never sees a half-applied tree
     with _locks(("tree", dest or _default_dir_here(base)), no_wait=no_wait):
+        adopt.refuse_while_curating(dest or source.default_dir(base), "apply")
         with ui.step(f"checkout {base}"):
             src = source.checkout(base, pr=pr, repo=repo, dest=dest, force=force, keep_descendants=True)
         tree = Path(src["dir"])

@@ -193,12 +193,34 @@ def _finish_curation(data: dict, tree: Path, as_json: bool) -> None:
 def _abort_curation(tree: Path, as_json: bool) -> None:
     from .. import adopt
 
+    adopt.require_git_tree(tree, "series continue --abort")
     with _locks(("tree", tree), no_wait=False):
         result = adopt.curate_abort(tree)
     if as_json:
         ui.emit_json(result)
-    else:
+        return
+    if result["saved"]:  # one line: where the bytes went, and how to get them back
+        ui.console.print(adopt.saved_words(tree, result["saved"]), soft_wrap=True, markup=False)
+    if result["head"]:
         ui.info(f"{tree}: back on {result['head'][:12]}; the curation of {result['base']} is forgotten")
+    else:
+        ui.warn(f"{tree}: {result['note']}")
+
+
+def _restore_curation(tree: Path, as_json: bool) -> None:
+    from .. import adopt
+
+    adopt.require_git_tree(tree, "series continue --restore")
+    with _locks(("tree", tree), no_wait=False):
+        result = adopt.curate_restore(tree)
+    if as_json:
+        ui.emit_json(result)
+        return
+    ui.console.print(f"{tree}: restored {result['ref']}: back on {result['head'][:12]}"
+                     + (f" ({result['branch']})" if result["branch"] else "")
+                     + (", your uncommitted changes are back" if result["stash"] else "")
+                     + ("; the curation goes on: dfbuild series continue --dir " + str(tree)
+                        if result["curation"] else ""), soft_wrap=True, markup=False)
 
 
 @series_group.command("start")
@@ -227,9 +249,8 @@ def series_start(base, repo, tree, abort, patches_dir, as_json):
     with _locks(("tree", tree), no_wait=False):
         # before the checkout, which would move the tree off the curation's commits
         known = adopt.read_curation(tree) if (tree / ".git").exists() else None
-        if known and not known.get("finished"):
-            raise errors.UsageError(f"{tree}: a curation of {known['base']} is in progress (stopped at "
-                                    f"{known.get('waiting')})", f"dfbuild series continue --dir {tree} [--abort]")
+        if known and known.get("finished") is not True:
+            raise errors.UsageError(adopt.in_progress(tree, known), f"dfbuild series continue --dir {tree} [--abort]")
         with ui.step(f"checkout {base}"):
             section = source.checkout(base, repo=repo, dest=tree)
         tree = Path(section["dir"])
@@ -243,18 +264,27 @@ def series_start(base, repo, tree, abort, patches_dir, as_json):
 @dir_option
 @click.option("--upstream", "upstream_note", default=None, metavar="WHY",
               help="The concern the curation stopped at is upstream already: record WHY instead of a commit.")
-@click.option("--abort", is_flag=True, help="Put the tree back where `series start` found it.")
+@click.option("--abort", is_flag=True, help="Put the tree back where `series start` found it (uncommitted "
+              "changes and the curation's commits are saved first: see --restore).")
+@click.option("--restore", is_flag=True, help="Undo the last --abort: the curation's commits, its state and your "
+              "uncommitted changes come back, byte for byte.")
 @patches_option
 @json_option
 @handle_errors
-def series_continue(tree, upstream_note, abort, patches_dir, as_json):
+def series_continue(tree, upstream_note, abort, restore, patches_dir, as_json):
     """(Curators) Resume after the hand-written commit: carry the remaining concerns the same way."""
     from .. import adopt, series
 
+    if abort and restore:
+        raise errors.UsageError("--abort and --restore contradict each other", "pass one of them")
     if abort:
         return _abort_curation(tree, as_json)
+    if restore:
+        return _restore_curation(tree, as_json)
+    curated = series.load_series(patches_dir)
+    adopt.require_git_tree(tree, "series continue")
     with _locks(("tree", tree), no_wait=False):
-        data = adopt.curate_continue(series.load_series(patches_dir), tree, upstream_note)
+        data = adopt.curate_continue(curated, tree, upstream_note)
     _finish_curation(data, tree, as_json)
 
 
@@ -286,6 +316,7 @@ def series_record(tree, onto, upstream, note, patches_dir, as_json):
     decisions = _decisions(upstream)
     for concern in decisions:
         curated.concern(concern)  # a typo is an error, not a silent new decision
+    adopt.require_git_tree(tree, "series record")
     with _locks(("tree", tree), no_wait=False):
         result = adopt.record(curated, tree, onto, decisions=decisions, note=note)
     if as_json:
