@@ -378,3 +378,323 @@ def test_apply_or_checkout_while_a_curation_is_stopped_is_refused(syn, new_epoch
         assert result.exit_code == 2, said(result)
         assert "curation" in said(result) and "in progress" in said(result)
         assert head(tree) == stopped
+
+
+# --- item 5: every promised code, no traceback ------------------------------------------------------------
+
+LONG = "x" * 300
+
+
+def _clean_exit(result, code: int, *words: str) -> str:
+    text = said(result)
+    assert result.exit_code == code, (result.exit_code, text, result.exception)
+    assert "Traceback" not in text + result.stdout
+    for word in words:
+        assert word in text, (word, text)
+    return text
+
+
+@pytest.mark.parametrize("how", ["missing", "not git"])
+@pytest.mark.parametrize("command", [("series", "continue"), ("series", "continue", "--abort"),
+                                     ("series", "record", "--onto", "b1")])
+def test_item5_curation_on_a_missing_or_non_git_dir_is_13(tmp_path, how, command):
+    folder = tmp_path / "nowhere"
+    if how == "not git":
+        folder.mkdir()
+    result = dfbuild(*command, "--dir", folder)
+    _clean_exit(result, 13, str(folder))
+    assert not folder.exists() or how == "not git"  # nothing made
+
+
+@pytest.mark.parametrize("command", [("series", "continue"), ("series", "continue", "--abort"),
+                                     ("series", "start", "--base", "b1"), ("apply", "--base", "b1"),
+                                     ("checkout", "--base", "b1"), ("import", "x.tar.gz", "--tag", "t")])
+@pytest.mark.parametrize("where", ["a 300-byte name", "under a file"])
+def test_item5_a_dir_no_file_system_can_hold_is_2(tmp_path, command, where):
+    (tmp_path / "file").write_text("a file, not a directory\n")
+    folder = tmp_path / LONG if where == "a 300-byte name" else tmp_path / "file" / "sub"
+    result = dfbuild(*command, "--dir", folder)
+    _clean_exit(result, 2, "--dir")
+    assert (LONG[:40] if where == "a 300-byte name" else str(tmp_path / "file")) in said(result)
+
+
+@posix_only
+def test_item5_ctrl_c_in_the_first_tenth_of_a_second_exits_130(tmp_path):
+    """A Ctrl-C in the first 0.1 s: 130 once any line of dfbuild has run.
+
+    Before that the interpreter is still starting (site, the editable install's finder, runpy: about 30-40 ms
+    here) and Python prints its own traceback; no program can catch a signal there. Such runs are counted
+    apart, and no traceback may pass through a dfbuild frame.
+    """
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    ours, pythons = [], []
+    for delay in (0.01, 0.03, 0.05, 0.07, 0.1):
+        proc = subprocess.Popen([sys.executable, "-m", "dfbuild", "track", "--repo", str(tmp_path / "none")],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        text = err.decode(errors="replace")
+        in_dfbuild = f"{os.sep}dfbuild{os.sep}" in text
+        if ("Traceback" in text and not in_dfbuild) or (proc.returncode == -signal.SIGINT and not text.strip()):
+            # the interpreter's own start-up, before dfbuild's first line (killed before Python even had its
+            # SIGINT handler: -2 and not a word)
+            pythons.append((delay, proc.returncode))
+            continue
+        ours.append((delay, proc.returncode))
+        assert "Traceback" not in text and "Aborted!" not in text, (delay, text)
+        assert proc.returncode == 130, (delay, proc.returncode, text)
+    assert ours, "every Ctrl-C landed in the interpreter's start-up"
+    print(f"Ctrl-C in the first 0.1 s: dfbuild's {ours}, the interpreter's own start-up {pythons}")
+
+
+# --- items 5 and 6: verify reads what it vouches for, and never raises ---------------------------------------
+
+import base64  # noqa: E402
+import hashlib  # noqa: E402
+import io  # noqa: E402
+import struct  # noqa: E402
+import tarfile  # noqa: E402
+import zipfile  # noqa: E402
+
+from dfbuild import verify  # noqa: E402
+
+from test_release_unit import fake_wheel, inputs, write_full_release, write_wheel  # noqa: E402, F401
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _resign(out: Path) -> None:
+    """SHA256SUMS and manifest.json's artifacts made true again after a test changed an artifact, as a forger
+    would: so the checks behind them are the ones tested."""
+    top = out / "manifest.json"
+    full = json.loads(top.read_text())
+    for artifact in full["release"]["artifacts"]:
+        data = (out / artifact["name"]).read_bytes()
+        artifact["sha256"], artifact["size"] = _sha(data), len(data)
+    top.write_text(json.dumps(full, indent=2, sort_keys=True))
+    (out / "SHA256SUMS").write_text("".join(f"{a['sha256']}  {a['name']}\n" for a in full["release"]["artifacts"]))
+
+
+def _artifact(out: Path, suffix: str) -> Path:
+    return next(p for p in out.iterdir() if p.name.endswith(suffix))
+
+
+def _edit_release(out: Path, *, members=None, manifest=None) -> None:
+    """Rewrite the archive (MEMBERS: a function of [(TarInfo, bytes|None)]) and its manifest (MANIFEST: a function
+    of the dict), carry the manifest into manifest.json and the wheel, and re-sign."""
+    path = _artifact(out, ".tar.gz")
+    with tarfile.open(path) as tar:
+        items = [(m, tar.extractfile(m).read() if m.isfile() else None) for m in tar.getmembers()]
+    embedded = None
+    if manifest is not None:
+        for number, (info, data) in enumerate(items):
+            if info.name.endswith("/manifest.json") and info.name.count("/") == 1:
+                embedded = json.loads(data)
+                manifest(embedded)
+                data = json.dumps(embedded, indent=2, sort_keys=True).encode()
+                info.size = len(data)
+                items[number] = (info, data)
+    if members is not None:
+        items = members(items)
+    with tarfile.open(path, "w:gz") as tar:
+        for info, data in items:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    if embedded is not None:
+        top = out / "manifest.json"
+        full = json.loads(top.read_text())
+        for key, value in embedded.items():
+            if key != "release":
+                full[key] = value
+        full["release"].update({k: v for k, v in embedded["release"].items()})
+        top.write_text(json.dumps(full, indent=2, sort_keys=True))
+        wheel = _artifact(out, ".whl")
+        with zipfile.ZipFile(wheel) as zf:
+            files = {n: zf.read(n) for n in zf.namelist() if ".dist-info/" not in n}
+        for name in files:
+            if name.endswith("/manifest.json"):
+                files[name] = json.dumps(embedded, indent=2, sort_keys=True).encode()
+        write_wheel(wheel, files)
+    _resign(out)
+
+
+@pytest.fixture
+def release_dir(inputs, fake_wheel, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    write_full_release(inputs, out)
+    ran: list[str] = []
+    monkeypatch.setattr(verify, "_run_version", lambda path, *args: ran.append(path.name))
+    report = verify.verify(out, run_binaries=True)
+    assert report["ok"] and ran, report["problems"]  # the positive control: it passes and runs
+    ran.clear()
+    return out, ran
+
+
+def _verify_fails(out: Path, ran: list, *words: str) -> str:
+    result = dfbuild("verify", out, "--run")
+    text = _clean_exit(result, 51, *words)
+    assert ran == [], f"verify --run ran {ran} after a failed check"
+    return text
+
+
+@posix_only
+@pytest.mark.parametrize("field", ["wheel_dist an int", "wheel_bundled a string", "wheel_bundled of ints",
+                                   "build a list", "binaries an int", "files[0].sha256 a list"])
+def test_item5_verify_on_crafted_manifest_fields_is_51(release_dir, field):
+    out, ran = release_dir
+
+    def craft(manifest):
+        rel = manifest["release"]
+        if field == "wheel_dist an int":
+            rel["wheel_dist"] = 5
+        elif field == "wheel_bundled a string":
+            rel["wheel_bundled"] = "libssl.so.3"
+        elif field == "wheel_bundled of ints":
+            rel["wheel_bundled"] = [1, 2]
+        elif field == "build a list":
+            manifest["build"] = ["bin/llama-server"]
+        elif field == "binaries an int":
+            manifest["build"]["binaries"] = 7
+        else:
+            rel["files"][0]["sha256"] = ["0" * 64]
+
+    _edit_release(out, manifest=craft)
+    key = {"wheel_dist an int": "wheel_dist", "build a list": "build", "binaries an int": "binaries",
+           "files[0].sha256 a list": "sha256"}.get(field, "wheel_bundled")
+    _verify_fails(out, ran, key)
+
+
+def _patch_zip_headers(path: Path, *, flag: int = 0, method: int | None = None) -> None:
+    """Set FLAG bits and/or the compression METHOD in every local and central header of a zip (a forgery)."""
+    data = bytearray(path.read_bytes())
+    for signature, flag_at, method_at in ((b"PK\x03\x04", 6, 8), (b"PK\x01\x02", 8, 10)):
+        at = data.find(signature)
+        while at != -1:
+            old = struct.unpack_from("<H", data, at + flag_at)[0]
+            struct.pack_into("<H", data, at + flag_at, old | flag)
+            if method is not None:
+                struct.pack_into("<H", data, at + method_at, method)
+            at = data.find(signature, at + 4)
+    path.write_bytes(bytes(data))
+
+
+@posix_only
+@pytest.mark.parametrize("how", ["encrypted", "deflate64"])
+def test_item5_verify_on_an_encrypted_or_deflate64_wheel_is_51(release_dir, how):
+    out, ran = release_dir
+    wheel = _artifact(out, ".whl")
+    _patch_zip_headers(wheel, flag=0x1 if how == "encrypted" else 0, method=9 if how == "deflate64" else None)
+    _resign(out)
+    _verify_fails(out, ran, "encrypted" if how == "encrypted" else "deflate64")
+
+
+@posix_only
+@pytest.mark.parametrize("how", ["encrypted", "deflate64"])
+def test_item5_verify_on_an_encrypted_or_deflate64_zip_archive_is_51(tmp_path, how):
+    out = tmp_path / "out"
+    out.mkdir()
+    archive = out / "llama-t-dflash-bin-win-cpu-x64.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("llama-t-dflash-bin-win-cpu-x64/manifest.json", b"{}")
+    _patch_zip_headers(archive, flag=0x1 if how == "encrypted" else 0, method=9 if how == "deflate64" else None)
+    (out / "SHA256SUMS").write_text(f"{_sha(archive.read_bytes())}  {archive.name}\n")
+    result = dfbuild("verify", out, "--run")
+    _clean_exit(result, 51, "encrypted" if how == "encrypted" else "deflate64")
+
+
+def _wheel_files(wheel: Path) -> dict[str, bytes]:
+    with zipfile.ZipFile(wheel) as zf:
+        return {n: zf.read(n) for n in zf.namelist() if ".dist-info/" not in n}
+
+
+@posix_only
+@pytest.mark.parametrize("broken", ["garbage RECORD", "RECORD misses a file", "RECORD with a wrong hash",
+                                    "RECORD with a wrong size", "RECORD lists a file not there", "no WHEEL",
+                                    "no METADATA", "METADATA of another version"])
+def test_item6_verify_checks_the_wheel_as_pip_installs_it(release_dir, broken):
+    out, ran = release_dir
+    wheel = _artifact(out, ".whl")
+    files = _wheel_files(wheel)
+    dist, version = wheel.name.split("-")[:2]
+    info = f"{dist}-{version}.dist-info"
+
+    def row(name, data, size=None, digest=None):
+        digest = digest or base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        return f"{name},sha256={digest},{len(data) if size is None else size}"
+
+    meta = f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n".encode()
+    whl = b"Wheel-Version: 1.0\nGenerator: x\nRoot-Is-Purelib: false\nTag: x\n"
+    every = {**files, f"{info}/WHEEL": whl, f"{info}/METADATA": meta}
+    first = sorted(files)[0]
+    rows = {name: row(name, data) for name, data in every.items()}
+    kwargs = {}
+    if broken == "garbage RECORD":
+        kwargs["record"] = b"\x00\xff garbage, not a CSV \xfe\n\"unterminated"
+    elif broken == "RECORD misses a file":
+        rows.pop(first)
+    elif broken == "RECORD with a wrong hash":
+        rows[first] = row(first, files[first], digest="A" * 43)
+    elif broken == "RECORD with a wrong size":
+        rows[first] = row(first, files[first], size=len(files[first]) + 1)
+    elif broken == "RECORD lists a file not there":
+        rows["llama_dflash_cpu/bin/not-there"] = row("llama_dflash_cpu/bin/not-there", b"x")
+    elif broken == "no WHEEL":
+        kwargs["wheel"] = False
+        rows.pop(f"{info}/WHEEL")
+    elif broken == "no METADATA":
+        kwargs["metadata"] = False
+        rows.pop(f"{info}/METADATA")
+    if "record" not in kwargs and broken != "METADATA of another version":
+        kwargs["record"] = ("\n".join([*rows.values(), f"{info}/RECORD,,"]) + "\n").encode()
+    write_wheel(wheel, files, **kwargs)
+    if broken == "METADATA of another version":  # a consistent RECORD, but METADATA says another version
+        with zipfile.ZipFile(wheel) as zf:
+            content = {n: zf.read(n) for n in zf.namelist()}
+        content[f"{info}/METADATA"] = meta.replace(version.encode(), b"9.9.9")
+        write_wheel(wheel, {n: d for n, d in content.items() if ".dist-info/" not in n or n.endswith("METADATA")},
+                    metadata=False)
+    _resign(out)
+    word = {"no WHEEL": "WHEEL", "no METADATA": "METADATA", "METADATA of another version": "METADATA"}.get(broken,
+                                                                                                          "RECORD")
+    _verify_fails(out, ran, word)
+
+
+@posix_only
+@pytest.mark.parametrize("order", ["a bad copy first, the vetted one last", "the vetted one first, a bad copy last"])
+def test_item6_a_tar_with_a_member_twice_fails(release_dir, order):
+    out, ran = release_dir
+
+    def doubled(items):
+        number, (info, data) = next((n, item) for n, item in enumerate(items)
+                                    if item[0].name.endswith("/bin/llama-server"))
+        bad = tarfile.TarInfo(info.name)
+        bad.size, bad.mode, bad.mtime = len(b"#!/bin/sh\necho evil\n"), info.mode, info.mtime
+        item = (bad, b"#!/bin/sh\necho evil\n")
+        return [item, *items] if order.startswith("a bad") else [*items, item]
+
+    _edit_release(out, members=doubled)
+    _verify_fails(out, ran, "more than once")
+
+
+@posix_only
+def test_item6_a_tar_with_a_symlink_loop_fails(release_dir):
+    out, ran = release_dir
+    root = []
+
+    def loop(items):
+        root.append(items[0][0].name.split("/")[0])
+        links = []
+        for name, target in (("bin/loop-a", "loop-b"), ("bin/loop-b", "loop-a")):
+            info = tarfile.TarInfo(f"{root[0]}/{name}")
+            info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
+            links.append((info, None))
+        return [*items, *links]
+
+    def listed(manifest):  # the manifest lists the links too, as a forger would
+        manifest["release"]["files"] += [{"path": "bin/loop-a", "link": "loop-b"},
+                                         {"path": "bin/loop-b", "link": "loop-a"}]
+
+    _edit_release(out, members=loop, manifest=listed)
+    _verify_fails(out, ran, "loop")

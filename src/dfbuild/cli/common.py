@@ -99,14 +99,37 @@ def main() -> None:
     """
 
 
+NAME_MAX = 255  # bytes in one name: the limit of every file system dfbuild runs on (ext4, xfs, btrfs, APFS, NTFS)
+
+
 def _utf8_path(ctx, param, value):
-    """A path git and the manifest can carry: valid UTF-8 (a stray byte would fail deep inside, as a traceback)."""
-    if value is not None:
+    """A path dfbuild can make and git and the manifest can carry (exit 2 otherwise, naming it, before anything
+    is done): valid UTF-8 (a stray byte would fail deep inside, as a traceback), no name over 255 bytes
+    (ENAMETOOLONG), and no file where one of its parent directories must be (`--dir file/sub`)."""
+    if value is None:
+        return value
+    try:
+        os.fsdecode(os.fsencode(value)).encode("utf-8")
+    except UnicodeError:
+        raise click.BadParameter("is not valid UTF-8; choose a name without stray bytes") from None
+    path = Path(os.path.abspath(value))
+    long = [part for part in path.parts if len(os.fsencode(part)) > NAME_MAX]
+    if long:
+        raise click.BadParameter(f"{value}: the name {long[0][:40]}... is {len(os.fsencode(long[0]))} bytes, over "
+                                 f"the file system's {NAME_MAX}; choose a shorter one") from None
+    for parent in reversed(path.parents):
         try:
-            os.fsdecode(os.fsencode(value)).encode("utf-8")
-        except UnicodeError:
-            raise click.BadParameter("is not valid UTF-8; choose a name without stray bytes") from None
+            if not parent.is_dir() and (parent.exists() or parent.is_symlink()):
+                raise click.BadParameter(f"{value}: {parent} is a file, not a directory; choose a path whose "
+                                         "parents are directories") from None
+        except OSError as exc:  # e.g. a parent that cannot be searched (permission): the stage says what
+            if exc.errno is None:
+                raise
+            break
     return value
+
+
+usable_path = _utf8_path
 
 
 def _default_dir_here(name: str) -> Path:

@@ -10,14 +10,15 @@ from rich.markup import escape
 
 from .. import errors, ui
 from .common import (_locks, _smoke_options, _work_locks, base_option, json_option, main, no_wait_option,
-                     patches_option, proof_options, smoke_run_options, toolchain_options)
+                     patches_option, proof_options, smoke_run_options, toolchain_options, usable_path)
 from .exits import PROVE_EXIT, handle_errors
 
 
 # --- fixtures & smoke ---------------------------------------------------------
 
 @main.command()
-@click.option("--out", type=click.Path(path_type=Path, file_okay=False), required=True,
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), callback=usable_path,
+              required=True,
               help="Directory to write the GGUF fixtures and test images into.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for the random weights.")
 @json_option
@@ -98,7 +99,8 @@ def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, backend, server_arg
 @click.option("--pr", type=int, default=None, help="Pull request whose refs/pull/N/head must contain the base.")
 @click.option("--repo", default=None, help="Repository URL or path (default: implied by the base).")
 @click.option("--backend", default="cpu", show_default=True, help="Backend to build and smoke both trees with.")
-@click.option("--work", type=click.Path(path_type=Path, file_okay=False), default=None,
+@click.option("--work", type=click.Path(path_type=Path, file_okay=False), callback=usable_path,
+              default=None,
               help="Working dir (default: ./dfbuild-BASE, shared with `dfbuild release`). Reruns reuse it.")
 @proof_options
 @toolchain_options
@@ -176,7 +178,8 @@ OUTCOME_STYLE = {"fixed": "green", "fixed-upstream": "blue", "not-applicable": "
               help="Prove every listed candidate without a recorded outcome (carry, build, smoke both trees).")
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="Prove at most N candidates in this run.")
 @click.option("--backend", default="cpu", show_default=True, help="Backend to prove with.")
-@click.option("--work-root", type=click.Path(path_type=Path, file_okay=False), default=Path("dfbuild-track"),
+@click.option("--work-root", type=click.Path(path_type=Path, file_okay=False), callback=usable_path,
+              default=Path("dfbuild-track"),
               show_default=True, help="One work dir per candidate: WORK_ROOT/NAME (as `dfbuild prove --work`).")
 @click.option("--state", "state_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="The record of outcomes (default: in dfbuild's cache, per source and backend).")

@@ -8,17 +8,19 @@ import click
 
 from .. import errors, ui
 from .common import (_locks, _smoke_options, _work_locks, base_option, json_option, main, no_wait_option,
-                     smoke_run_options, toolchain_options)
+                     smoke_run_options, toolchain_options, usable_path)
 from .exits import handle_errors
 
 
 # --- build --------------------------------------------------------------------
 
 @main.command()
-@click.option("--dir", "tree", type=click.Path(path_type=Path, file_okay=False), required=True,
+@click.option("--dir", "tree", type=click.Path(path_type=Path, file_okay=False), callback=usable_path,
+              required=True,
               help="The llama.cpp tree to build (e.g. made by `dfbuild apply`).")
 @click.option("--backend", required=True, help="cpu, cuda, vulkan, hip or metal (see `dfbuild doctor`).")
-@click.option("--build-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+@click.option("--build-dir", type=click.Path(path_type=Path, file_okay=False), callback=usable_path,
+              default=None,
               help="Build directory (default: DIR/../build-BACKEND).")
 @click.option("--target", "targets", multiple=True,
               help="CMake targets to build, e.g. llama-server,llama-cli, or 'all' (repeatable; default: llama-server).")
@@ -82,9 +84,11 @@ def _human_size(n: int) -> str:
 @click.option("--pr", type=int, default=None, help="Pull request whose refs/pull/N/head must contain the base.")
 @click.option("--repo", default=None, help="Repository URL or path (default: implied by a known base).")
 @click.option("--backend", required=True, help="cpu, cuda, vulkan, hip or metal (see `dfbuild doctor`).")
-@click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=Path("dist"), show_default=True,
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), callback=usable_path,
+              default=Path("dist"), show_default=True,
               help="Where the artifacts, SHA256SUMS and manifest.json go.")
-@click.option("--work", type=click.Path(path_type=Path, file_okay=False), default=None,
+@click.option("--work", type=click.Path(path_type=Path, file_okay=False), callback=usable_path,
+              default=None,
               help="Working dir: checkout, build dirs, fixtures, smoke logs (default: ./dfbuild-BASE). Reruns resume here.")
 @click.option("--skip-smoke", is_flag=True, help="Package without smoke tests (recorded in the manifest as skipped).")
 @click.option("--target", "targets", multiple=True,
