@@ -698,3 +698,120 @@ def test_item6_a_tar_with_a_symlink_loop_fails(release_dir):
 
     _edit_release(out, members=loop, manifest=listed)
     _verify_fails(out, ran, "loop")
+
+
+# --- try what round three did not ---------------------------------------------------------------------------
+
+from test_release_unit import stub_stages  # noqa: E402, F401  (a fixture)
+
+
+@posix_only
+def test_release_killed_at_every_named_step_is_finished_by_the_rerun(inputs, stub_stages, tmp_path):
+    def args(n):
+        return ("release", "--base", "pydist-0.94.0", "--backend", "cpu", "--out", tmp_path / f"out{n}",
+                "--work", tmp_path / f"work{n}", "--skip-smoke")
+
+    steps = [s for s in _steps_of(args("probe"), tmp_path, "release") if s.startswith("release:")]
+    assert len(steps) >= 6, steps
+    for number, step in enumerate(dict.fromkeys(steps)):
+        code = run_forked(args(number), env={"DFBUILD_FAULT": step, "DFBUILD_TEST_STOP_SIGNAL": "KILL"})
+        assert code == -signal.SIGKILL, (step, code)
+        again = dfbuild(*args(number))
+        assert again.exit_code == 0, (step, _no_traceback(again))
+        report = verify.verify(tmp_path / f"out{number}", run_binaries=False)
+        assert report["ok"], (step, report["problems"])
+        assert not [p.name for p in (tmp_path / f"out{number}").iterdir() if p.name.endswith(".tmp")], step
+
+
+def test_apply_on_a_git_worktree_keeps_its_lock_in_the_worktrees_git_dir(world, tmp_path):
+    syn, bare, expected, prepared = world
+    main_tree = fresh_copy(prepared, tmp_path / "main")
+    worktree = tmp_path / "wt"
+    run_git(main_tree, "worktree", "add", "-q", "--detach", str(worktree))
+
+    result = dfbuild(*apply_args(syn, bare, worktree))
+
+    assert result.exit_code == 0, _no_traceback(result)
+    assert head(worktree) == expected
+    git_dir = Path(run_git(worktree, "rev-parse", "--absolute-git-dir"))
+    assert (git_dir / "dfbuild" / "lock").is_file() and (git_dir / "dfbuild" / "manifest.json").is_file()
+    assert not (worktree / ".git").is_dir()  # still git's worktree file
+    assert dfbuild("series", "check", "--dir", worktree, "--patches", syn.patches).exit_code == 0
+
+
+def test_apply_on_a_bare_repo_is_13_and_on_a_detached_head_patches(world, tmp_path):
+    syn, bare, expected, prepared = world
+    result = dfbuild(*apply_args(syn, bare, bare))
+    _clean_exit(result, 13, str(bare))
+    detached = fresh_copy(prepared, tmp_path / "det")
+    run_git(detached, "checkout", "-q", "--detach")
+    result = dfbuild(*apply_args(syn, bare, detached))
+    assert result.exit_code == 0, _no_traceback(result)
+    assert head(detached) == expected
+
+
+@pytest.mark.parametrize("operation", ["rebase", "merge"])
+def test_apply_in_the_middle_of_a_git_rebase_or_merge_is_12_and_touches_nothing(world, tmp_path, operation):
+    syn, bare, expected, prepared = world
+    tree = fresh_copy(prepared, tmp_path / "mid")
+    run_git(tree, "checkout", "-q", "-b", "mine")
+    (tree / "CMakeLists.txt").write_text("# mine\n")
+    run_git(tree, "commit", "-q", "-am", "mine")
+    run_git(tree, "checkout", "-q", "-b", "theirs", "HEAD~1")
+    (tree / "CMakeLists.txt").write_text("# theirs\n")
+    run_git(tree, "commit", "-q", "-am", "theirs")
+    stopped = subprocess.run(["git", "-C", str(tree), *(["rebase", "mine"] if operation == "rebase" else
+                                                        ["merge", "mine"])], capture_output=True, text=True)
+    assert stopped.returncode != 0  # stopped at the conflict, waiting for the user
+    before = (run_git(tree, "rev-parse", "HEAD"), (tree / "CMakeLists.txt").read_bytes())
+
+    result = dfbuild(*apply_args(syn, bare, tree, "--force"))
+
+    _clean_exit(result, 12, f"in the middle of a git {operation}")
+    assert (run_git(tree, "rev-parse", "HEAD"), (tree / "CMakeLists.txt").read_bytes()) == before
+    assert "rebase" not in operation or (tree / ".git" / "rebase-merge").is_dir()
+
+
+SERIES_CASES = {
+    "not TOML": b"garbage = [",
+    "not UTF-8": b"\xff\xfe",
+    "no bug": b'[bases]\n[[concern]]\nid = "a"\ntitle = "t"\nrationale = "r"\n',
+    "concern a string": b'bug = "b"\nconcern = "x"\n[bases]\n',
+    "id a number": b'bug = "b"\n[bases]\n[[concern]]\nid = 5\ntitle = "t"\nrationale = "r"\n',
+    "variants a number": b'bug = "b"\n[bases]\n[[concern]]\nid = "a"\ntitle = "t"\nrationale = "r"\nvariants = 3\n',
+    "file outside": (b'bug = "b"\n[bases.x]\nblob = "0"\n[[concern]]\nid = "a"\ntitle = "t"\nrationale = "r"\n'
+                     b'[concern.variants.x]\nfile = "../../../etc/passwd"\nsha256 = "' + b"0" * 64 + b'"\n'),
+    "sha256 a number": (b'bug = "b"\n[bases.x]\nblob = "0"\n[[concern]]\nid = "a"\ntitle = "t"\nrationale = "r"\n'
+                        b'[concern.variants.x]\nfile = "x/1.patch"\nsha256 = 5\n'),
+    "a directory": None,
+}
+
+
+@pytest.mark.parametrize("case", sorted(SERIES_CASES))
+def test_a_malformed_series_toml_given_with_patches_is_23(world, tmp_path, case):
+    syn, bare, expected, prepared = world
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    if SERIES_CASES[case] is None:
+        (patches / "series.toml").mkdir()
+    else:
+        (patches / "series.toml").write_bytes(SERIES_CASES[case])
+    tree = fresh_copy(prepared, tmp_path / "llama")
+    before = head(tree)
+    for args in (("apply", "--base", syn.base_commit, "--repo", bare, "--dir", tree, "--patches", patches),
+                 ("series", "list", "--patches", patches),
+                 ("series", "check", "--dir", tree, "--patches", patches)):
+        result = dfbuild(*args)
+        _clean_exit(result, 23, str(patches / "series.toml"))
+    assert head(tree) == before
+
+
+@posix_only
+def test_a_fifo_as_series_toml_is_23_at_once(world, tmp_path):
+    syn, bare, expected, prepared = world
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    os.mkfifo(patches / "series.toml")
+    done, took = run_cli("series", "list", "--patches", patches, timeout=30)
+    assert done.returncode == 23 and took < 10, (done.returncode, took, done.stderr)
+    assert "Traceback" not in done.stderr

@@ -28,6 +28,7 @@ from pathlib import Path, PurePosixPath
 
 from . import state, ui
 from .errors import LockedError
+from .paths import git_dir
 
 JOURNAL_NAME = "journal.json"
 KEPT_DIR = "kept"
@@ -40,7 +41,7 @@ _OPS = ("apply", "checkout", "stash")
 
 
 def record_dir(tree: Path) -> Path:
-    return Path(tree) / ".git" / "dfbuild"
+    return git_dir(tree) / "dfbuild"
 
 
 def journal_path(tree: Path) -> Path:
@@ -186,8 +187,8 @@ def _lock_names(branch: object) -> list[str]:
 
 
 def git_locks(tree: Path, branch: object = None) -> list[Path]:
-    git_dir = Path(tree) / ".git"
-    return [git_dir / n for n in _lock_names(branch) if (git_dir / n).is_file()]
+    found = git_dir(tree)
+    return [found / n for n in _lock_names(branch) if (found / n).is_file()]
 
 
 def held_by_another(tree: Path, lock: Path) -> LockedError:
@@ -195,7 +196,7 @@ def held_by_another(tree: Path, lock: Path) -> LockedError:
     try:
         record = json.loads(state.read_state_bytes(journal_path(tree), "journal").decode("utf-8"))
         held = record.get("foreign_locks") if isinstance(record.get("foreign_locks"), list) else []
-        update(tree, foreign_locks=sorted({*held, lock.relative_to(Path(tree) / ".git").as_posix()}))
+        update(tree, foreign_locks=sorted({*held, lock.relative_to(git_dir(tree)).as_posix()}))
     except (OSError, ValueError, AttributeError):
         pass
     return locked_error(tree, lock)
@@ -220,7 +221,7 @@ def _clear_dead_git_locks(tree: Path, record: dict) -> None:
             mtime = lock.stat().st_mtime
         except OSError:
             continue
-        rel = lock.relative_to(Path(tree) / ".git").as_posix()
+        rel = lock.relative_to(git_dir(tree)).as_posix()
         older = isinstance(started, (int, float)) and mtime < started - 1
         if rel in foreign or older or _open_by_someone(lock):
             raise locked_error(tree, lock)

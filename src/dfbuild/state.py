@@ -31,7 +31,7 @@ from pathlib import Path
 # the lowest floor: errors, ui, locks and paths only (never manifest, source or anything above)
 from . import ui
 from .locks import adopt, hold, hold_dir, read_state_bytes
-from .paths import cache_dir
+from .paths import cache_dir, git_dir, is_git_tree
 
 # --- atomic files -----------------------------------------------------------------------
 
@@ -124,7 +124,7 @@ def _cache_lock_path(kind: str, target: Path) -> Path:
 
 
 def tree_lock_path(tree: Path) -> Path:
-    return Path(tree) / ".git" / "dfbuild" / "lock"
+    return git_dir(tree) / "dfbuild" / "lock"
 
 
 def lock_path_for(kind: str, target: Path) -> Path:
@@ -151,7 +151,7 @@ def record_dir_ready(folder: Path) -> None:
 
 def _record_dir_ready(tree: Path) -> None:
     """TREE/.git/dfbuild must be a directory: anything else in its place is not dfbuild's record; replace it."""
-    record_dir_ready(Path(tree) / ".git" / "dfbuild")
+    record_dir_ready(git_dir(tree) / "dfbuild")
 
 
 def dir_note_path(folder: Path) -> Path:
@@ -172,7 +172,7 @@ def _hold_tree(tree: Path, what: str, wait: bool):
     renames it into place (tree_made), so whoever comes later waits on that lock.
     """
     while True:
-        if (tree / ".git").is_dir():
+        if is_git_tree(tree):
             _record_dir_ready(tree)
             clear_non_file(tree_lock_path(tree), "tree lock")
             with hold(tree_lock_path(tree), what, wait=wait):
@@ -181,7 +181,7 @@ def _hold_tree(tree: Path, what: str, wait: bool):
         parent = tree.parent
         parent.mkdir(parents=True, exist_ok=True)
         with hold_dir(parent, what, wait=wait, note=dir_note_path(parent)):
-            if (tree / ".git").is_dir():
+            if is_git_tree(tree):
                 continue  # made by the one we waited for: its own lock guards it now
             _creating[str(tree)] = None
             try:

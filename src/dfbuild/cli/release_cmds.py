@@ -45,12 +45,12 @@ def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_target
     from .. import build as build_stage
     from .. import manifest
 
-    from .. import journal
+    from .. import journal, paths
 
     spec = backends.get(backend)  # resolved once, here; the stage gets the record
     lock_build_dir = build_dir or build_stage.default_build_dir(Path(tree), backend)
     with _locks(("tree", tree), ("build", lock_build_dir), no_wait=no_wait):
-        if (Path(tree) / ".git").is_dir() and journal.recover(Path(tree)):
+        if paths.is_git_tree(Path(tree)) and journal.recover(Path(tree)):
             ui.warn(f"{tree} is back at its state before the interrupted run; "
                     "run `dfbuild apply` first if you meant to build the patched tree")
         section = build_stage.build_tree(
@@ -58,7 +58,7 @@ def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_target
             gpu_targets=gpu_targets, vulkan_include_dir=vulkan_include_dir, cpu_variants=cpu_variants,
             extra_cmake_args=cmake_args, jobs=jobs, reconfigure=reconfigure, fresh=fresh, use_ccache=not no_ccache,
         )
-        if (Path(tree) / ".git").is_dir():
+        if paths.is_git_tree(Path(tree)):
             manifest.update_tree_manifest(Path(tree), "build", section)
     if as_json:
         ui.emit_json(section)
