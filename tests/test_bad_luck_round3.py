@@ -815,3 +815,79 @@ def test_a_fifo_as_series_toml_is_23_at_once(world, tmp_path):
     done, took = run_cli("series", "list", "--patches", patches, timeout=30)
     assert done.returncode == 23 and took < 10, (done.returncode, took, done.stderr)
     assert "Traceback" not in done.stderr
+
+
+def _python_for_nobody() -> str | None:
+    """A Python of this one's version that the user nobody may run (this venv's may sit under /root)."""
+    import shutil
+
+    if os.name != "posix" or os.geteuid() != 0 or not shutil.which("runuser"):
+        return None
+    for candidate in (sys.executable, f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"):
+        probe = subprocess.run(["runuser", "-u", "nobody", "--", candidate, "-c", "import sys"],
+                               capture_output=True)
+        if probe.returncode == 0:
+            return candidate
+    return None
+
+
+def test_a_read_only_cwd_as_a_non_root_user_is_16(world, tmp_path):
+    """As nobody, in a directory nobody may not write: every command that makes a DIR there says 16, naming it."""
+    import shutil
+    import site
+    import tempfile
+
+    python = _python_for_nobody()
+    if python is None:
+        pytest.skip("needs root, runuser and a Python the user nobody can run")
+    syn, bare, expected, prepared = world
+    # outside pytest's 0700 tmp dirs: what nobody reads is copied world-readable, the cwd is root's (0755)
+    shared = Path(tempfile.mkdtemp(prefix="dfbuild-round3-"))
+    try:
+        shared.chmod(0o755)
+        shutil.copytree(bare, shared / "upstream.git")
+        shutil.copytree(syn.patches, shared / "patches")
+        read_only = shared / "read-only"
+        read_only.mkdir(mode=0o755)
+        home = shared / "home"
+        home.mkdir()
+        shutil.chown(home, "nobody")
+        subprocess.run(["chmod", "-R", "a+rX", str(shared)], check=True)
+        path = os.pathsep.join([str(SRC), *site.getsitepackages()])
+        env = ["env", f"HOME={home}", f"DFBUILD_CACHE_DIR={home / 'cache'}", f"PYTHONPATH={path}",
+               "GIT_CONFIG_NOSYSTEM=1", f"GIT_CONFIG_GLOBAL={home / 'gitconfig'}"]
+        (home / "gitconfig").write_text("[safe]\n\tdirectory = *\n")
+        common = ["--base", syn.base_commit, "--repo", str(shared / "upstream.git")]
+        outcomes = {}
+        for args in (["apply", *common, "--patches", str(shared / "patches")],
+                     ["apply", *common, "--dir", "rel", "--patches", str(shared / "patches")],
+                     ["checkout", *common], ["checkout", *common, "--dir", "rel"],
+                     ["series", "start", *common, "--dir", "rel", "--patches", str(shared / "patches")]):
+            done = subprocess.run(["runuser", "-u", "nobody", "--", *env, python, "-m", "dfbuild", *args],
+                                  capture_output=True, text=True, cwd=read_only, timeout=120)
+            outcomes[" ".join(args[:2]) + (" --dir rel" if "rel" in args else "")] = done.returncode
+            assert done.returncode == 16, (args, done.returncode, done.stderr[-800:])
+            assert "Traceback" not in done.stderr and str(read_only) in one_line(done.stderr), done.stderr
+        assert list(read_only.iterdir()) == []
+        print(f"read-only cwd as nobody: {outcomes}")
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_a_full_disk_where_a_new_dir_is_made_is_16(world, tmp_path, monkeypatch):
+    import errno
+
+    syn, bare, expected, prepared = world
+    real = Path.mkdir
+
+    def no_room(self, *args, **kwargs):
+        if self.name.endswith(".dfbuild-partial"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", no_room)
+    for args in (apply_args(syn, bare, tmp_path / "new"),
+                 ("series", "start", "--base", syn.base_commit, "--repo", bare, "--dir", tmp_path / "cur",
+                  "--patches", syn.patches)):
+        result = dfbuild(*args)
+        _clean_exit(result, 16, "disk is full", ".dfbuild-partial")

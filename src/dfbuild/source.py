@@ -290,6 +290,9 @@ def _staged(dest: Path):
     if partial.exists():
         shutil.rmtree(partial)
     partial.parent.mkdir(parents=True, exist_ok=True)
+    # made here, not by git: a read-only or full parent is then an OSError naming it (exit 16), not git's
+    # "could not create work tree dir" as a GitCommandError (git clones into an empty dir all the same)
+    partial.mkdir()
     try:
         yield partial
     finally:
