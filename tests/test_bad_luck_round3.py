@@ -891,3 +891,26 @@ def test_a_full_disk_where_a_new_dir_is_made_is_16(world, tmp_path, monkeypatch)
                   "--patches", syn.patches)):
         result = dfbuild(*args)
         _clean_exit(result, 16, "disk is full", ".dfbuild-partial")
+
+
+@posix_only
+def test_item2_a_symlink_at_kept_never_sends_a_users_bytes_outside(world, tmp_path):
+    from dfbuild import state
+
+    syn, bare, expected, prepared = world
+    dest = fresh_copy(prepared, tmp_path / "llama")
+    code = run_forked(apply_args(syn, bare, dest), env={state.STOP_AFTER_ENV: "4", state.STOP_SIGNAL_ENV: "KILL"})
+    assert code == -signal.SIGKILL  # the first concern committed, the journal still there
+    edited = json.loads(journal.journal_path(dest).read_text())["paths"][0]
+    mine = (dest / edited).read_bytes() + b"// MY EDIT\n"
+    (dest / edited).write_bytes(mine)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (dest / ".git" / "dfbuild" / "kept").symlink_to(outside)
+
+    result = dfbuild(*apply_args(syn, bare, dest))
+
+    assert result.exit_code == 0, said(result)
+    assert list(outside.iterdir()) == []
+    kept = list((dest / ".git" / "dfbuild" / "kept").rglob(Path(edited).name))
+    assert len(kept) == 1 and kept[0].read_bytes() == mine

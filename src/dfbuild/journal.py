@@ -301,8 +301,7 @@ def restore_paths(tree: Path, commit: str, paths: list[str], record: dict | None
         current = _current_blob(tree / rel)
         if current is None or _is_ours(current, ours.get(rel, set())):
             continue
-        copy = record_dir(tree) / KEPT_DIR / stamp / rel
-        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy = _kept_path(tree, stamp, rel)
         if (tree / rel).is_symlink():
             os.symlink(os.readlink(tree / rel), copy)
         else:
@@ -319,6 +318,20 @@ def restore_paths(tree: Path, commit: str, paths: list[str], record: dict | None
         if target.is_file() or target.is_symlink():
             target.unlink()
     return kept
+
+
+def _kept_path(tree: Path, stamp: str, rel: str) -> Path:
+    """Where a user's bytes are kept: TREE/.git/dfbuild/kept/STAMP/REL, every folder of it a real directory
+    of dfbuild's (a symlink planted at kept/ or below would send the copy outside the tree)."""
+    folder = record_dir(tree)
+    state.record_dir_ready(folder)
+    for part in (KEPT_DIR, stamp, *PurePosixPath(rel).parts[:-1]):
+        folder = folder / part
+        state.record_dir_ready(folder)
+    copy = folder / PurePosixPath(rel).name
+    if copy.is_symlink() or copy.exists():
+        copy.unlink()  # a name taken in dfbuild's own folder (the same second, twice): replaced, never followed
+    return copy
 
 
 def _kept_words(tree: Path, kept: list[tuple[str, Path]]) -> str:
@@ -402,8 +415,7 @@ def _finish_checkout(tree: Path, record: dict) -> list[tuple[str, Path]]:
         current = _current_blob(tree / rel)
         if current is None or _is_ours(current, ours[rel]):
             continue
-        copy = record_dir(tree) / KEPT_DIR / stamp / rel
-        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy = _kept_path(tree, stamp, rel)
         shutil.copy2(tree / rel, copy, follow_symlinks=False)
         kept.append((rel, copy))
     _git(tree, "checkout", "--quiet", "--force", "-B", record["branch"], commit)
