@@ -914,3 +914,30 @@ def test_item2_a_symlink_at_kept_never_sends_a_users_bytes_outside(world, tmp_pa
     assert list(outside.iterdir()) == []
     kept = list((dest / ".git" / "dfbuild" / "kept").rglob(Path(edited).name))
     assert len(kept) == 1 and kept[0].read_bytes() == mine
+
+
+def test_apply_killed_at_every_named_step_is_finished_by_the_rerun(world, tmp_path):
+    """DFBUILD_FAULT walks apply by name (the crash tests of round one count steps instead)."""
+    syn, bare, expected, prepared = world
+    steps = _steps_of(apply_args(syn, bare, fresh_copy(prepared, tmp_path / "probe")), tmp_path, "apply")
+    assert len([s for s in steps if s.startswith("apply:")]) >= 2 + 2 * len(IDS), steps
+    for number, step in enumerate(dict.fromkeys(steps)):
+        dest = fresh_copy(prepared, tmp_path / f"d{number}")
+        code = run_forked(apply_args(syn, bare, dest), env={"DFBUILD_FAULT": step, "DFBUILD_TEST_STOP_SIGNAL": "KILL"})
+        assert code == -signal.SIGKILL, (step, code)
+        again = dfbuild(*apply_args(syn, bare, dest))
+        assert again.exit_code == 0, (step, _no_traceback(again))
+        assert_fully_patched(dest, syn, expected)
+
+
+def test_item1_abort_never_overwrites_an_untracked_file_in_the_way(syn, new_epoch, tmp_path):
+    tree = tmp_path / "curate"
+    assert start(syn, tree).exit_code == 21
+    run_git(tree, "rm", "-q", "CMakeLists.txt")  # the curation deleted a file of the base ...
+    run_git(tree, "commit", "-q", "-m", "spec : x", "-m", "Dfbuild-Concern: warning-downgrade")
+    (tree / "CMakeLists.txt").write_bytes(b"# the user's own, untracked\n")  # ... and the user made one there
+
+    result = dfbuild("series", "continue", "--dir", tree, "--abort")
+
+    _clean_exit(result, 12, "CMakeLists.txt")
+    assert (tree / "CMakeLists.txt").read_bytes() == b"# the user's own, untracked\n"

@@ -515,6 +515,15 @@ def curate_abort(tree: Path) -> dict:
     if not data:
         raise UsageError(f"{tree}: no curation to abort", "nothing was changed")
     orig_head = data.get("orig_head") if _is_commit(tree, data.get("orig_head")) else None
+    if orig_head:  # an untracked file of the user's that the reset would overwrite: not ours to lose
+        untracked = set(_git(tree, "ls-files", "-z", "--others", "--exclude-standard").stdout.split("\0")) - {""}
+        target = set(_git(tree, "ls-tree", "-r", "-z", "--name-only", orig_head).stdout.split("\0"))
+        in_the_way = sorted(untracked & target)
+        if in_the_way:
+            raise DirtyTreeError(f"{tree}: your untracked file {in_the_way[0]}"
+                                 + (f" (and {len(in_the_way) - 1} more)" if len(in_the_way) > 1 else "")
+                                 + f" would be overwritten by going back to {orig_head[:12]}; nothing was done",
+                                 "move it out of the tree (or commit it), then abort again")
     kept = save_tree(tree, f"series continue --abort of the curation of {data.get('base') or '?'}", curation=data)
     state.fault_point("abort: saved")
     if orig_head is None:  # a damaged state names no commit to go back to: forget it, move nothing
