@@ -941,3 +941,21 @@ def test_item1_abort_never_overwrites_an_untracked_file_in_the_way(syn, new_epoc
 
     _clean_exit(result, 12, "CMakeLists.txt")
     assert (tree / "CMakeLists.txt").read_bytes() == b"# the user's own, untracked\n"
+
+
+def test_item1_two_aborts_in_one_second_keep_two_saves(syn, new_epoch, tmp_path, monkeypatch):
+    from dfbuild import adopt
+
+    monkeypatch.setattr(adopt.time, "strftime", lambda fmt, *args: "20261202-120000")  # one and the same second
+    tree = tmp_path / "curate"
+    edits = []
+    for number in range(2):
+        assert start(syn, tree).exit_code == 21
+        spec = tree / SPEC
+        spec.write_bytes(spec.read_bytes() + f"// edit {number}\n".encode())
+        edits.append(spec.read_bytes())
+        assert dfbuild("series", "continue", "--dir", tree, "--abort").exit_code == 0
+    refs = run_git(tree, "for-each-ref", "--format=%(refname)", "refs/dfbuild/saved").split()
+    assert len(refs) == 2, refs  # neither save overwrote the other
+    assert dfbuild("series", "continue", "--dir", tree, "--restore").exit_code == 0
+    assert (tree / SPEC).read_bytes() == edits[1]  # the newest first

@@ -285,7 +285,10 @@ def _forget_curation(tree: Path) -> None:
 
 
 def _stamp() -> str:
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{os.getpid()}"
+    """UTC time to the nanosecond, then the pid: saves sort by when they were made, and never share a name."""
+    now = time.time_ns()
+    seconds = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now // 1_000_000_000))
+    return f"{seconds}.{now % 1_000_000_000:09d}-{os.getpid()}"
 
 
 def save_tree(tree: Path, why: str, curation: dict | None = None) -> dict | None:
@@ -312,7 +315,7 @@ def save_tree(tree: Path, why: str, curation: dict | None = None) -> dict | None
     stamp = _stamp()
     branch = _git(tree, "symbolic-ref", "-q", "--short", "HEAD", check=False).stdout.strip() or None
     record = {"stamp": stamp, "why": why, "ref": f"{SAVED_REFS}/{stamp}", "stash": saved, "head": head,
-              "branch": branch, "curation": curation}
+              "branch": branch, "curation": curation, "made_ns": time.time_ns()}
     folder = curate_state_path(tree).parent / SAVED_DIR
     state.record_dir_ready(folder.parent)
     state.record_dir_ready(folder)
@@ -541,7 +544,7 @@ def curate_abort(tree: Path) -> dict:
 
 
 def saved_records(tree: Path) -> list[dict]:
-    """The saves of TREE (save_tree) whose ref is still there, oldest first."""
+    """The saves of TREE (save_tree) whose ref is still there, oldest first (by when each was made)."""
     folder = curate_state_path(tree).parent / SAVED_DIR
     records = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
@@ -551,7 +554,8 @@ def saved_records(tree: Path) -> list[dict]:
             continue
         if _git(tree, "rev-parse", "--verify", "--quiet", ref, check=False).returncode == 0:
             records.append({**record, "path": str(path)})
-    return records
+    made = [r.get("made_ns") if isinstance(r.get("made_ns"), int) else 0 for r in records]
+    return [r for _, _, r in sorted(zip(made, range(len(records)), records), key=lambda x: x[:2])]
 
 
 def curate_restore(tree: Path) -> dict:
