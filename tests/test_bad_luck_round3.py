@@ -959,3 +959,26 @@ def test_item1_two_aborts_in_one_second_keep_two_saves(syn, new_epoch, tmp_path,
     assert len(refs) == 2, refs  # neither save overwrote the other
     assert dfbuild("series", "continue", "--dir", tree, "--restore").exit_code == 0
     assert (tree / SPEC).read_bytes() == edits[1]  # the newest first
+
+
+def test_item5_the_ctrl_c_handler_is_set_before_dfbuild_imports_anything_slow(tmp_path):
+    """Deterministic: when the command's first import of the `signal` module begins (its enums take milliseconds,
+    and a Ctrl-C there was a traceback through dfbuild's frames), dfbuild's own handler is already in place."""
+    probe = (
+        "import sys, _signal\n"
+        "seen = []\n"
+        "class Watch:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'signal' and not seen:\n"
+        "            seen.append(getattr(_signal.getsignal(_signal.SIGINT), '__name__', '?'))\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Watch())\n"
+        "sys.modules.pop('signal', None)\n"
+        "sys.argv = ['dfbuild']\n"
+        "import dfbuild\n"
+        "print(seen[0] if seen else 'signal never imported')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(SRC)}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() in ("_interrupted_early", "signal never imported"), done.stdout
