@@ -145,10 +145,30 @@ def fake_build_wheel(*, bin_dir, version, manifest_bytes, license_path, out_dir,
     plat = "manylinux_2_17_x86_64" if HOST.os == "linux" else "macosx_11_0_arm64"
     path = Path(out_dir) / f"{package}-{version}-py3-none-{plat}.whl"
     Path(out_dir).mkdir(parents=True, exist_ok=True)
+    write_wheel(path, {**{f"{package}/bin/{file.name}": file.read_bytes() for file in sorted(Path(bin_dir).iterdir())},
+                       f"{package}/manifest.json": manifest_bytes})
+    return path
+
+
+def write_wheel(path: Path, files: dict[str, bytes], *, record=None, wheel=True, metadata=True) -> Path:
+    """A wheel as pip installs it: FILES, and NAME-VERSION.dist-info with WHEEL, METADATA and a RECORD listing
+    every file with its sha256 and size. RECORD (bytes) replaces the real one; wheel/metadata False leave one out."""
+    import base64
+    import hashlib
+
+    dist, version = path.name.split("-")[:2]
+    info = f"{dist}-{version}.dist-info"
+    files = dict(files)
+    if wheel:
+        files[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: dfbuild-tests\nRoot-Is-Purelib: false\nTag: x\n"
+    if metadata:
+        files[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n".encode()
+    rows = [f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
+            f"{len(data)}" for name, data in files.items()]
+    files[f"{info}/RECORD"] = record if record is not None else ("\n".join(rows + [f"{info}/RECORD,,"]) + "\n").encode()
     with zipfile.ZipFile(path, "w") as zf:
-        for file in sorted(Path(bin_dir).iterdir()):
-            zf.writestr(zipfile.ZipInfo(f"{package}/bin/{file.name}", (2000, 1, 1, 0, 0, 0)), file.read_bytes())
-        zf.writestr(zipfile.ZipInfo(f"{package}/manifest.json", (2000, 1, 1, 0, 0, 0)), manifest_bytes)
+        for name, data in files.items():
+            zf.writestr(zipfile.ZipInfo(name, (2000, 1, 1, 0, 0, 0)), data)
     return path
 
 

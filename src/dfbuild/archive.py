@@ -170,6 +170,20 @@ class Member:
     link: str | None = None
 
 
+# what Python's zipfile (and so pip and verify) can read; deflate64 (9), PPMd, ... it cannot
+ZIP_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate", zipfile.ZIP_BZIP2: "bzip2",
+               zipfile.ZIP_LZMA: "lzma"}
+
+
+def zip_member_problem(info: zipfile.ZipInfo) -> str | None:
+    """Why a zip member cannot be read and vetted (encrypted, an unsupported method), or None."""
+    if info.flag_bits & 0x1:
+        return "is encrypted"
+    if info.compress_type not in ZIP_METHODS:
+        return f"uses compression method {info.compress_type} (not stored, deflate, bzip2 or lzma: e.g. deflate64)"
+    return None
+
+
 def read_members(path: Path, limits=None) -> list[Member]:
     """Every member of a .tar.gz or .zip, with file contents, once the sizes are within LIMITS."""
     from . import source  # the size caps are the ones `dfbuild import` applies
@@ -181,6 +195,10 @@ def read_members(path: Path, limits=None) -> list[Member]:
             with zipfile.ZipFile(path) as zf:
                 source.check_limits(path, [info.file_size for info in zf.infolist()], limits)
                 for info in zf.infolist():
+                    why = zip_member_problem(info)
+                    if why:
+                        raise VerifyError(f"{path.name}: member {info.filename} {why}; it cannot be vetted",
+                                          "rebuild the archive with dfbuild release")
                     mode = (info.external_attr >> 16) & 0o7777
                     if info.is_dir():
                         members.append(Member(info.filename.rstrip("/"), "dir", mode))
@@ -198,7 +216,8 @@ def read_members(path: Path, limits=None) -> list[Member]:
                         members.append(Member(info.name, "file", info.mode, data=tar.extractfile(info).read()))
                     else:
                         members.append(Member(info.name, "other", info.mode))
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, zlib.error) as exc:
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, zlib.error, RuntimeError,
+            NotImplementedError, ValueError) as exc:  # zipfile: RuntimeError (encrypted), NotImplementedError
         raise VerifyError(f"{path.name} cannot be read: {exc}", "download it again") from None
     except ArchiveError as exc:
         raise VerifyError(exc.message, exc.hint) from None

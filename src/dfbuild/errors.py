@@ -57,6 +57,19 @@ class LockedError(DfbuildError):
     exit_code = 15
 
 
+class StateFileError(LockedError):
+    """Where dfbuild keeps a lock, a journal or a record sits a symlink, FIFO, device or socket: refused (15).
+
+    dfbuild never follows, truncates or blocks on such a thing; the user removes it.
+    """
+
+    def __init__(self, path, kind: str, what: str):
+        super().__init__(f"{path} is {kind}, not dfbuild's {what}; nothing was done",
+                         f"dfbuild keeps its own regular file there: remove it (rm '{path}') if nothing of "
+                         "yours uses it, then run again")
+        self.path = path
+
+
 class CannotWriteError(DfbuildError):
     """A directory dfbuild must write is read-only, not ours to write, or on a full disk."""
 

@@ -28,6 +28,7 @@ from pathlib import Path, PurePosixPath
 
 from . import state, ui
 from .errors import LockedError
+from .paths import git_dir
 
 JOURNAL_NAME = "journal.json"
 KEPT_DIR = "kept"
@@ -40,7 +41,7 @@ _OPS = ("apply", "checkout", "stash")
 
 
 def record_dir(tree: Path) -> Path:
-    return Path(tree) / ".git" / "dfbuild"
+    return git_dir(tree) / "dfbuild"
 
 
 def journal_path(tree: Path) -> Path:
@@ -76,7 +77,7 @@ def begin(tree: Path, op: str, **data) -> None:
 
 def update(tree: Path, **data) -> None:
     """Add DATA to the journal in progress."""
-    record = json.loads(journal_path(tree).read_text(encoding="utf-8"))
+    record = json.loads(state.read_state_bytes(journal_path(tree), "journal").decode("utf-8"))
     record.update(data)
     state.atomic_write_text(journal_path(tree), json.dumps(record, indent=2, sort_keys=True) + "\n")
 
@@ -186,16 +187,16 @@ def _lock_names(branch: object) -> list[str]:
 
 
 def git_locks(tree: Path, branch: object = None) -> list[Path]:
-    git_dir = Path(tree) / ".git"
-    return [git_dir / n for n in _lock_names(branch) if (git_dir / n).is_file()]
+    found = git_dir(tree)
+    return [found / n for n in _lock_names(branch) if (found / n).is_file()]
 
 
 def held_by_another(tree: Path, lock: Path) -> LockedError:
     """LOCK was found held while this run's git needed it: note it in the journal as not ours to remove."""
     try:
-        record = json.loads(journal_path(tree).read_text(encoding="utf-8"))
+        record = json.loads(state.read_state_bytes(journal_path(tree), "journal").decode("utf-8"))
         held = record.get("foreign_locks") if isinstance(record.get("foreign_locks"), list) else []
-        update(tree, foreign_locks=sorted({*held, lock.relative_to(Path(tree) / ".git").as_posix()}))
+        update(tree, foreign_locks=sorted({*held, lock.relative_to(git_dir(tree)).as_posix()}))
     except (OSError, ValueError, AttributeError):
         pass
     return locked_error(tree, lock)
@@ -220,7 +221,7 @@ def _clear_dead_git_locks(tree: Path, record: dict) -> None:
             mtime = lock.stat().st_mtime
         except OSError:
             continue
-        rel = lock.relative_to(Path(tree) / ".git").as_posix()
+        rel = lock.relative_to(git_dir(tree)).as_posix()
         older = isinstance(started, (int, float)) and mtime < started - 1
         if rel in foreign or older or _open_by_someone(lock):
             raise locked_error(tree, lock)
@@ -300,8 +301,7 @@ def restore_paths(tree: Path, commit: str, paths: list[str], record: dict | None
         current = _current_blob(tree / rel)
         if current is None or _is_ours(current, ours.get(rel, set())):
             continue
-        copy = record_dir(tree) / KEPT_DIR / stamp / rel
-        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy = _kept_path(tree, stamp, rel)
         if (tree / rel).is_symlink():
             os.symlink(os.readlink(tree / rel), copy)
         else:
@@ -318,6 +318,20 @@ def restore_paths(tree: Path, commit: str, paths: list[str], record: dict | None
         if target.is_file() or target.is_symlink():
             target.unlink()
     return kept
+
+
+def _kept_path(tree: Path, stamp: str, rel: str) -> Path:
+    """Where a user's bytes are kept: TREE/.git/dfbuild/kept/STAMP/REL, every folder of it a real directory
+    of dfbuild's (a symlink planted at kept/ or below would send the copy outside the tree)."""
+    folder = record_dir(tree)
+    state.record_dir_ready(folder)
+    for part in (KEPT_DIR, stamp, *PurePosixPath(rel).parts[:-1]):
+        folder = folder / part
+        state.record_dir_ready(folder)
+    copy = folder / PurePosixPath(rel).name
+    if copy.is_symlink() or copy.exists():
+        copy.unlink()  # a name taken in dfbuild's own folder (the same second, twice): replaced, never followed
+    return copy
 
 
 def _kept_words(tree: Path, kept: list[tuple[str, Path]]) -> str:
@@ -401,8 +415,7 @@ def _finish_checkout(tree: Path, record: dict) -> list[tuple[str, Path]]:
         current = _current_blob(tree / rel)
         if current is None or _is_ours(current, ours[rel]):
             continue
-        copy = record_dir(tree) / KEPT_DIR / stamp / rel
-        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy = _kept_path(tree, stamp, rel)
         shutil.copy2(tree / rel, copy, follow_symlinks=False)
         kept.append((rel, copy))
     _git(tree, "checkout", "--quiet", "--force", "-B", record["branch"], commit)

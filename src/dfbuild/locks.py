@@ -9,8 +9,10 @@ lives is decided above (state.lock_path_for, paths.locked).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import sys
 import time
 from contextlib import contextmanager
@@ -19,20 +21,134 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from . import ui
-from .errors import LockedError
+from .errors import LockedError, StateFileError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; locks fall back to filelock, and a dir's lock to a file in the cache
+    fcntl = None
+
+# --- opening dfbuild's own state files: never through a symlink, never blocking on a FIFO or a device -----
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_SAFE_FLAGS = _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+
+
+def kind_of(mode: int) -> str:
+    """What a file of MODE is, in words (for a refusal)."""
+    for test, words in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                        (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def open_state_file(path: Path, flags: int, what: str, mode: int = 0o644) -> int:
+    """A descriptor of dfbuild's own state file PATH (a lock, a journal, a record), opened the safe way.
+
+    The last component is never followed when it is a symlink (O_NOFOLLOW), a
+    FIFO or a device never blocks the open (O_NONBLOCK), and anything but a
+    regular file is refused with StateFileError (exit 15, naming PATH). A
+    directory raises IsADirectoryError, for the caller to treat as it always did.
+    O_CREAT makes the file when nothing is there; nothing is ever truncated.
+    """
+    path = Path(path)
+    if not _NOFOLLOW and os.path.islink(path):  # no O_NOFOLLOW (Windows): look first
+        raise StateFileError(path, "a symbolic link", what)
+    try:
+        fd = os.open(path, flags | _SAFE_FLAGS, mode)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(path):
+            raise StateFileError(path, "a symbolic link", what) from None
+        if exc.errno == errno.ENXIO:  # a FIFO without a reader, opened to write; or a device with none behind it
+            try:
+                kind = kind_of(os.lstat(path).st_mode)
+            except OSError:
+                kind = "not a regular file"
+            raise StateFileError(path, kind, what) from None
+        raise
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if stat.S_ISREG(info.st_mode):
+        return fd
+    os.close(fd)
+    if stat.S_ISDIR(info.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+    raise StateFileError(path, kind_of(info.st_mode), what)
+
+
+def read_state_bytes(path: Path, what: str) -> bytes:
+    """The bytes of dfbuild's state file PATH, opened the safe way (see open_state_file)."""
+    fd = open_state_file(path, os.O_RDONLY, what)
+    with os.fdopen(fd, "rb") as handle:
+        return handle.read()
 
 
 def atomic_note(path: Path, text: str) -> None:
-    """A best-effort note (a lock's owner): temp file and rename, no fsync; may be lost."""
+    """A best-effort note (a lock's owner): temp file and rename, no fsync; may be lost.
+
+    The temp file is made new (O_EXCL, no symlink followed) and the rename replaces
+    whatever sits at PATH (a symlink there is replaced, never followed).
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text, encoding="utf-8")
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _SAFE_FLAGS, 0o644)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(text.encode("utf-8"))
         os.replace(tmp, path)
     except OSError:
         try:
             tmp.unlink()
         except OSError:
             pass
+
+
+class _Flock:
+    """An flock on a regular lock file that is opened the safe way and never truncated (POSIX).
+
+    A symlink, FIFO or device where the lock file belongs is refused (StateFileError).
+    Quacks like filelock's lock where dfbuild uses it: acquire(timeout), release().
+    """
+
+    def __init__(self, path: str, what: str = "lock file"):
+        self.path, self.what, self.fd = path, what, None
+
+    def acquire(self, timeout: float = -1) -> None:
+        fd = open_state_file(Path(self.path), os.O_RDWR | os.O_CREAT, self.what)
+        try:
+            if timeout is not None and timeout < 0:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # Ctrl-C interrupts it (KeyboardInterrupt)
+            else:
+                deadline = time.monotonic() + (timeout or 0)
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() >= deadline:
+                            raise Timeout(self.path) from None
+                        time.sleep(0.05)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            os.close(fd)  # closing the descriptor releases the flock
+
+
+def _new_lock(path: str):
+    return _Flock(path) if fcntl is not None else FileLock(path, thread_local=False)
 
 
 # path -> [FileLock, depth]: locks this process holds (re-entrant per process)
@@ -48,9 +164,9 @@ def _command_line() -> str:
 
 def _holder(info_path: Path) -> str:
     try:
-        data = json.loads(info_path.read_text(encoding="utf-8"))
+        data = json.loads(read_state_bytes(info_path, "lock owner note").decode("utf-8"))
         return f"pid {data['pid']} ({data['command']}, since {data['since']})"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, LockedError):
         return "another dfbuild process"
 
 
@@ -61,7 +177,8 @@ def hold(lock_file: Path, what: str, *, wait: bool = True, timeout: float = -1, 
     Waiting prints who holds the lock. wait=False raises LockedError at once;
     running out of TIMEOUT raises TIMEOUT_ERROR (a DfbuildError) or LockedError.
     """
-    key = str(Path(lock_file).resolve())
+    # the lock file's own name is never resolved: a symlink there is refused, never followed
+    key = str(Path(lock_file).parent.resolve() / Path(lock_file).name)
     if key in _held:
         _held[key][1] += 1
         try:
@@ -71,7 +188,7 @@ def hold(lock_file: Path, what: str, *, wait: bool = True, timeout: float = -1, 
         return
     Path(lock_file).parent.mkdir(parents=True, exist_ok=True)
     info_path = Path(key + ".owner")
-    lock = FileLock(key, thread_local=False)
+    lock = _new_lock(key)
     try:
         lock.acquire(timeout=0)
     except Timeout:
@@ -107,7 +224,7 @@ class adopt:
     """
 
     def __init__(self, lock_file: Path, final_path: Path):
-        self.lock = FileLock(str(lock_file), thread_local=False)
+        self.lock = _new_lock(str(lock_file))
         self.key = str(final_path)
 
     def __enter__(self):
@@ -121,18 +238,14 @@ class adopt:
         return False
 
 
-try:
-    import fcntl
-except ImportError:  # Windows: no flock of a directory; state falls back to a lock in the cache
-    fcntl = None
-
-
 def _hold_dir(folder: Path, what: str, *, wait: bool = True, note: Path | None = None):
     """flock FOLDER itself (no file is made in it) for the duration of the block; WHAT names it in messages.
 
     NOTE (a file elsewhere, e.g. in the cache) tells a waiter who holds it.
     """
-    fd = os.open(folder, os.O_RDONLY)
+    # a directory only (a FIFO or a device there must neither block nor be locked instead)
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NONBLOCK", 0)
+                 | getattr(os, "O_CLOEXEC", 0))
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import state
+from . import paths, state
 from .ui import dumps
 
 SECTIONS = ("source", "series", "build", "smoke", "proof", "release")
 
 
 def tree_manifest_path(tree: Path) -> Path:
-    return Path(tree) / ".git" / "dfbuild" / "manifest.json"
+    return paths.git_dir(tree) / "dfbuild" / "manifest.json"
 
 
 def load(path: Path) -> dict:

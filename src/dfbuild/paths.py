@@ -34,6 +34,29 @@ def cache_dir() -> Path:
     return root
 
 
+def git_dir(tree: Path) -> Path:
+    """TREE's git dir, where dfbuild keeps the tree's lock, journal and records: TREE/.git, or the dir a
+    worktree's (or submodule's) .git file names (`gitdir: PATH`). TREE/.git when neither is there."""
+    dot = Path(tree) / ".git"
+    if dot.is_file() and not dot.is_symlink():  # a regular file: never a FIFO to block on
+        try:
+            with open(dot, "rb") as handle:
+                text = handle.read(4096).decode("utf-8")
+        except (OSError, UnicodeError):
+            return dot
+        if text.startswith("gitdir:"):
+            target = Path(text[len("gitdir:"):].strip())
+            target = target if target.is_absolute() else Path(tree) / target
+            if target.is_dir():
+                return target
+    return dot
+
+
+def is_git_tree(tree: Path) -> bool:
+    """Whether TREE is a git work tree (a clone, or a worktree whose .git file names its git dir)."""
+    return git_dir(tree).is_dir()
+
+
 def sha256_file(path: Path) -> str:
     """sha256 of a file, read in blocks (release archives can be large)."""
     digest = hashlib.sha256()

@@ -48,6 +48,7 @@ from . import backends, build, elf, fixtures, manifest, matrix, owned, paths, pr
 from .archive import ZIP_EPOCH_MIN, Entry, archive_root, write_archive
 from .errors import ReleaseError, SmokeFailedError, StillBrokenError, VerifyError
 from .paths import sha256_file
+from .state import fault_point  # (package()'s `state` is the release's record, not this module)
 
 SUMS_NAME = "SHA256SUMS"
 MANIFEST_NAME = "manifest.json"
@@ -639,7 +640,9 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
     full = {**{k: portable(v) for k, v in (("source", src), ("series", ser), ("build", bld), ("smoke", smk))},
             "release": rel}
     owned.claim(out, [MANIFEST_NAME], ReleaseError, legacy=release_files)
+    fault_point("release: manifest.json claimed")
     manifest.save(full, out / MANIFEST_NAME)
+    fault_point("release: manifest.json written")
     if not as_is:
         manifest.update_tree_manifest(tree, "release", rel)
     return full
@@ -808,19 +811,24 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
         out_dir.mkdir(parents=True, exist_ok=True)
         owned.claim(out_dir, [name], ReleaseError, legacy=release_files)
         made = [(write_archive(out_dir / name, root, all_entries, epoch), "archive")]
+        fault_point("release: archive written")
         owned.record_produced(made[0][0])  # verify runs binaries by default only from archives made here
+        fault_point("release: archive recorded as produced")
         if cross_host is None:  # a cross build ships its archive only: a wheel is built where it runs
             made.append((build_wheel(bin_dir=wheel_bin, version=version, manifest_bytes=manifest_bytes,
                                      license_path=Path(tree) / "LICENSE", out_dir=out_dir, work_dir=work_dir,
                                      epoch=epoch, backend=backend, os_name=os_name), "wheel"))
         if os_name == "windows" and backend == "cuda":
             made.append((cudart_bundle(out_dir, toolkit or "", arch), "cudart"))
+        fault_point("release: wheel built")
         artifacts = [{"name": path.name, "kind": kind, "sha256": sha256_file(path), "size": path.stat().st_size}
                      for path, kind in made]
         reused = False
         if state:
             state.store("package", key, {"artifacts": artifacts})
+            fault_point("release: package stage recorded")
     write_sha256sums(out_dir, [a["name"] for a in artifacts])
+    fault_point("release: SHA256SUMS written")
     wheel_name = next((a["name"] for a in artifacts if a["kind"] == "wheel"), None)
     return {**packed, "artifacts": artifacts, "wheel": parse_wheel_name(wheel_name) if wheel_name else None,
             "sha256sums": SUMS_NAME, "reused": reused}

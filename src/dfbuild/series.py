@@ -20,6 +20,7 @@ only when called (plan -> carry), and re-exports their public names lazily, so
 from __future__ import annotations
 
 import email
+import errno
 import email.policy
 import os
 import re
@@ -189,10 +190,29 @@ class _Malformed(Exception):
     """A schema problem in series.toml, said in words (becomes a SeriesFileError)."""
 
 
+def _want(raw, key: str, kind: type, where: str, *, required: bool = True):
+    """RAW[KEY] when it is a KIND (absent and not REQUIRED: None); else the field is named as malformed."""
+    if key not in raw:
+        if required:
+            raise _Malformed(f"{where} has no '{key}' field")
+        return None
+    if not isinstance(raw[key], kind) or isinstance(raw[key], bool) and kind is not bool:
+        raise _Malformed(f"{where}: {key} is {type(raw[key]).__name__}, not {kind.__name__}")
+    return raw[key]
+
+
 def _variant(concern_id: str, base: str, raw) -> Variant:
     where = f"variant {concern_id}/{base}"
     if not isinstance(raw, dict):
         raise _Malformed(f"{where} must be a table like {{file = ..., sha256 = ...}}")
+    for key in ("status", "file", "sha256", "note"):
+        _want(raw, key, str, where, required=False)
+    file = raw.get("file")
+    if file is not None and (not file or file.startswith(("/", "\\")) or ".." in Path(file).parts
+                             or ":" in file.split("/")[0]):
+        raise _Malformed(f"{where}: file {file!r} is not a path inside the patches directory")
+    if raw.get("sha256") is not None and not re.fullmatch(r"[0-9a-f]{64}", raw["sha256"]):
+        raise _Malformed(f"{where}: sha256 is not 64 lowercase hex digits")
     variant = Variant(base=base, status=raw.get("status", "patch"), file=raw.get("file"),
                       sha256=raw.get("sha256"), note=raw.get("note", ""), marker=raw.get("marker"))
     if variant.status not in VARIANT_STATUSES:
@@ -224,6 +244,9 @@ def load_series(patches_dir: Path | None = None) -> Series:
     patches_dir = Path(patches_dir or default_patches_dir()).resolve()
     path = patches_dir / "series.toml"
     try:
+        if path.exists() and not path.is_file():  # a FIFO or a device: never read (it would block)
+            raise IsADirectoryError(errno.EISDIR, "not a regular file", str(path)) if path.is_dir() else \
+                OSError(errno.EINVAL, "not a regular file (a FIFO, a device or a socket)", str(path))
         doc = tomlkit.parse(path.read_text(encoding="utf-8")).unwrap()
     except FileNotFoundError:
         raise SeriesFileError(f"no series file at {path}", f"set ${SERIES_ENV} to a patches directory") from None
@@ -236,6 +259,21 @@ def load_series(patches_dir: Path | None = None) -> Series:
                               "make it a readable file, or restore it from git") from None
     hint = "compare it with the documented schema"
     try:
+        _want(doc, "bug", str, "the top level")
+        _want(doc, "bases", dict, "the top level")
+        for raw in _want(doc, "concern", list, "the top level"):
+            if not isinstance(raw, dict):
+                raise _Malformed("concern must be [[concern]] tables")
+            where = f"concern {raw.get('id')!r}"
+            for key in ("id", "title", "rationale"):
+                _want(raw, key, str, where)
+            _want(raw, "dep3", dict, where, required=False)
+            _want(raw, "variants", dict, where, required=False)
+        for name, entry in doc["bases"].items():
+            if isinstance(entry, dict):
+                for key in ("blob", "note", "commit", "sdist"):
+                    _want(entry, key, str, f"base {name}", required=False)
+        _want(doc, "epoch", list, "the top level", required=False)
         concerns = []
         for raw in doc["concern"]:
             variants = {base: _variant(raw["id"], base, v) for base, v in raw.get("variants", {}).items()}
@@ -250,8 +288,10 @@ def load_series(patches_dir: Path | None = None) -> Series:
                       epochs=[_epoch(raw, doc["bases"]) for raw in doc.get("epoch", [])])
     except _Malformed as exc:
         raise SeriesFileError(f"{path} is malformed: {exc}", hint) from None
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise SeriesFileError(f"{path} is malformed: missing or wrong {exc}", hint) from None
+    except KeyError as exc:
+        raise SeriesFileError(f"{path} is malformed: the field {exc} is missing", hint) from None
+    except (TypeError, AttributeError, ValueError) as exc:
+        raise SeriesFileError(f"{path} is malformed: a field has the wrong type ({exc})", hint) from None
 
 
 # --- recognising the base ------------------------------------------------------------

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import git
 
-from . import journal, manifest, pypi, state, ui
+from . import journal, manifest, paths, pypi, state, ui
 from .errors import (
     ArchiveError,
     DfbuildError,
@@ -279,7 +279,7 @@ def _clear_debris(dest: Path) -> None:
             shutil.rmtree(partial, ignore_errors=True)
         else:
             partial.unlink()
-    if (dest / ".git").is_dir():
+    if paths.is_git_tree(dest):
         journal.recover(dest)
 
 
@@ -290,6 +290,9 @@ def _staged(dest: Path):
     if partial.exists():
         shutil.rmtree(partial)
     partial.parent.mkdir(parents=True, exist_ok=True)
+    # made here, not by git: a read-only or full parent is then an OSError naming it (exit 16), not git's
+    # "could not create work tree dir" as a GitCommandError (git clones into an empty dir all the same)
+    partial.mkdir()
     try:
         yield partial
     finally:
@@ -322,12 +325,35 @@ def _check_dir(dest: Path, force: bool) -> git.Repo | None:
         repo = git.Repo(dest)
     except git.InvalidGitRepositoryError:  # e.g. a vendored tree's stale .git file
         raise not_llama from None
+    operation = git_operation_in_progress(dest)
+    if operation:  # moving HEAD now would wreck it, --force or not
+        what, path = operation
+        raise DirtyTreeError(f"{dest} is in the middle of a git {what} ({path} exists); nothing was touched",
+                             f"end it first: git -C {dest} bisect reset" if what == "bisect" else
+                             f"finish it (git -C {dest} {what} --continue) or abort it (git -C {dest} {what} "
+                             "--abort) first")
     if repo.is_dirty(untracked_files=True) and not force:
         raise DirtyTreeError(
             f"{dest} has local changes; nothing was touched",
             "commit or stash them, or pass --force to have dfbuild stash them for you",
         )
     return repo
+
+
+# what git leaves in the git dir while an operation waits for the user (as `git status` reads them)
+_IN_PROGRESS = (("rebase-merge", "rebase"), ("rebase-apply", "rebase"), ("MERGE_HEAD", "merge"),
+                ("CHERRY_PICK_HEAD", "cherry-pick"), ("REVERT_HEAD", "revert"), ("BISECT_LOG", "bisect"))
+
+
+def git_operation_in_progress(tree: Path) -> tuple[str, Path] | None:
+    """(operation, the file that says so) when a rebase, merge, cherry-pick, revert or bisect is stopped in TREE."""
+    found = paths.git_dir(tree)
+    for name, what in _IN_PROGRESS:
+        if (found / name).exists():
+            if name == "rebase-apply" and (found / name / "applying").exists():
+                what = "am"
+            return what, found / name
+    return None
 
 
 def _prepare_dir(dest: Path, force: bool) -> git.Repo | None:

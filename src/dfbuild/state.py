@@ -30,8 +30,8 @@ from pathlib import Path
 
 # the lowest floor: errors, ui, locks and paths only (never manifest, source or anything above)
 from . import ui
-from .locks import adopt, hold, hold_dir
-from .paths import cache_dir
+from .locks import adopt, hold, hold_dir, read_state_bytes
+from .paths import cache_dir, git_dir, is_git_tree
 
 # --- atomic files -----------------------------------------------------------------------
 
@@ -80,10 +80,14 @@ def atomic_write_text(path: Path, text: str, *, durable: bool = True) -> Path:
 
 
 def read_json(path: Path, what: str = "record") -> dict:
-    """PATH's JSON object, or {} when it is missing; an unreadable one is {} with a warning."""
+    """PATH's JSON object, or {} when it is missing; an unreadable one is {} with a warning.
+
+    PATH is opened the safe way (locks.open_state_file): a symlink, FIFO or device
+    there is refused (StateFileError, exit 15), never followed or waited on.
+    """
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_state_bytes(path, what).decode("utf-8"))
     except FileNotFoundError:
         return {}
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -120,7 +124,7 @@ def _cache_lock_path(kind: str, target: Path) -> Path:
 
 
 def tree_lock_path(tree: Path) -> Path:
-    return Path(tree) / ".git" / "dfbuild" / "lock"
+    return git_dir(tree) / "dfbuild" / "lock"
 
 
 def lock_path_for(kind: str, target: Path) -> Path:
@@ -135,13 +139,19 @@ def lock_path_for(kind: str, target: Path) -> Path:
     return _cache_lock_path(kind, target)
 
 
-def _record_dir_ready(tree: Path) -> None:
-    """TREE/.git/dfbuild must be a directory: anything else in its place is not dfbuild's record; replace it."""
-    folder = Path(tree) / ".git" / "dfbuild"
+def record_dir_ready(folder: Path) -> None:
+    """FOLDER (dfbuild's own, e.g. TREE/.git/dfbuild) must be a directory: a symlink (never followed) or a
+    file in its place is not dfbuild's record; replace it."""
+    folder = Path(folder)
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
         ui.warn(f"{folder} is not a directory; replaced it with dfbuild's record directory")
         folder.unlink()
     folder.mkdir(parents=True, exist_ok=True)
+
+
+def _record_dir_ready(tree: Path) -> None:
+    """TREE/.git/dfbuild must be a directory: anything else in its place is not dfbuild's record; replace it."""
+    record_dir_ready(git_dir(tree) / "dfbuild")
 
 
 def dir_note_path(folder: Path) -> Path:
@@ -162,7 +172,7 @@ def _hold_tree(tree: Path, what: str, wait: bool):
     renames it into place (tree_made), so whoever comes later waits on that lock.
     """
     while True:
-        if (tree / ".git").is_dir():
+        if is_git_tree(tree):
             _record_dir_ready(tree)
             clear_non_file(tree_lock_path(tree), "tree lock")
             with hold(tree_lock_path(tree), what, wait=wait):
@@ -171,7 +181,7 @@ def _hold_tree(tree: Path, what: str, wait: bool):
         parent = tree.parent
         parent.mkdir(parents=True, exist_ok=True)
         with hold_dir(parent, what, wait=wait, note=dir_note_path(parent)):
-            if (tree / ".git").is_dir():
+            if is_git_tree(tree):
                 continue  # made by the one we waited for: its own lock guards it now
             _creating[str(tree)] = None
             try:
@@ -281,24 +291,37 @@ def temp_dir(kind: str, root: Path | None = None):
 
 STOP_AFTER_ENV = "DFBUILD_TEST_STOP_AFTER"
 STOP_SIGNAL_ENV = "DFBUILD_TEST_STOP_SIGNAL"
+FAULT_ENV = "DFBUILD_FAULT"  # a step's name: the process is killed when it gets there
+FAULT_LOG_ENV = "DFBUILD_FAULT_LOG"  # a file: every step reached is appended to it, one name a line
 _steps_done = 0
 
 
 def fault_point(name: str) -> None:
-    """TEST-ONLY hook. With DFBUILD_TEST_STOP_AFTER=N, the Nth call kills this process.
+    """TEST-ONLY hook: a named step of apply, checkout, the curation, record and release.
 
-    DFBUILD_TEST_STOP_SIGNAL picks the signal: INT (the default, like Ctrl-C)
-    or KILL (like `kill -9`). The fault-injection tests use it to interrupt
-    `dfbuild apply` deterministically between any two of its state changes.
+    With DFBUILD_FAULT=NAME the process is killed when it reaches the step NAME
+    (the first time); with DFBUILD_TEST_STOP_AFTER=N, at the Nth step reached.
+    DFBUILD_FAULT_LOG=FILE appends each step's name to FILE, so a test can list
+    the steps of a run and then walk each one. DFBUILD_TEST_STOP_SIGNAL picks
+    the signal: INT (the default, like Ctrl-C), KILL (like `kill -9`) or TERM.
     Unset (always, outside the tests), it does nothing.
     """
     global _steps_done
+    log = os.environ.get(FAULT_LOG_ENV)
+    if log:
+        with open(log, "a", encoding="utf-8") as handle:
+            handle.write(name + "\n")
+    wanted = os.environ.get(FAULT_ENV)
     limit = os.environ.get(STOP_AFTER_ENV)
-    if not limit:
+    if wanted:
+        if name != wanted:
+            return
+    elif not limit:
         return
-    _steps_done += 1
-    if _steps_done != int(limit):
-        return
+    else:
+        _steps_done += 1
+        if _steps_done != int(limit):
+            return
     sig = {"INT": signal.SIGINT, "KILL": getattr(signal, "SIGKILL", signal.SIGTERM),
            "TERM": signal.SIGTERM}[os.environ.get(STOP_SIGNAL_ENV, "INT").upper()]
     os.kill(os.getpid(), sig)

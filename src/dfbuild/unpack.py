@@ -99,7 +99,8 @@ def _extract(archive: Path, into: Path, limits: Limits | None = None) -> None:
                 tf.extractall(into, members=members, filter="data")
             else:  # Python < 3.10.12 / 3.11.4 (Debian 12 has 3.11.2): the same checks by hand
                 tf.extractall(into, members=[_data_member(m) for m in members])
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, KeyError) as exc:
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, KeyError, RuntimeError,
+            NotImplementedError) as exc:  # zipfile: an encrypted member, an unsupported method (deflate64)
         if isinstance(exc, OSError) and from_os_error(exc):  # a full disk is not a bad download
             raise from_os_error(exc) from None
         if isinstance(exc, KeyError):  # a hard link to a member the archive does not hold

@@ -10,7 +10,10 @@ an older glibc than one of its ELFs needs.
 
 from __future__ import annotations
 
+import base64
+import csv
 import hashlib
+import io
 import json
 import os
 import re
@@ -19,7 +22,8 @@ import zipfile
 from pathlib import Path, PurePosixPath
 
 from . import backends, owned, source, state
-from .archive import ARCHIVE_SUFFIXES, Member, archive_root, extract_members, read_members, unsafe_member
+from .archive import (ARCHIVE_SUFFIXES, Member, archive_root, extract_members, read_members, unsafe_member,
+                      zip_member_problem)
 from .errors import VerifyError
 from .paths import sha256_file
 from . import elf
@@ -65,9 +69,25 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
         if member.kind == "other":
             problems.append(f"{path.name}: {member.name} is neither a file, a directory nor a symlink")
             bad = True
+    seen: set[str] = set()
+    for member in members:
+        key = member.name.rstrip("/")
+        while key.startswith("./"):
+            key = key[2:]
+        if key in seen:  # which copy an unpacker keeps (first or last) depends on the tool: nothing vouches
+            problems.append(f"{path.name}: member {member.name!r} appears more than once")
+            bad = True
+        seen.add(key)
     if bad:
         return None
     by_name = {m.name[len(root) + 1:]: m for m in members if m.name != root}
+    for name_, member in sorted(by_name.items()):
+        why = _link_problem(name_, member, by_name)
+        if why:
+            problems.append(f"{path.name}: {name_} {why}")
+            bad = True
+    if bad:
+        return None
     embedded_member = by_name.get(MANIFEST_NAME)
     if embedded_member is None or embedded_member.kind != "file":
         problems.append(f"{path.name}: no {root}/{MANIFEST_NAME}")
@@ -81,6 +101,10 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
     files = packed.get("files") if isinstance(packed, dict) else None
     if not isinstance(files, list) or not all(isinstance(f, dict) and isinstance(f.get("path"), str) for f in files):
         problems.append(f"{path.name}: {MANIFEST_NAME} does not have the shape of a dfbuild manifest")
+        return None
+    why = manifest_field_problem(embedded)
+    if why:
+        problems.append(f"{path.name}: {MANIFEST_NAME}: {why}")
         return None
     expected = {f["path"]: f for f in packed.get("files", [])}
     actual = {n: m for n, m in by_name.items() if m.kind != "dir" and n != MANIFEST_NAME}
@@ -145,6 +169,61 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
         else:
             problems.append(f"{path.name}: {exe} {why}, and no shipped file holds the patched commit {patched[:12]}")
     return embedded
+
+
+def _link_problem(name: str, member: Member, by_name: dict[str, Member]) -> str | None:
+    """Why the link NAME cannot be vetted: it loops, dangles, or ends at a directory (None for a non-link)."""
+    if member.kind != "link":
+        return None
+    hops, current, seen = 0, member, {name}
+    where = name
+    while current.kind == "link":
+        where = str(PurePosixPath(where).parent / current.link).removeprefix("./")
+        if where in seen:
+            return f"is a symlink loop (it comes back to {where})"
+        seen.add(where)
+        current = by_name.get(where)
+        hops += 1
+        if current is None:
+            return f"links to {where}, which the archive does not hold"
+        if hops > len(by_name):
+            return "is a symlink loop"
+    if current.kind != "file":
+        return f"links to {where}, which is not a file"
+    return None
+
+
+def _str_or_none(value) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def manifest_field_problem(embedded: dict) -> str | None:
+    """The first field of an archive's manifest that is not what dfbuild writes (a crafted or damaged
+    manifest), named, or None. Every field verify reads is checked here, so no check meets a wrong type."""
+    rel = embedded.get("release")
+    for key in ("os", "arch", "wheel_dist", "wheel_version", "tag", "backend"):
+        if not _str_or_none(rel.get(key)):
+            return f"release.{key} is {type(rel.get(key)).__name__}, not text"
+    for number, entry in enumerate(rel["files"]):
+        for key in ("sha256", "link", "mode"):
+            if not _str_or_none(entry.get(key)):
+                return f"release.files[{number}].{key} ({entry['path']}) is {type(entry.get(key)).__name__}, not text"
+    bundled = rel.get("wheel_bundled")
+    if bundled is not None and not (isinstance(bundled, list) and all(
+            isinstance(b, dict) and isinstance(b.get("name"), str) and isinstance(b.get("sha256"), str)
+            for b in bundled)):
+        return "release.wheel_bundled is not a list of {name, sha256}"
+    for section in ("build", "series", "source", "smoke"):
+        if embedded.get(section) is not None and not isinstance(embedded.get(section), dict):
+            return f"{section} is {type(embedded.get(section)).__name__}, not a section (an object)"
+    build_ = embedded.get("build") or {}
+    binaries = build_.get("binaries")
+    if binaries is not None and not (isinstance(binaries, list) and all(isinstance(b, str) for b in binaries)):
+        return f"build.binaries is {type(binaries).__name__}, not a list of names"
+    for section, key in (("build", "source_commit"), ("series", "head")):
+        if not _str_or_none((embedded.get(section) or {}).get(key)):
+            return f"{section}.{key} is not text"
+    return None
 
 
 def version_commit(output: str) -> str | None:
@@ -316,14 +395,16 @@ def _check_wheel(path: Path, embedded_by_version: dict[tuple, dict], problems: l
     if expected_dist and package != expected_dist:
         problems.append(f"{path.name}: distribution {fields['dist']} is not {expected_dist}, the archive's backend")
     files = {f["path"]: f for f in embedded["release"]["files"]}
-    bundled = {b["name"]: b["sha256"] for b in embedded["release"].get("wheel_bundled", [])}
+    bundled = {b["name"]: b["sha256"] for b in embedded["release"].get("wheel_bundled") or []}
     try:
         with zipfile.ZipFile(path) as zf:
+            if not wheel_format_ok(path.name, zf, fields, problems):
+                return  # what pip would refuse (or install otherwise than vetted) is not read further
             names = set(zf.namelist())
             shipped = {n[len(f"{package}/bin/"):]: zf.read(n) for n in names
                        if n.startswith(f"{package}/bin/") and not n.endswith("/")}
             wheel_manifest = json.loads(zf.read(f"{package}/{MANIFEST_NAME}"))
-    except (zipfile.BadZipFile, KeyError, ValueError, OSError) as exc:
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError, RuntimeError, NotImplementedError) as exc:
         problems.append(f"{path.name}: cannot be read as a dfbuild wheel: {exc}")
         return
     if wheel_manifest != embedded:
@@ -340,13 +421,104 @@ def _check_wheel(path: Path, embedded_by_version: dict[tuple, dict], problems: l
             record = files.get(f"bin/{record['link']}")
         if record is None or hashlib.sha256(data).hexdigest() != record.get("sha256"):
             problems.append(f"{path.name}: bin/{name_} differs from the archive's")
-    binaries = [f"bin/{Path(b).name}" for b in embedded.get("build", {}).get("binaries", [])]
+    binaries = [f"bin/{Path(b).name}" for b in (embedded.get("build") or {}).get("binaries") or []]
     for binary in binaries:
         if binary[len("bin/"):] not in shipped:
             problems.append(f"{path.name}: {binary} is missing")
     notes.append(f"{path.name}: {len(shipped)} files match the archive"
                  + (f" ({len(bundled)} bundled system libraries)" if bundled else ""))
     _check_wheel_glibc(path.name, platform_tag, needs, problems, notes, glibc)
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _read_headers(zf: zipfile.ZipFile, name: str) -> dict[str, str] | None:
+    """A dist-info file in RFC 822 header form (WHEEL, METADATA) as pip reads it; None when absent or unreadable."""
+    from email.parser import HeaderParser
+
+    try:
+        text = zf.read(name).decode("utf-8")
+    except (KeyError, UnicodeDecodeError):
+        return None
+    headers = HeaderParser().parsestr(text)
+    if headers.defects:
+        return None
+    return {key: value for key, value in headers.items()}
+
+
+_RECORD_HASHES = {"sha256", "sha384", "sha512"}  # PEP 376/427: no md5 or sha1
+
+
+def wheel_format_ok(label: str, zf: zipfile.ZipFile, fields: dict, problems: list[str]) -> bool:
+    """The wheel as pip would install it: safe, readable members, one NAME-VERSION.dist-info with WHEEL and
+    METADATA that parse and agree with the file name, and a RECORD that lists every file with a hash and a
+    size that match, and nothing the wheel does not hold. Appends what is wrong; False when anything is."""
+    before = len(problems)
+    infos = zf.infolist()
+    seen: set[str] = set()
+    for info in infos:
+        why = unsafe_member(info.filename) or zip_member_problem(info)
+        if info.filename in seen:
+            why = "appears more than once"
+        seen.add(info.filename)
+        if why:
+            problems.append(f"{label}: member {info.filename!r} {why}")
+    if len(problems) > before:
+        return False
+    dist_info = f"{fields['dist']}-{fields['version']}.dist-info"
+    tops = {n.split("/", 1)[0] for n in seen if n.split("/", 1)[0].endswith(".dist-info")}
+    if tops != {dist_info}:
+        problems.append(f"{label}: needs exactly one {dist_info}/ (pip's rule); it has "
+                        f"{', '.join(sorted(tops)) or 'none'}")
+        return False
+    wheel = _read_headers(zf, f"{dist_info}/WHEEL")
+    if wheel is None or not re.fullmatch(r"1\.\d+", (wheel.get("Wheel-Version") or "").strip()) \
+            or (wheel.get("Root-Is-Purelib") or "").strip().lower() not in ("true", "false"):
+        problems.append(f"{label}: {dist_info}/WHEEL is missing or does not parse "
+                        "(Wheel-Version 1.x and Root-Is-Purelib)")
+    meta = _read_headers(zf, f"{dist_info}/METADATA")
+    if meta is None or not all(meta.get(k) for k in ("Metadata-Version", "Name", "Version")):
+        problems.append(f"{label}: {dist_info}/METADATA is missing or does not parse "
+                        "(Metadata-Version, Name, Version)")
+    elif _canonical(meta["Name"]) != _canonical(fields["dist"]) or meta["Version"].strip() != fields["version"]:
+        problems.append(f"{label}: METADATA names {meta['Name']} {meta['Version']}, not the file name's "
+                        f"{fields['dist']} {fields['version']}")
+    record_name = f"{dist_info}/RECORD"
+    try:
+        text = zf.read(record_name).decode("utf-8")
+        rows = list(csv.reader(io.StringIO(text)))
+    except (KeyError, UnicodeDecodeError, csv.Error) as exc:
+        problems.append(f"{label}: {record_name} is missing or not a CSV file ({type(exc).__name__})")
+        return False
+    listed: dict[str, tuple[str, str]] = {}
+    for number, row in enumerate(rows, 1):
+        if not row:
+            continue
+        if len(row) != 3 or unsafe_member(row[0]) or row[0] in listed:
+            problems.append(f"{label}: {record_name} line {number} is not a new 'path,hash,size' row")
+            return False
+        listed[row[0]] = (row[1], row[2])
+    files = {info.filename: info for info in infos if not info.is_dir()}
+    unsigned = {record_name, f"{dist_info}/RECORD.jws", f"{dist_info}/RECORD.p7s"}
+    for name in sorted(set(files) - set(listed)):
+        problems.append(f"{label}: {name} is in the wheel but not in its RECORD")
+    for name in sorted(set(listed) - set(files)):
+        problems.append(f"{label}: {record_name} lists {name}, which the wheel does not hold")
+    for name in sorted(set(files) & set(listed)):
+        digest, size = listed[name]
+        if name in unsigned and not digest and not size:
+            continue
+        algorithm, _, expected = digest.partition("=")
+        if algorithm not in _RECORD_HASHES or not expected or not size.isdigit():
+            problems.append(f"{label}: {record_name} gives {name} no sha256 hash and size")
+            continue
+        data = zf.read(name)
+        actual = base64.urlsafe_b64encode(hashlib.new(algorithm, data).digest()).rstrip(b"=").decode()
+        if actual != expected.rstrip("=") or int(size) != len(data):
+            problems.append(f"{label}: {name} does not match its hash or size in {record_name}")
+    return len(problems) == before
 
 
 def _check_wheel_glibc(label: str, platform_tag: str, needs: dict[str, tuple[int, ...]], problems: list[str],
@@ -428,6 +600,9 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
             except VerifyError as exc:
                 problems.append(exc.message)
                 embedded = None
+            except (TypeError, AttributeError, KeyError, ValueError) as exc:  # a field no check foresaw
+                problems.append(f"{name}: its manifest cannot be checked ({type(exc).__name__}: {exc})")
+                embedded = None
             if embedded:
                 embedded_by_archive[name] = embedded
     # a wheel belongs to the archive of its version (base, series, backend) and platform
@@ -435,7 +610,11 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
                   for e in embedded_by_archive.values() if isinstance(e.get("release"), dict)}
     for name in present:
         if name.endswith(".whl"):
-            _check_wheel(directory / name, by_version, problems, notes, glibc)
+            try:
+                _check_wheel(directory / name, by_version, problems, notes, glibc)
+            except (TypeError, AttributeError, KeyError, ValueError) as exc:  # a field no check foresaw
+                problems.append(f"{name}: cannot be checked against its archive's manifest "
+                                f"({type(exc).__name__}: {exc})")
 
     # a merged dir (CI's release job: each entry's manifest.json renamed manifest-ID.json) has one per entry
     tops = [directory / MANIFEST_NAME] if (directory / MANIFEST_NAME).is_file() else sorted(

@@ -1,0 +1,37 @@
+"""The thin Click layer: parse options, call one stage, render its section.
+
+One module per command group, each command a thin skin over its stage:
+- checkout_cmds: checkout, import, apply
+- series_cmds: series list/check/refresh/adopt/start/continue/record/record-proof/epochs
+- release_cmds: build, release, verify
+- proof_cmds: fixtures, smoke, prove, track
+- host_cmds: doctor, matrix
+common holds the `dfbuild` group and the shared options; exits maps every error
+to its documented exit code (see errors.py and README.md), in one place:
+everything below this layer raises, never exits.
+"""
+
+from __future__ import annotations
+
+from . import checkout_cmds, host_cmds, proof_cmds, release_cmds, series_cmds  # noqa: F401  (registers the commands)
+from .checkout_cmds import apply, checkout, import_
+from .common import (BASE_HELP, STATUS_STYLE, SeriesHelpOption, _default_dir_here, _locks, _render_concerns,
+                     _smoke_options, _utf8_path, _work_locks, base_option, json_option, known_bases_text, main,
+                     no_wait_option, patches_option, proof_options, smoke_run_options, source_options,
+                     toolchain_options)
+from .exits import PROVE_EXIT, _fail, handle_errors
+from .host_cmds import doctor, matrix
+from .proof_cmds import OUTCOME_STYLE, fixtures, prove, smoke, track
+from .release_cmds import build, release_cmd, verify
+from .series_cmds import (dir_option, series_adopt, series_check, series_continue, series_epochs, series_group,
+                          series_list, series_record, series_record_proof, series_refresh, series_start)
+
+__all__ = [
+    "BASE_HELP", "OUTCOME_STYLE", "PROVE_EXIT", "STATUS_STYLE", "SeriesHelpOption", "_default_dir_here", "_fail",
+    "_locks", "_render_concerns", "_smoke_options", "_utf8_path", "_work_locks", "apply", "base_option", "build",
+    "checkout", "dir_option", "doctor", "fixtures", "handle_errors", "import_", "json_option", "known_bases_text",
+    "main", "matrix", "no_wait_option", "patches_option", "proof_options", "prove", "release_cmd", "series_adopt",
+    "series_check", "series_continue", "series_epochs", "series_group", "series_list", "series_record",
+    "series_record_proof", "series_refresh", "series_start", "smoke", "smoke_run_options", "source_options",
+    "toolchain_options", "track", "verify",
+]

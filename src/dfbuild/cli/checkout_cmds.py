@@ -1,0 +1,99 @@
+"""checkout, import and apply: a llama.cpp tree, and the series on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .. import ui
+from .common import (_default_dir_here, _locks, _render_concerns, _utf8_path, json_option, main, no_wait_option,
+                     patches_option, source_options)
+from .exits import handle_errors
+
+
+@main.command()
+@source_options
+@no_wait_option
+@json_option
+@handle_errors
+def checkout(base, pr, repo, dest, force, no_wait, as_json):
+    """Check out llama.cpp at a PR head or commit."""
+    from .. import adopt, manifest, source
+
+    source.check_base_name(base)
+    with _locks(("tree", dest or _default_dir_here(base)), no_wait=no_wait):
+        adopt.refuse_while_curating(dest or source.default_dir(base), "checkout")
+        with ui.step(f"checkout {base}"):
+            section = source.checkout(base, pr=pr, repo=repo, dest=dest, force=force)
+        manifest.update_tree_manifest(Path(section["dir"]), "source", section)
+    if as_json:
+        ui.emit_json(section)
+    else:
+        ui.info(f"{section['dir']}: {section['commit']} on branch {section['branch']}")
+
+
+@main.command("import")
+@click.argument("archive", type=click.Path(path_type=Path))
+@click.option("--tag", required=True, help="Tag (base name) to give the imported commit, e.g. the release it is, bNNNNN.")
+@click.option("--dir", "dest", type=click.Path(path_type=Path), default=None, callback=_utf8_path,
+              help="Directory to create (default: ./llama.cpp-TAG).")
+@click.option("--max-unpacked-size", "max_unpacked", default=None, metavar="SIZE",
+              help="Raise the cap on the archive's unpacked size (default 4G, and 100x the archive), e.g. 16G.")
+@no_wait_option
+@json_option
+@handle_errors
+def import_(archive, tag, dest, max_unpacked, no_wait, as_json):
+    """Import a llama.cpp tree from a .tar.gz/.zip or a PyPI sdist that vendors one."""
+    from .. import source
+
+    source.check_tag_name(tag)  # before the name makes a path: '..' may not leave the current dir
+    limits = source.Limits.raised_to(source.parse_size(max_unpacked) if max_unpacked else None)
+    dest = dest or _default_dir_here(tag.replace("/", "-"))
+    with _locks(("tree", dest), no_wait=no_wait):
+        with ui.step(f"import {archive}"):
+            section = source.import_archive(archive, tag, dest, limits=limits)
+    if as_json:
+        ui.emit_json(section)
+    else:
+        ui.info(f"{section['dir']}: {section['commit']} tagged {tag}")
+
+
+
+@main.command()
+@source_options
+@patches_option
+@click.option("--skip", "skip", multiple=True, help="Leave a concern out (for ablation experiments).")
+@no_wait_option
+@json_option
+@handle_errors
+def apply(base, pr, repo, dest, force, patches_dir, skip, no_wait, as_json):
+    """Check out BASE, then apply the curated DFlash patch series."""
+    from .. import adopt, manifest, series, source, state
+
+    curated = series.load_series(patches_dir)
+    series.check_skip(curated, tuple(skip))
+    source.check_base_name(base)
+    # one lock for checkout + apply + record: a second run waits, and never sees a half-applied tree
+    with _locks(("tree", dest or _default_dir_here(base)), no_wait=no_wait):
+        adopt.refuse_while_curating(dest or source.default_dir(base), "apply")
+        with ui.step(f"checkout {base}"):
+            src = source.checkout(base, pr=pr, repo=repo, dest=dest, force=force, keep_descendants=True)
+        tree = Path(src["dir"])
+        manifest.update_tree_manifest(tree, "source", src)
+        state.fault_point("apply: checked out")
+        with ui.step("apply the patch series"):
+            section = series.apply_series(curated, tree, skip=tuple(skip))
+        full = manifest.update_tree_manifest(tree, "series", section)
+        state.fault_point("apply: recorded")
+    if as_json:
+        ui.emit_json({"source": full["source"], "series": section})
+        return
+    _render_concerns(section["concerns"])
+    if section["changed"]:
+        ui.info(f"{tree}: patched commit {section['head']}")
+    else:
+        ui.info(f"{tree}: nothing to do, the series is already applied ({section['head']})")
+    if section.get("derived"):
+        ui.warn(f"{section['base']} is a base the series has no variant for: it was carried from the nearest "
+                "known variants and is unproven until `dfbuild prove` (or `dfbuild release`) has smoked both trees")

@@ -1,0 +1,86 @@
+"""doctor and matrix: what this host can build, and the CI release matrix."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .. import errors, ui
+from .common import json_option, main
+from .exits import handle_errors
+
+
+@main.command()
+@click.option("--backend", default=None, help="Check one backend only (default: all).")
+@click.option("--fetch-vulkan-headers", "fetch_vulkan", is_flag=True,
+              help="(Debian 12) Unpack Debian 13's Vulkan headers into the cache and print their include dir.")
+@json_option
+@handle_errors
+def doctor(backend, fetch_vulkan, as_json):
+    """Say per backend what is installed here and exactly what to install for what is missing."""
+    from rich.markup import escape as esc
+
+    from .. import doctor as doctor_stage
+
+    if fetch_vulkan:  # for: dfbuild build --backend vulkan --vulkan-include-dir "$(dfbuild doctor --fetch-vulkan-headers)"
+        click.echo(doctor_stage.fetch_debian_vulkan_headers())
+        return
+    report = doctor_stage.doctor(backend)
+    if as_json:
+        ui.emit_json(report)
+        if backend and not report["backends"][backend]["can_build"]:
+            entry = report["backends"][backend]
+            sys.exit((errors.ToolchainMissingError if entry["toolchain"] else errors.UnsupportedBackendError).exit_code)
+        return
+    host = report["host"]
+    distro = f" ({host['distro']} {host['distro_version']})" if host["distro"] else ""
+    ui.info(f"host: {host['os']} {host['arch']}{distro}")
+    for name, entry in report["backends"].items():
+        verdict = "[green]can build[/green]" if entry["can_build"] else "[red]cannot build here[/red]"
+        ui.info(f"\n[bold]{name}[/bold] - {esc(entry['summary'])}: {verdict}")
+        for probe in entry["toolchain"] + entry["runtime"]:
+            if probe["ok"]:
+                mark, detail = "[green]ok[/green]  ", esc(probe["version"] or probe["path"])
+            else:
+                mark = "[yellow]--[/yellow]  " if probe["optional"] else "[red]!![/red]  "
+                detail = esc(probe["problem"] or "not found")
+            ui.info(f"  {mark}{esc(probe['what'])}: {detail}")
+            if not probe["ok"] and probe["install"]:
+                ui.info(f"        [dim]install:[/dim] {esc(probe['install'])}")
+        if not entry["toolchain"] and entry["reason"]:
+            ui.info(f"  {esc(entry['reason'])}")
+    if backend and not report["backends"][backend]["can_build"]:
+        # one backend asked for: the exit code answers "can I build it here?" (30 or 33, as `build` would)
+        doctor_stage.require(backend)
+
+
+# --- matrix -------------------------------------------------------------------
+
+@main.command()
+@click.option("--tag", default=None, help="Release tag to put in the artifact names (default: <tag>).")
+@click.option("--print-build-identifiers", "identifiers", is_flag=True,
+              help="Print only the entry ids (os-backend-arch), one per line.")
+@json_option
+@handle_errors
+def matrix(tag, identifiers, as_json):
+    """The release matrix (one entry per os, backend, arch), generated from the backend table."""
+    from .. import matrix as matrix_stage
+
+    data = matrix_stage.github_matrix(tag or matrix_stage.TAG_PLACEHOLDER)
+    if as_json:
+        ui.emit_json(data)
+        return
+    if identifiers:
+        for entry in data["include"]:
+            click.echo(entry["id"])
+        return
+    from rich.table import Table
+
+    table = Table(show_header=True, header_style="bold")
+    for column in ("id", "runner", "artifact"):
+        table.add_column(column, overflow="fold")
+    for entry in data["include"]:
+        runner = entry["runner"] + (f" ({entry['container']})" if entry["container"] else "")
+        table.add_row(entry["id"], runner, "\n".join([entry["artifact"], *entry.get("extra_artifacts", [])]))
+    ui.console.print(table)

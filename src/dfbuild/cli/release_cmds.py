@@ -1,0 +1,182 @@
+"""build, release and verify: binaries, artifacts, and the check of a release dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .. import errors, ui
+from .common import (_locks, _smoke_options, _work_locks, base_option, json_option, main, no_wait_option,
+                     smoke_run_options, toolchain_options, usable_path)
+from .exits import handle_errors
+
+
+# --- build --------------------------------------------------------------------
+
+@main.command()
+@click.option("--dir", "tree", type=click.Path(path_type=Path, file_okay=False), callback=usable_path,
+              required=True,
+              help="The llama.cpp tree to build (e.g. made by `dfbuild apply`).")
+@click.option("--backend", required=True, help="cpu, cuda, vulkan, hip or metal (see `dfbuild doctor`).")
+@click.option("--build-dir", type=click.Path(path_type=Path, file_okay=False), callback=usable_path,
+              default=None,
+              help="Build directory (default: DIR/../build-BACKEND).")
+@click.option("--target", "targets", multiple=True,
+              help="CMake targets to build, e.g. llama-server,llama-cli, or 'all' (repeatable; default: llama-server).")
+@click.option("--cpu-variants", default=None,
+              help="x64 only: the runtime-dispatched CPU variants to build, e.g. x64,haswell (default: all).")
+@click.option("--cuda-arch", default=None, help="CUDA architectures, e.g. 86 or '86;90' (cuda only).")
+@click.option("--gpu-targets", default=None, help="AMD GPU targets or families, e.g. rdna4 or gfx1201 (hip only).")
+@click.option("--vulkan-include-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Use these Vulkan headers instead of the system's (vulkan only).")
+@click.option("--cmake-arg", "cmake_args", multiple=True, help="Extra argument for CMake configure (repeatable).")
+@click.option("-j", "--jobs", type=int, default=None, help="Parallel compile jobs (default: ninja's).")
+@click.option("--reconfigure", is_flag=True, help="Reuse a build dir made for another backend/source; re-run CMake.")
+@click.option("--fresh", is_flag=True, help="Delete the build dir and start over.")
+@click.option("--no-ccache", is_flag=True, help="Do not use ccache even when it is installed.")
+@no_wait_option
+@json_option
+@handle_errors
+def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_targets, vulkan_include_dir, cmake_args,
+          jobs, reconfigure, fresh, no_ccache, no_wait, as_json):
+    """Configure and build a llama.cpp tree for one backend (checks the toolchain first)."""
+    from .. import backends
+    from .. import build as build_stage
+    from .. import manifest
+
+    from .. import journal, paths
+
+    spec = backends.get(backend)  # resolved once, here; the stage gets the record
+    lock_build_dir = build_dir or build_stage.default_build_dir(Path(tree), backend)
+    with _locks(("tree", tree), ("build", lock_build_dir), no_wait=no_wait):
+        if paths.is_git_tree(Path(tree)) and journal.recover(Path(tree)):
+            ui.warn(f"{tree} is back at its state before the interrupted run; "
+                    "run `dfbuild apply` first if you meant to build the patched tree")
+        section = build_stage.build_tree(
+            tree, spec, build_dir, targets=build_stage.parse_targets(targets), cuda_arch=cuda_arch,
+            gpu_targets=gpu_targets, vulkan_include_dir=vulkan_include_dir, cpu_variants=cpu_variants,
+            extra_cmake_args=cmake_args, jobs=jobs, reconfigure=reconfigure, fresh=fresh, use_ccache=not no_ccache,
+        )
+        if paths.is_git_tree(Path(tree)):
+            manifest.update_tree_manifest(Path(tree), "build", section)
+    if as_json:
+        ui.emit_json(section)
+        return
+    state = "already up to date" if section["up_to_date"] else f"built in {section['wall_time_s']:.1f}s"
+    ui.info(f"{backend}: {state}, commit {section['source_commit'][:12]} (build {section['build_number']})")
+    for binary in section["binaries"]:
+        ui.info(f"  {Path(section['build_dir']) / binary}")
+
+
+# --- release ------------------------------------------------------------------
+
+def _human_size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return str(n)  # pragma: no cover
+
+
+@main.command("release")
+@base_option
+@click.option("--pr", type=int, default=None, help="Pull request whose refs/pull/N/head must contain the base.")
+@click.option("--repo", default=None, help="Repository URL or path (default: implied by a known base).")
+@click.option("--backend", required=True, help="cpu, cuda, vulkan, hip or metal (see `dfbuild doctor`).")
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), callback=usable_path,
+              default=Path("dist"), show_default=True,
+              help="Where the artifacts, SHA256SUMS and manifest.json go.")
+@click.option("--work", type=click.Path(path_type=Path, file_okay=False), callback=usable_path,
+              default=None,
+              help="Working dir: checkout, build dirs, fixtures, smoke logs (default: ./dfbuild-BASE). Reruns resume here.")
+@click.option("--skip-smoke", is_flag=True, help="Package without smoke tests (recorded in the manifest as skipped).")
+@click.option("--target", "targets", multiple=True,
+              help="CMake targets to build and ship, e.g. llama-server,llama-cli, or 'all' for every tool "
+                   "(repeatable; llama-server always included).")
+@click.option("--cpu-variants", default=None,
+              help="x64 only: the runtime-dispatched CPU variants to ship, e.g. x64,haswell (default: all).")
+@toolchain_options
+@click.option("--cmake-arg", "cmake_args", multiple=True, help="Extra argument for CMake configure (repeatable).")
+@click.option("-j", "--jobs", type=int, default=None, help="Parallel compile jobs (default: ninja's).")
+@smoke_run_options
+@no_wait_option
+@json_option
+@handle_errors
+def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cpu_variants, cuda_arch, gpu_targets,
+                vulkan_include_dir, cmake_args, jobs, start_timeout, smoke_table, no_wait, as_json):
+    """Checkout, apply, build, smoke and package BASE: archive, wheel, SHA256SUMS, manifest.json."""
+    from .. import backends
+    from .. import build as build_stage
+    from .. import release as release_stage
+    from .. import source
+
+    spec = backends.get(backend)  # resolved once, here; every stage gets the record
+    options = {"cuda_arch": cuda_arch, "gpu_targets": gpu_targets, "vulkan_include_dir": vulkan_include_dir,
+               "cpu_variants": cpu_variants, "extra_cmake_args": cmake_args, "jobs": jobs}
+    source.check_base_name(base)
+    work_dir = Path(work or release_stage.default_work_dir(base)).resolve()
+    # the work tree (WORK/src), its build dir and OUT, for the whole pipeline
+    with _locks(*_work_locks(work_dir, backend), ("out", Path(out)), no_wait=no_wait):
+        full = release_stage.release(base, backend=spec, pr=pr, repo=repo, out=out, work=work,
+                                     skip_smoke=skip_smoke, targets=build_stage.parse_targets(targets),
+                                     build_options=options,
+                                     smoke_options=_smoke_options(start_timeout, smoke_table))
+    if as_json:
+        ui.emit_json(full)
+        return
+    rel = full["release"]
+    ui.info(f"\n[bold]release {rel['tag']}[/bold] ({rel['os']} {rel['arch']} {rel['backend']}), "
+            f"patched commit {full['series']['head'][:12]}")
+    if full["smoke"].get("skipped"):
+        ui.warn("not smoke-tested (--skip-smoke)")
+    out_dir = Path(out).resolve()
+    for artifact in rel["artifacts"]:  # soft_wrap: paths stay whole, to copy and paste
+        ui.console.print(f"  {out_dir / artifact['name']}  {_human_size(artifact['size'])}  "
+                         f"sha256 {artifact['sha256'][:16]}", soft_wrap=True, markup=False)
+    ui.console.print(f"  {out_dir / release_stage.SUMS_NAME}\n  {out_dir / release_stage.MANIFEST_NAME}",
+                     soft_wrap=True, markup=False)
+    times = ", ".join(f"{name} {s['wall_s']:.1f}s" + (" (reused)" if s["reused"] else "")
+                      for name, s in rel["stages"].items())
+    ui.console.print(f"stages: {times}", soft_wrap=True)
+
+
+@main.command()
+@click.argument("directory", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--no-run", is_flag=True, help="Do not unpack and run the archived llama-server --version.")
+@click.option("--run", "run_any", is_flag=True,
+              help="Also run llama-server --version from archives this dfbuild did not package (by default only "
+                   "its own are run); never from an archive that failed a check.")
+@click.option("--max-unpacked-size", "max_unpacked", default=None, metavar="SIZE",
+              help="Raise the cap on an archive's unpacked size (default 4G, and 100x the archive), e.g. 16G.")
+@json_option
+@handle_errors
+def verify(directory, no_run, run_any, max_unpacked, as_json):
+    """Check a release dir: SHA256SUMS, archives against their manifest, the wheel, and --version's commit.
+
+    llama-server --version is run only from archives that passed every check, and by default
+    only from archives this dfbuild packaged; --run opts in for others, --no-run runs nothing.
+    """
+    from .. import source
+    from .. import verify as verify_stage
+
+    if no_run and run_any:
+        raise click.UsageError("--run and --no-run contradict each other")
+    limits = source.Limits.raised_to(source.parse_size(max_unpacked) if max_unpacked else None)
+    report = verify_stage.verify(directory, run_binaries=False if no_run else (True if run_any else None),
+                                 limits=limits)
+    if as_json:
+        ui.emit_json(report)
+    else:
+        from rich.markup import escape
+
+        for note in report["checked"]:
+            ui.console.print(f"  [green]ok[/green]   {escape(note)}", soft_wrap=True)
+        for problem in report["problems"]:
+            ui.console.print(f"  [red]FAIL[/red] {escape(problem)}", soft_wrap=True)
+    if not report["ok"]:
+        count = len(report["problems"])
+        raise errors.VerifyError(f"{directory}: {count} problem(s); first: {report['problems'][0]}",
+                                 "do not publish these files; rebuild them with `dfbuild release`")
+    if not as_json:
+        ui.info(f"{directory}: all checks passed")
