@@ -361,3 +361,47 @@ def test_exit_with_a_waiting_thread_ends_only_with_dfbuilds_exit_wrapper(tmp_pat
     assert _exits_within(tmp_path / "wrapped" / "t.exe", 60) == 3
     assert (tmp_path / "wrapped" / "t.log").read_text().strip().endswith("version: 1")
 
+
+# --- the CLI, as a user runs it --------------------------------------------------------------------
+
+
+def _cli(*args):
+    from helpers import dfbuild
+
+    return dfbuild(*args)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="--os windows cross-builds on Linux")
+def test_cli_doctor_and_build_for_windows_without_the_toolchain_exit_30_with_the_install_line(no_tools, tmp_path):
+    from helpers import said
+
+    result = _cli("doctor", "--backend", "cpu", "--os", "windows")
+    assert result.exit_code == 30, result.output
+    assert "apt-get install g++-mingw-w64-x86-64-posix gcc-mingw-w64-x86-64-posix wine wine64" in said(result)
+    assert "Traceback" not in result.output
+    report = json.loads(_cli("doctor", "--backend", "cpu", "--os", "windows", "--json").stdout)
+    assert report["target"] == {"os": "windows", "arch": "x64"} and report["host"]["os"] == "linux"
+    assert report["backends"]["cpu"]["missing"][:2] == ["mingw-gcc", "mingw-gxx"]
+
+    tree = tmp_path / "src"
+    from helpers import write_fake_llama
+
+    write_fake_llama(tree)
+    (tree / "tools" / "server").mkdir(parents=True)
+    built = _cli("build", "--dir", tree, "--backend", "cpu", "--os", "windows")
+    assert built.exit_code == 30, built.output
+    assert "g++-mingw-w64-x86-64-posix" in said(built) and "Traceback" not in built.output
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="macOS is refused on Linux")
+def test_cli_os_macos_on_linux_is_refused_clearly(tmp_path):
+    from helpers import said
+
+    for args in (("doctor", "--backend", "cpu"), ("release", "--base", "b11434", "--backend", "cpu",
+                                                   "--work", tmp_path / "w", "--out", tmp_path / "o"),
+                 ("prove", "--base", "b11434", "--work", tmp_path / "w")):
+        result = _cli(*args, "--os", "macos")
+        assert result.exit_code == 33, (args, result.output)
+        assert "no cross toolchain" in said(result) and "Traceback" not in result.output
+    assert not (tmp_path / "w").exists() and not (tmp_path / "o").exists()   # refused before anything was made
+    assert _cli("doctor", "--os", "beos").exit_code == 2                      # click's usage error

@@ -69,6 +69,9 @@ def base_option(func):
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the manifest section as JSON on stdout.")
+os_option = click.option("--os", "target_os", type=click.Choice(["linux", "macos", "windows"]), default=None,
+                         help="Build for this OS (default: this host's). windows on Linux: cross-built with "
+                              "mingw-w64, run under Wine; see `dfbuild doctor --os windows`.")
 
 
 def smoke_run_options(func):
@@ -200,6 +203,21 @@ def toolchain_options(func):
     ]):
         func = option(func)
     return func
+
+
+def _cross_host(target_os):
+    """--os as the stages take it: None for this host (so native work dirs and records stay as they were),
+    the cross target's Host otherwise; --os macos on Linux is refused (exit 33)."""
+    from .. import platforms
+
+    host = platforms.target_host(target_os)
+    return host if host.cross else None
+
+
+def _dir_label(backend: str, host) -> str:
+    from .. import build as build_stage
+
+    return build_stage.dir_label(backend, host)
 
 
 def _work_locks(work_dir: Path, backend: str) -> list[tuple[str, Path]]:

@@ -7,17 +7,18 @@ import sys
 import click
 
 from .. import errors, ui
-from .common import json_option, main
+from .common import json_option, main, os_option
 from .exits import handle_errors
 
 
 @main.command()
 @click.option("--backend", default=None, help="Check one backend only (default: all).")
+@os_option
 @click.option("--fetch-vulkan-headers", "fetch_vulkan", is_flag=True,
               help="(Debian 12) Unpack Debian 13's Vulkan headers into the cache and print their include dir.")
 @json_option
 @handle_errors
-def doctor(backend, fetch_vulkan, as_json):
+def doctor(backend, target_os, fetch_vulkan, as_json):
     """Say per backend what is installed here and exactly what to install for what is missing."""
     from rich.markup import escape as esc
 
@@ -26,7 +27,10 @@ def doctor(backend, fetch_vulkan, as_json):
     if fetch_vulkan:  # for: dfbuild build --backend vulkan --vulkan-include-dir "$(dfbuild doctor --fetch-vulkan-headers)"
         click.echo(doctor_stage.fetch_debian_vulkan_headers())
         return
-    report = doctor_stage.doctor(backend)
+    from .. import platforms
+
+    host = platforms.target_host(target_os)  # --os macos on Linux: refused (33)
+    report = doctor_stage.doctor(backend, host=host)
     if as_json:
         ui.emit_json(report)
         if backend and not report["backends"][backend]["can_build"]:
@@ -36,6 +40,8 @@ def doctor(backend, fetch_vulkan, as_json):
     host = report["host"]
     distro = f" ({host['distro']} {host['distro_version']})" if host["distro"] else ""
     ui.info(f"host: {host['os']} {host['arch']}{distro}")
+    if report.get("target"):
+        ui.info(f"target: {report['target']['os']} {report['target']['arch']} (cross-built here)")
     for name, entry in report["backends"].items():
         verdict = "[green]can build[/green]" if entry["can_build"] else "[red]cannot build here[/red]"
         ui.info(f"\n[bold]{name}[/bold] - {esc(entry['summary'])}: {verdict}")
@@ -52,7 +58,7 @@ def doctor(backend, fetch_vulkan, as_json):
             ui.info(f"  {esc(entry['reason'])}")
     if backend and not report["backends"][backend]["can_build"]:
         # one backend asked for: the exit code answers "can I build it here?" (30 or 33, as `build` would)
-        doctor_stage.require(backend)
+        doctor_stage.require(backend, platforms.target_host(target_os))
 
 
 # --- matrix -------------------------------------------------------------------

@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from .. import errors, ui
-from .common import (_locks, _smoke_options, _work_locks, base_option, json_option, main, no_wait_option,
-                     smoke_run_options, toolchain_options, usable_path)
+from .common import (_cross_host, _dir_label, _locks, _smoke_options, _work_locks, base_option, json_option, main,
+                     no_wait_option, os_option, smoke_run_options, toolchain_options, usable_path)
 from .exits import handle_errors
 
 
@@ -35,11 +35,12 @@ from .exits import handle_errors
 @click.option("--reconfigure", is_flag=True, help="Reuse a build dir made for another backend/source; re-run CMake.")
 @click.option("--fresh", is_flag=True, help="Delete the build dir and start over.")
 @click.option("--no-ccache", is_flag=True, help="Do not use ccache even when it is installed.")
+@os_option
 @no_wait_option
 @json_option
 @handle_errors
 def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_targets, vulkan_include_dir, cmake_args,
-          jobs, reconfigure, fresh, no_ccache, no_wait, as_json):
+          jobs, reconfigure, fresh, no_ccache, target_os, no_wait, as_json):
     """Configure and build a llama.cpp tree for one backend (checks the toolchain first)."""
     from .. import backends
     from .. import build as build_stage
@@ -47,8 +48,11 @@ def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_target
 
     from .. import journal, paths
 
+    from .. import platforms
+
     spec = backends.get(backend)  # resolved once, here; the stage gets the record
-    lock_build_dir = build_dir or build_stage.default_build_dir(Path(tree), backend)
+    host = platforms.target_host(target_os)  # --os: this host, or a cross target (windows on Linux)
+    lock_build_dir = build_dir or build_stage.default_build_dir(Path(tree), backend, host)
     with _locks(("tree", tree), ("build", lock_build_dir), no_wait=no_wait):
         if paths.is_git_tree(Path(tree)) and journal.recover(Path(tree)):
             ui.warn(f"{tree} is back at its state before the interrupted run; "
@@ -57,6 +61,7 @@ def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_target
             tree, spec, build_dir, targets=build_stage.parse_targets(targets), cuda_arch=cuda_arch,
             gpu_targets=gpu_targets, vulkan_include_dir=vulkan_include_dir, cpu_variants=cpu_variants,
             extra_cmake_args=cmake_args, jobs=jobs, reconfigure=reconfigure, fresh=fresh, use_ccache=not no_ccache,
+            host=host,
         )
         if paths.is_git_tree(Path(tree)):
             manifest.update_tree_manifest(Path(tree), "build", section)
@@ -97,6 +102,7 @@ def _human_size(n: int) -> str:
 @click.option("--cpu-variants", default=None,
               help="x64 only: the runtime-dispatched CPU variants to ship, e.g. x64,haswell (default: all).")
 @toolchain_options
+@os_option
 @click.option("--cmake-arg", "cmake_args", multiple=True, help="Extra argument for CMake configure (repeatable).")
 @click.option("-j", "--jobs", type=int, default=None, help="Parallel compile jobs (default: ninja's).")
 @smoke_run_options
@@ -104,7 +110,7 @@ def _human_size(n: int) -> str:
 @json_option
 @handle_errors
 def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cpu_variants, cuda_arch, gpu_targets,
-                vulkan_include_dir, cmake_args, jobs, start_timeout, smoke_table, no_wait, as_json):
+                vulkan_include_dir, target_os, cmake_args, jobs, start_timeout, smoke_table, no_wait, as_json):
     """Checkout, apply, build, smoke and package BASE: archive, wheel, SHA256SUMS, manifest.json."""
     from .. import backends
     from .. import build as build_stage
@@ -113,11 +119,12 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cpu_var
 
     spec = backends.get(backend)  # resolved once, here; every stage gets the record
     options = {"cuda_arch": cuda_arch, "gpu_targets": gpu_targets, "vulkan_include_dir": vulkan_include_dir,
-               "cpu_variants": cpu_variants, "extra_cmake_args": cmake_args, "jobs": jobs}
+               "cpu_variants": cpu_variants, "extra_cmake_args": cmake_args, "jobs": jobs,
+               "host": _cross_host(target_os)}
     source.check_base_name(base)
     work_dir = Path(work or release_stage.default_work_dir(base)).resolve()
     # the work tree (WORK/src), its build dir and OUT, for the whole pipeline
-    with _locks(*_work_locks(work_dir, backend), ("out", Path(out)), no_wait=no_wait):
+    with _locks(*_work_locks(work_dir, _dir_label(backend, options["host"])), ("out", Path(out)), no_wait=no_wait):
         full = release_stage.release(base, backend=spec, pr=pr, repo=repo, out=out, work=work,
                                      skip_smoke=skip_smoke, targets=build_stage.parse_targets(targets),
                                      build_options=options,
