@@ -75,3 +75,20 @@ def private_cache(tmp_path: Path, monkeypatch) -> Path:
     monkeypatch.delenv(state.STOP_AFTER_ENV, raising=False)
     monkeypatch.setattr(ui.console, "soft_wrap", True)
     return cache
+
+
+def isolate_probes(monkeypatch, tmp_path: Path) -> tuple[dict, Path]:
+    """A PATH and a backend probe table that see only what a test puts in the returned bin dir."""
+    import copy
+
+    from dfbuild import backends
+
+    table = copy.deepcopy(backends.table())
+    for spec in table["probes"].values():
+        spec["dirs"] = []
+        spec["dirs_env"] = []
+    monkeypatch.setattr(backends, "table", lambda: table)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+    return table, bin_dir

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 import stat
@@ -33,15 +32,9 @@ def fake_program(directory: Path, name: str, output: str) -> Path:
 @pytest.fixture
 def isolated(monkeypatch, tmp_path):
     """A PATH and a probe table that see only what the test puts under tmp_path."""
-    table = copy.deepcopy(backends.table())
-    for spec in table["probes"].values():
-        spec["dirs"] = []
-        spec["dirs_env"] = []
-    monkeypatch.setattr(backends, "table", lambda: table)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    monkeypatch.setenv("PATH", str(bin_dir))
-    return table, bin_dir
+    from helpers import isolate_probes
+
+    return isolate_probes(monkeypatch, tmp_path)
 
 
 @posix_only

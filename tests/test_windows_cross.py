@@ -7,7 +7,6 @@ where a test needs to make a real PE file (skipped, saying why, without them).
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 import subprocess
@@ -89,15 +88,9 @@ def test_the_toolchain_file_dfbuild_writes(tmp_path):
 @pytest.fixture
 def no_tools(monkeypatch, tmp_path):
     """A PATH with nothing on it, and probes that look nowhere else."""
-    table = copy.deepcopy(backends.table())
-    for spec in table["probes"].values():
-        spec["dirs"] = []
-        spec["dirs_env"] = []
-    monkeypatch.setattr(backends, "table", lambda: table)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    monkeypatch.setenv("PATH", str(bin_dir))
-    return bin_dir
+    from helpers import isolate_probes
+
+    return isolate_probes(monkeypatch, tmp_path)[1]
 
 
 def test_doctor_without_the_cross_toolchain_names_the_packages(no_tools):
