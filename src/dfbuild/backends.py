@@ -31,15 +31,20 @@ ARCHES = ("x64", "arm64")
 # --- the table ------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
-def table() -> dict:
-    """The parsed backends.toml (cached; treat it as read-only)."""
-    text = resources.files("dfbuild").joinpath("data/backends.toml").read_text(encoding="utf-8")
+def data_table(name: str) -> dict:
+    """A TOML file of dfbuild's data/ folder (backends.toml, targets.toml), parsed."""
+    text = resources.files("dfbuild").joinpath(f"data/{name}").read_text(encoding="utf-8")
     if _toml is not None:
         return _toml.loads(text)
     import tomlkit  # pragma: no cover
 
     return tomlkit.loads(text).unwrap()  # pragma: no cover
+
+
+@functools.lru_cache(maxsize=None)
+def table() -> dict:
+    """The parsed backends.toml (cached; treat it as read-only)."""
+    return data_table("backends.toml")
 
 
 @dataclass(frozen=True)

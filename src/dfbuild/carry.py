@@ -179,12 +179,12 @@ def _carry_concern(series: Series, tree: Path, concern: Concern, order: list[str
     env = {"GIT_INDEX_FILE": str(index)}
     tried = []
     for variant in candidates:
-        if variant.file is None and in_epoch:  # the epoch's record: upstream across the whole epoch
-            note = f": {variant.note}" if variant.note else ""
-            return Step(concern, variant, "upstream", f"upstream as recorded for {variant.base}{note}",
-                        how=f"upstream (as in {variant.base})")
-        if variant.file is None:  # the nearest base records the change as upstream: carry that decision
+        if variant.file is None:  # the base records the change as upstream: carry that decision
+            # inside an epoch the record holds for every release of it (its marker is checked by
+            # tests/test_epoch_fit.py); a nearest base's decision carries only forward in time
             recorded, build = base_build(series, variant.base), tree_build(tree, start)
+            if in_epoch:
+                recorded = build = None
             if recorded is not None and build is not None and build < recorded:
                 tried.append(f"{variant.base} records it upstream, but b{build} is older than {variant.base}")
                 continue  # upstream changes carry forward in time, not back

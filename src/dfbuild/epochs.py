@@ -40,9 +40,6 @@ class Fit:
     offsets: list[int] = field(default_factory=list)  # every hunk's offset, 0 for exact
     why: str = ""                                      # why it does not fit
 
-    def to_dict(self) -> dict:
-        return {"fits": self.fits, "offsets": self.offsets, **({"why": self.why} if self.why else {})}
-
 
 def fit(series: Series, base: str, speculative: bytes) -> Fit:
     """Does BASE's variant fit a release whose common/speculative.cpp is SPECULATIVE?"""

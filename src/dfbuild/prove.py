@@ -46,7 +46,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import backends, build, fixtures, manifest, series, smoke, source, state, ui
+from . import backends, build, carry, fixtures, manifest, series, smoke, source, state, ui
 from .errors import BuildDirMismatchError, BuildError, FixtureError, NotApplicableError, PatchConflictError
 from .paths import sha256_file
 
@@ -327,10 +327,8 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
 
     # one plan for both trees, chosen on the unpatched build (the same device either way)
     # the tree's release decides which scenarios apply (linear-image only from b10355)
-    from .carry import tree_build  # the series layer above: imported on use
-
     plan = smoke.plan(how, unpatched_dir(work, label), sets=sets, scenarios=scenarios,
-                      release=tree_build(tree, proof["unpatched_commit"]), **smoke_options)
+                      release=carry.tree_build(tree, proof["unpatched_commit"]), **smoke_options)
     if plan.note:
         ui.warn(plan.note)
     proof["smoke_table"] = {"table": plan.table, "device": plan.device, "sets": list(plan.sets),

@@ -44,7 +44,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-from . import backends, build, elf, fixtures, manifest, matrix, owned, paths, prove, series, smoke, source, state, ui
+from . import backends, build, carry, elf, fixtures, manifest, matrix, owned, paths, prove, series, smoke, source, state, ui
 from .archive import ZIP_EPOCH_MIN, Entry, archive_root, write_archive
 from .errors import ReleaseError, SmokeFailedError, StillBrokenError, VerifyError
 from .paths import sha256_file
@@ -600,9 +600,7 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
                 fixtures_dir = work / "fixtures"
                 fx = fixtures.ensure_fixtures(fixtures_dir)
                 # which table (a software Vulkan device runs the smaller one), timeout and identity rule
-                from .carry import tree_build  # the series layer above: imported on use
-
-                plan = smoke.plan(spec, build_dir, release=tree_build(tree, series.series_start(tree)),
+                plan = smoke.plan(spec, build_dir, release=carry.tree_build(tree, series.series_start(tree)),
                                   **(smoke_options or {}))
                 _say_plan(plan)
                 key = plan.memo_key(shipped, fx)

@@ -15,27 +15,15 @@ from __future__ import annotations
 
 import functools
 from dataclasses import replace
-from importlib import resources
 
 from .. import backends
 from ..backends import Host
 from ..errors import UnsupportedBackendError
 
-try:  # Python 3.11+
-    import tomllib as _toml
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    _toml = None
-
-
 @functools.lru_cache(maxsize=None)
 def table() -> dict:
     """The parsed targets.toml (cached; treat it as read-only)."""
-    text = resources.files("dfbuild").joinpath("data/targets.toml").read_text(encoding="utf-8")
-    if _toml is not None:
-        return _toml.loads(text)
-    import tomlkit  # pragma: no cover
-
-    return tomlkit.loads(text).unwrap()  # pragma: no cover
+    return backends.data_table("targets.toml")
 
 
 def names() -> list[str]:
