@@ -199,3 +199,12 @@ def test_an_upstream_decision_ends_where_a_later_base_needed_the_patch(syn, tmp_
     write_series(syn.patches, syn.blob, variants, extra_bases=f'build = 100\n{bases}')
     report = check(newer, syn.patches)
     assert carried(report)[3] == ("warning-downgrade", "upstream", "b110", "upstream (as in b110)")
+
+
+def test_carried_from_names_the_epoch_or_says_nearest():
+    """What apply and series check say of a carried tree follows the rule that chose its variants."""
+    from dfbuild import series as series_stage
+
+    epoch = [{"rule": "epoch b11236..b11434", "variant": "b11312"}] * 4
+    assert series_stage.carried_from(epoch) == "from the variant of its epoch b11236..b11434 (b11312)"
+    assert series_stage.carried_from([{"rule": "nearest", "variant": "b11312"}]) == "from the nearest known variants"

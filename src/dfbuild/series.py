@@ -174,6 +174,16 @@ class Series:
         return None
 
 
+def carried_from(concerns: list[dict]) -> str:
+    """Where a carried series came from, in words, from the concerns' `rule` and `variant` (apply --json)."""
+    rules = {(c.get("rule"), c.get("variant")) for c in concerns if c.get("rule")}
+    epochs = {(rule, variant) for rule, variant in rules if rule.startswith("epoch ")}
+    if len(epochs) == 1 and len(rules) == 1:
+        rule, variant = next(iter(epochs))
+        return f"from the variant of its {rule} ({variant})"
+    return "from the nearest known variants"
+
+
 def describe_proof(proof: dict, *, where: bool = True) -> str:
     """One line of a recorded proof: release, outcome, counts, fixtures and (WHERE) where, when,
     and in which file it is recorded."""

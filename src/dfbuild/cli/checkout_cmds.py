@@ -95,5 +95,6 @@ def apply(base, pr, repo, dest, force, patches_dir, skip, no_wait, as_json):
     else:
         ui.info(f"{tree}: nothing to do, the series is already applied ({section['head']})")
     if section.get("derived"):
-        ui.warn(f"{section['base']} is a base the series has no variant for: it was carried from the nearest "
-                "known variants and is unproven until `dfbuild prove` (or `dfbuild release`) has smoked both trees")
+        ui.warn(f"{section['base']} is a base the series has no variant for: it was carried "
+                f"{series.carried_from(section['concerns'])} and is unproven until `dfbuild prove` "
+                "(or `dfbuild release`) has smoked both trees")

@@ -55,8 +55,9 @@ def series_list(patches_dir, as_json):
 def series_check(tree, patches_dir, as_json):
     """Report per concern: clean, offset, 3-way, applied, upstream, conflict or no-variant. Changes nothing.
 
-    A base the series has no variant for gets it carried from the nearest known
-    variants (each row says which and how). Exits 21 when a concern would
+    A base the series has no variant for gets it carried from its epoch's variant,
+    or, outside every epoch, from the nearest known variants (each row says which,
+    by what rule, and how). Exits 21 when a concern would
     conflict, 22 when a known base lacks a variant, 24 when the tree has no DFlash.
     """
     from .. import series
@@ -73,7 +74,7 @@ def series_check(tree, patches_dir, as_json):
         elif {row["status"] for row in rows} == {"not-applicable"}:
             ui.info(f"{tree}: no DFlash in this tree, so the series does not apply to it")
         else:
-            ui.info(f"{tree}: a base the series has no variant for: carried from the nearest known variants "
+            ui.info(f"{tree}: a base the series has no variant for: carried {series.carried_from(rows)} "
                     "(unproven until `dfbuild prove` has run)")
         _render_concerns(rows)
         _render_recorded(recorded)
