@@ -831,10 +831,49 @@ def _python_for_nobody() -> str | None:
     return None
 
 
+# What dfbuild imports from site-packages, found by importing every dfbuild module in a fresh Python.
+_FIND_THIRD_PARTY = """
+import importlib, pkgutil, site, sys
+import dfbuild
+for info in pkgutil.walk_packages(dfbuild.__path__, "dfbuild."):
+    if not info.name.endswith(".__main__"):  # that one runs the command
+        importlib.import_module(info.name)
+roots = [p for p in site.getsitepackages() + [site.getusersitepackages()] if p]
+seen = set()
+for module in list(sys.modules.values()):
+    origin = getattr(module, "__file__", None) or ""
+    for root in roots:
+        if origin.startswith(root + "/"):
+            top = origin[len(root) + 1:].split("/", 1)[0]
+            if top not in seen:
+                seen.add(top)
+                print(root + "/" + top)
+"""
+
+
+def _third_party_for_nobody(dest: Path) -> Path:
+    """A world-readable copy of the packages dfbuild imports from this venv's site-packages.
+
+    CI's venv lives under /root (0700), where nobody cannot read it: pointing PYTHONPATH at it made every
+    command a ModuleNotFoundError (exit 1) instead of the exit 16 under test.
+    """
+    import shutil
+
+    found = subprocess.run([sys.executable, "-c", _FIND_THIRD_PARTY], capture_output=True, text=True,
+                           check=True, env={**os.environ, "PYTHONPATH": str(SRC)})
+    dest.mkdir(parents=True)
+    for line in found.stdout.split():
+        source = Path(line)
+        if source.is_dir():
+            shutil.copytree(source, dest / source.name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, dest / source.name)
+    return dest
+
+
 def test_a_read_only_cwd_as_a_non_root_user_is_16(world, tmp_path):
     """As nobody, in a directory nobody may not write: every command that makes a DIR there says 16, naming it."""
     import shutil
-    import site
     import tempfile
 
     python = _python_for_nobody()
@@ -852,8 +891,9 @@ def test_a_read_only_cwd_as_a_non_root_user_is_16(world, tmp_path):
         home = shared / "home"
         home.mkdir()
         shutil.chown(home, "nobody")
+        third_party = _third_party_for_nobody(shared / "site")
         subprocess.run(["chmod", "-R", "a+rX", str(shared)], check=True)
-        path = os.pathsep.join([str(SRC), *site.getsitepackages()])
+        path = os.pathsep.join([str(SRC), str(third_party)])
         env = ["env", f"HOME={home}", f"DFBUILD_CACHE_DIR={home / 'cache'}", f"PYTHONPATH={path}",
                "GIT_CONFIG_NOSYSTEM=1", f"GIT_CONFIG_GLOBAL={home / 'gitconfig'}"]
         (home / "gitconfig").write_text("[safe]\n\tdirectory = *\n")
