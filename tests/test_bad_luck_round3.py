@@ -851,11 +851,11 @@ for module in list(sys.modules.values()):
 """
 
 
-def _third_party_for_nobody(dest: Path) -> Path:
-    """A world-readable copy of the packages dfbuild imports from this venv's site-packages.
+def _packages_for_nobody(dest: Path) -> Path:
+    """A world-readable copy of dfbuild and of the packages it imports from this venv's site-packages.
 
     CI's venv lives under /root (0700), where nobody cannot read it: pointing PYTHONPATH at it made every
-    command a ModuleNotFoundError (exit 1) instead of the exit 16 under test.
+    command a ModuleNotFoundError (exit 1) instead of the exit 16 under test; a clone under /root is the same.
     """
     import shutil
 
@@ -868,6 +868,7 @@ def _third_party_for_nobody(dest: Path) -> Path:
             shutil.copytree(source, dest / source.name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(source, dest / source.name)
+    shutil.copytree(SRC / "dfbuild", dest / "dfbuild", ignore=shutil.ignore_patterns("__pycache__"))
     return dest
 
 
@@ -891,9 +892,9 @@ def test_a_read_only_cwd_as_a_non_root_user_is_16(world, tmp_path):
         home = shared / "home"
         home.mkdir()
         shutil.chown(home, "nobody")
-        third_party = _third_party_for_nobody(shared / "site")
+        packages = _packages_for_nobody(shared / "site")
         subprocess.run(["chmod", "-R", "a+rX", str(shared)], check=True)
-        path = os.pathsep.join([str(SRC), str(third_party)])
+        path = str(packages)
         env = ["env", f"HOME={home}", f"DFBUILD_CACHE_DIR={home / 'cache'}", f"PYTHONPATH={path}",
                "GIT_CONFIG_NOSYSTEM=1", f"GIT_CONFIG_GLOBAL={home / 'gitconfig'}"]
         (home / "gitconfig").write_text("[safe]\n\tdirectory = *\n")
