@@ -12,7 +12,6 @@ has no JSON API.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import re
@@ -25,7 +24,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import state, ui
+from . import fetch, state, ui
 from .errors import SourceError, UnknownBaseError
 from .paths import cache_dir, sha256_file
 
@@ -163,29 +162,9 @@ def require_release(build: int) -> str:
 
 
 def _download(sdist: Sdist, dest: Path) -> None:
-    """Stream SDIST to DEST, checking its sha256; progress every 10% (a line each, readable in CI logs)."""
-    tmp = dest.with_name(dest.name + f".part-{os.getpid()}")
-    digest = hashlib.sha256()
-    started, reported, done = time.monotonic(), -1, 0
-    try:
-        with urllib.request.urlopen(sdist.url, timeout=TIMEOUT_S) as response, open(tmp, "wb") as out:
-            total = int(response.headers.get("Content-Length") or sdist.size or 0)
-            for block in iter(lambda: response.read(1 << 20), b""):
-                out.write(block)
-                digest.update(block)
-                done += len(block)
-                if total and done * 10 // total != reported:
-                    reported = done * 10 // total
-                    ui.info(f"    {sdist.filename}: {done >> 20} of {total >> 20} MiB "
-                            f"({time.monotonic() - started:.1f}s)")
-        if digest.hexdigest() != sdist.sha256:
-            raise SourceError(f"{sdist.filename} does not match the sha256 PyPI lists for it",
-                              "download it again; if this persists, the index is serving a different file")
-        os.replace(tmp, dest)
-    except (urllib.error.URLError, OSError) as exc:
-        raise SourceError(f"cannot download {sdist.filename}: {exc}", "check that PyPI is reachable") from None
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Stream SDIST to DEST, checking the sha256 PyPI lists for it."""
+    fetch.download(sdist.url, dest, sha256=sdist.sha256, name=sdist.filename, size=sdist.size,
+                   reach="check that PyPI is reachable")
 
 
 def _pip_download(requirement: str, target: Path) -> None:

@@ -64,7 +64,7 @@ from .unpack import (  # noqa: F401 - re-exported
     LIMIT_FLAG,
     Limits,
     _check_links_stay_in,
-    _extract,
+    extract,
     check_limits,
     parse_size,
 )
@@ -591,7 +591,7 @@ def import_archive(archive: Path, tag: str, dest: Path, *, date: str = FIXED_DAT
 
     with _staged(dest) as partial:
         work = partial / "tree"
-        _extract(archive, partial / "unpacked", limits)
+        extract(archive, partial / "unpacked", limits)
         root = find_llama_root(partial / "unpacked")
         # vendored trees carry a .git *file* pointing at a submodule dir that is not there
         stale_git = root / ".git"

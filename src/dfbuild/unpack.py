@@ -1,7 +1,7 @@
 """Safe unpacking of archives and sdists: no member outside the target, no link out, no bomb.
 
 Every archive dfbuild unpacks (an sdist vendoring llama.cpp, a tarball for
-`dfbuild import`) goes through _extract, which refuses the whole archive
+`dfbuild import`) goes through extract, which refuses the whole archive
 before anything is written when one member is unsafe.
 """
 
@@ -74,7 +74,8 @@ def check_limits(archive: Path, sizes: list[int], limits: Limits) -> None:
                            f"{limits.ratio} times its size (an archive bomb?); nothing was unpacked", hint)
 
 
-def _extract(archive: Path, into: Path, limits: Limits | None = None) -> None:
+def extract(archive: Path, into: Path, limits: Limits | None = None) -> None:
+    """Unpack ARCHIVE (.zip or a tarball) into INTO, refusing the whole archive if one member is unsafe."""
     limits = limits or Limits()
     try:
         if zipfile.is_zipfile(archive):
