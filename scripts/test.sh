@@ -11,9 +11,10 @@ mkdir -p "$DFBUILD_TEST_CACHE"
 # libssl-dev (llama-server's TLS for -hf), qemu-user (runs the archived server as
 # an old CPU), python3-venv (the second venv below), and the Windows cross
 # toolchain with Wine (`--os windows`: `dfbuild doctor --backend cpu --os windows`
-# names the same packages; targets.toml holds them).
+# names the same packages; targets.toml holds them; make and perl build the
+# OpenSSL the Windows build links).
 debian_packages=(ccache git libssl-dev qemu-user python3-venv
-                 g++-mingw-w64-x86-64-posix gcc-mingw-w64-x86-64-posix wine wine64)
+                 g++-mingw-w64-x86-64-posix gcc-mingw-w64-x86-64-posix wine wine64 make perl)
 missing=()
 for pkg in "${debian_packages[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

@@ -66,7 +66,8 @@ def test_cross_flags_turn_on_shared_libraries_and_say_what_tls_is():
     flags = build.build_flags("cpu", WINDOWS_ON_LINUX, commit="c" * 40, number=1, entry=entry, use_ccache=False)
     assert flags["BUILD_SHARED_LIBS"] == "ON"          # GGML_BACKEND_DL needs it; MinGW's default is OFF
     assert flags["GGML_BACKEND_DL"] == "ON" and flags["GGML_CPU_ALL_VARIANTS"] == "ON"
-    assert flags["LLAMA_BUILD_BORINGSSL"] == "OFF" and flags["LLAMA_OPENSSL"] == "OFF"
+    # TLS through llama.cpp's own OpenSSL path, linked with the OpenSSL dfbuild builds for the target
+    assert flags["LLAMA_BUILD_BORINGSSL"] == "OFF" and flags["LLAMA_OPENSSL"] == "ON"
     # a native Windows (MSVC) build keeps BoringSSL, as llama.cpp's release does
     native = build.build_flags("cpu", Host("windows", "x64"), commit="c" * 40, number=1, entry=entry, use_ccache=False)
     assert native["LLAMA_BUILD_BORINGSSL"] == "ON" and "BUILD_SHARED_LIBS" not in native
@@ -99,7 +100,7 @@ def test_doctor_without_the_cross_toolchain_names_the_packages(no_tools):
     assert entry["missing"][:2] == ["mingw-gcc", "mingw-gxx"]
     assert entry["missing_to_run"] == ["wine"]
     line = entry["install"][0]
-    assert line == ("apt-get install g++-mingw-w64-x86-64-posix gcc-mingw-w64-x86-64-posix wine wine64")
+    assert line == ("apt-get install g++-mingw-w64-x86-64-posix gcc-mingw-w64-x86-64-posix wine wine64 make perl")
     with pytest.raises(ToolchainMissingError) as caught:
         doctor.require("cpu", WINDOWS_ON_LINUX)
     assert caught.value.exit_code == 30 and "g++-mingw-w64-x86-64-posix" in (caught.value.hint or "")

@@ -113,6 +113,11 @@ def test_the_zip_users_expect(released):
             assert pe.unresolved_imports(info, shipped) == [], (member, info.imports)
     built = released["manifest"]["build"]
     assert built["cross"]["compat"] == ["THREAD_POWER_THROTTLING_STATE"] or built["cross"]["compat"] == []
+    # TLS for -hf, linked in (as BoringSSL in llama.cpp's zip): no OpenSSL DLL, its license shipped
+    assert built["tls"].startswith("OpenSSL 3."), built["tls"]
+    assert "licenses/OpenSSL-LICENSE.txt" in names
+    assert not any("ssl" in Path(n).name.lower() or "crypto" in Path(n).name.lower()
+                   for n in names if n.endswith(".dll")), sorted(names)
 
 
 def test_verify_passes_and_runs_the_exe_under_wine(released):
@@ -135,6 +140,67 @@ def test_the_unzipped_server_names_the_patched_commit_and_exits_under_wine(relea
     assert result.returncode == 0, output[-2000:]
     assert released["manifest"]["series"]["head"][:8] in output, output[-2000:]
     assert time.monotonic() - started < 60, "llama-server.exe --version did not exit promptly under Wine"
+
+
+@pytest.fixture
+def tls_listener(tmp_path):
+    """A TLS server on 127.0.0.1 with a self-signed certificate: what it saw of each connection."""
+    import socket
+    import ssl
+    import threading
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command (makes the self-signed certificate)")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(10)
+                try:
+                    first = conn.recv(1, socket.MSG_PEEK)
+                    seen.append({"client_hello": first == b"\x16"})  # a TLS handshake record
+                    with context.wrap_socket(conn, server_side=True) as tls:
+                        tls.recv(1)
+                    seen[-1]["handshake"] = "completed"
+                except (ssl.SSLError, OSError) as exc:
+                    if seen:
+                        seen[-1]["handshake"] = str(exc)
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield f"https://127.0.0.1:{listener.getsockname()[1]}", seen
+    listener.close()
+
+
+def test_the_unzipped_server_speaks_tls_for_hf_under_wine(released, tmp_path, tls_listener):
+    """-hf against a TLS server with a certificate Windows does not trust: a TLS handshake and a refused
+    certificate, as llama.cpp's own zip does; before dfbuild linked OpenSSL the answer was "HTTPS is not supported"."""
+    endpoint, seen = tls_listener
+    name = released["manifest"]["release"]["archive"]
+    with zipfile.ZipFile(released["out"] / name) as zf:
+        zf.extractall(tmp_path)
+    exe = tmp_path / name[:-len(".zip")] / "bin" / "llama-server.exe"
+    prefix, env = smoke.launcher_for(exe)
+    result = subprocess.run([*prefix, str(exe), "-hf", "someone/model-GGUF", "--port", "0"],
+                            capture_output=True, text=True, timeout=180,
+                            env={**__import__("os").environ, **env, "MODEL_ENDPOINT": endpoint + "/",
+                                 "HF_ENDPOINT": endpoint + "/", "LLAMA_CACHE": str(tmp_path / "cache")})
+    output = result.stdout + result.stderr
+    assert "HTTPS is not supported" not in output, output[-3000:]
+    assert "SSL server verification failed" in output, output[-3000:]
+    assert seen and seen[0]["client_hello"], seen  # it spoke TLS to 127.0.0.1, and nowhere else
+    assert result.returncode != 0  # no model: the server exits
 
 
 def test_two_work_folders_give_the_same_zip(released, tmp_path):

@@ -36,7 +36,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from . import backends, doctor, platforms, ui
 from .backends import Host
-from .paths import sha256_file
+from .paths import cache_dir, sha256_file
 from .errors import BuildDirMismatchError, BuildError, NotLlamaTreeError, SourceError, ToolchainMissingError
 
 STAMP_NAME = "dfbuild-stamp.json"
@@ -658,9 +658,10 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
     cache = read_cmake_cache(build_dir)
     if (flags.get("LLAMA_OPENSSL") == "ON" and "OPENSSL_INCLUDE_DIR" in cache  # a tree that looked for OpenSSL
             and cache.get("OPENSSL_VERSION_SUPPORTED") not in ("1", "TRUE", "ON")):
+        hint = (f"the OpenSSL dfbuild built for {host.os} is in {cache_dir()/'tls'}; see the configure log {log_path}"
+                if setup.get("tls") else doctor.probe("openssl-headers", host).install or "install libssl-dev")
         raise ToolchainMissingError("CMake found no usable OpenSSL 3, so llama-server would say "
-                                    "\"HTTPS is not supported\" to -hf",
-                                    doctor.probe("openssl-headers", host).install or "install libssl-dev")
+                                    "\"HTTPS is not supported\" to -hf", hint)
     section = {
         "backend": backend,
         "host": {"os": host.os, "arch": host.arch, **({"build_os": host.build_os} if host.cross else {})},
@@ -678,7 +679,7 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
                       "runtime_dlls": runtime}} if cross else {}),
         "targets": targets,
         "cpu_variants": variants,
-        "tls": ("OpenSSL (the system's libssl)" if cache.get("OPENSSL_VERSION_SUPPORTED")
+        "tls": ((setup.get("tls") or "OpenSSL (the system's libssl)") if cache.get("OPENSSL_VERSION_SUPPORTED")
                 else "BoringSSL" if flags.get("LLAMA_BUILD_BORINGSSL") == "ON" else None),
         "binaries": binaries,
         "libraries": libraries,

@@ -13,6 +13,8 @@ arguments:
   from parking ggml's worker threads stays in);
 - the runtime DLLs the binaries import from the toolchain (winpthread, libgomp,
   libgcc_s_seh), copied beside them into bin/ and shipped with their licenses;
+- TLS: a static OpenSSL built for the target once (platforms/openssl.py), found
+  by llama.cpp's own FindOpenSSL through the toolchain file's find roots;
 - how to run a .exe here: `wine`, in a prefix inside dfbuild's cache.
 """
 
@@ -27,7 +29,7 @@ from pathlib import Path
 from .. import paths
 from ..backends import Host
 from ..errors import BuildError, ToolchainMissingError
-from . import cross_entry
+from . import cross_entry, openssl
 
 TOOLCHAIN_NAME = "dfbuild-toolchain-windows.cmake"
 RULES_NAME = "dfbuild-rules-windows.cmake"
@@ -131,8 +133,10 @@ def _cmake_list(items) -> str:
     return " ".join(items)
 
 
-def toolchain_text(host: Host, rules_path: Path, exit_object: Path | None = None) -> str:
+def toolchain_text(host: Host, rules_path: Path, exit_object: Path | None = None,
+                   extra_roots: list[Path] = ()) -> str:
     e = entry(host)
+    roots = " ".join([e["find_root"], *(Path(r).as_posix() for r in extra_roots)])
     link = _cmake_list([*e.get("link_flags", ()),
                         *([f"-Wl,--wrap=exit,--exclude-symbols,__wrap_exit {exit_object.as_posix()}"]
                           if exit_object else [])])
@@ -143,7 +147,8 @@ def toolchain_text(host: Host, rules_path: Path, exit_object: Path | None = None
         f"set(CMAKE_C_COMPILER {e['c_compiler']})",
         f"set(CMAKE_CXX_COMPILER {e['cxx_compiler']})",
         f"set(CMAKE_RC_COMPILER {e['rc_compiler']})",
-        f"set(CMAKE_FIND_ROOT_PATH {e['find_root']})",
+        "# the toolchain's own root, then what dfbuild built for the target (OpenSSL)",
+        f"set(CMAKE_FIND_ROOT_PATH {roots})",
         "set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)",
         "set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY ONLY)",
         "set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE ONLY)",
@@ -184,10 +189,54 @@ def configure(host: Host, build_dir: Path) -> dict:
     rules = build_dir / RULES_NAME
     _write_if_changed(rules, RULES_TEXT)
     exit_object = exit_wrapper(host, build_dir)
+    tls = tls_prefix(host)
     toolchain = build_dir / TOOLCHAIN_NAME
-    _write_if_changed(toolchain, toolchain_text(host, rules, exit_object))
-    return {"cmake_args": [f"-DCMAKE_TOOLCHAIN_FILE={toolchain}"], "c_flags": c_flags, "compat": missing,
-            "flags": dict(entry(host).get("flags", {}))}
+    _write_if_changed(toolchain, toolchain_text(host, rules, exit_object, [tls] if tls else []))
+    tls_args = openssl_cmake_args(tls) if tls else []
+    return {"cmake_args": [f"-DCMAKE_TOOLCHAIN_FILE={toolchain}", *tls_args], "c_flags": c_flags,
+            "compat": missing, "flags": dict(entry(host).get("flags", {})),
+            "tls": openssl.describe(entry(host)["tls"]) if tls else None}
+
+
+# --- TLS ------------------------------------------------------------------------------------
+
+
+def _openssl_tools(host: Host) -> dict[str, str]:
+    """The cross tools OpenSSL's Configure is given, by the variables it reads."""
+    e = entry(host)
+    return {"CC": e["c_compiler"], "AR": f"{e['triplet']}-ar", "RANLIB": f"{e['triplet']}-ranlib",
+            "RC": e["rc_compiler"]}
+
+
+def _toolchain_id(host: Host) -> str:
+    versions = toolchain_versions(host)
+    return f"{entry(host)['c_compiler']} {versions['mingw-gcc']} mingw-w64 {versions['mingw-w64-headers']}"
+
+
+def openssl_cmake_args(prefix: Path) -> list[str]:
+    """How llama.cpp's FindOpenSSL finds the OpenSSL built for the target, statically linked.
+
+    The prefix is in the arguments so that a new OpenSSL build (a new folder) reconfigures, and the
+    cached results of an earlier search (FindOpenSSL keeps mingw's library paths in LIB_EAY and
+    SSL_EAY, and the version check's answer) are dropped first, so they are found again there.
+    Static libssl.a/libcrypto.a: nothing to ship, nothing loaded at run time (as BoringSSL in llama.cpp's zip).
+    """
+    return ["-ULIB_EAY", "-USSL_EAY", "-UOPENSSL_*", f"-DOPENSSL_ROOT_DIR={prefix.as_posix()}",
+            "-DOPENSSL_USE_STATIC_LIBS=ON"]
+
+
+def tls_prefix(host: Host, *, build: bool = True) -> Path | None:
+    """The static OpenSSL the binaries link (built once into the cache), or None when the target has no `tls`.
+
+    build=False: only where it is when already built (None otherwise).
+    """
+    spec = entry(host).get("tls")
+    if spec is None:
+        return None
+    if not build:
+        prefix = openssl.prefix_path(spec, _toolchain_id(host))
+        return prefix if openssl.is_built(prefix) else None
+    return openssl.ensure(spec, _openssl_tools(host), _toolchain_id(host))
 
 
 def exit_wrapper(host: Host, build_dir: Path) -> Path:
@@ -267,12 +316,15 @@ def stage_runtime(host: Host, build_dir: Path) -> list[str]:
 
 
 def license_files(host: Host) -> dict[str, Path]:
-    """{name in licenses/: file} for the shipped runtime DLLs (the first that exists of each)."""
+    """{name in licenses/: file} for the shipped runtime DLLs (the first that exists of each) and the static OpenSSL."""
     found = {}
     for name, candidates in entry(host).get("runtime_licenses", {}).items():
         path = next((Path(c) for c in candidates if Path(c).is_file()), None)
         if path is not None:
             found[name] = path
+    tls = tls_prefix(host, build=False)  # linked into the binaries: its license ships with them
+    if tls is not None:
+        found[entry(host)["tls"]["license_name"]] = tls / "LICENSE.txt"
     return found
 
 
