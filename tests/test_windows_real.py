@@ -21,6 +21,7 @@ installs them on Debian).
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import subprocess
@@ -201,6 +202,37 @@ def test_the_unzipped_server_speaks_tls_for_hf_under_wine(released, tmp_path, tl
     assert "SSL server verification failed" in output, output[-3000:]
     assert seen and seen[0]["client_hello"], seen  # it spoke TLS to 127.0.0.1, and nowhere else
     assert result.returncode != 0  # no model: the server exits
+
+
+def test_the_built_openssl_trusts_what_windows_trusts_under_wine(released, tmp_path):
+    """The Windows store loaded into the built OpenSSL as cpp-httplib loads it (tests/data/windows_root_store_probe.c):
+    a public root the host trusts verifies, the self-signed test certificate does not. (The -hf test above can show
+    only the refusal: Wine's root store is the host's, which a test must not change.)"""
+    from dfbuild import platforms
+    from dfbuild.platforms import windows
+
+    public_root = Path("/etc/ssl/certs/ISRG_Root_X1.pem")
+    if not public_root.is_file() or shutil.which("openssl") is None:
+        pytest.skip("needs the host's ca-certificates (ISRG Root X1) and the openssl command")
+    host = platforms.target_host("windows")
+    prefix = windows.tls_prefix(host, build=False)
+    assert prefix is not None, "the release built no OpenSSL"
+    probe = tmp_path / "probe.exe"
+    subprocess.run([windows.entry(host)["c_compiler"], "-O1", str(Path(__file__).parent / "data" /
+                    "windows_root_store_probe.c"), f"-I{prefix / 'include'}", str(prefix / "lib" / "libssl.a"),
+                    str(prefix / "lib" / "libcrypto.a"), "-lcrypt32", "-lws2_32", "-lgdi32", "-static", "-o",
+                    str(probe)], check=True, capture_output=True)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(tmp_path / "k.pem"),
+                    "-out", str(tmp_path / "self.pem"), "-days", "2", "-subj", "/CN=127.0.0.1"],
+                   check=True, capture_output=True)
+    shutil.copy(public_root, tmp_path / "root.pem")
+    prefix_cmd, env = smoke.launcher_for(probe)
+    run = functools.partial(subprocess.run, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                            env={**__import__("os").environ, **env})
+    trusted = run([*prefix_cmd, str(probe), "root.pem"])
+    untrusted = run([*prefix_cmd, str(probe), "self.pem"])
+    assert trusted.returncode == 0 and "verify root.pem: 1" in trusted.stdout, trusted.stdout + trusted.stderr
+    assert untrusted.returncode == 1 and "self-signed" in untrusted.stdout, untrusted.stdout + untrusted.stderr
 
 
 def test_two_work_folders_give_the_same_zip(released, tmp_path):
