@@ -25,7 +25,7 @@ from dfbuild import journal
 
 from helpers import dfbuild, run_git, said
 from test_crash_safety import apply_args, assert_fully_patched, fresh_copy, run_forked, wait, world  # noqa: F401
-from test_curator import HAND_LINE, new_epoch, start  # noqa: F401  (new_epoch: a fixture)
+from test_curator import hand_edit, new_epoch, start  # noqa: F401  (new_epoch: a fixture)
 from test_series import IDS, SPEC, head, syn, template  # noqa: F401  (syn, template: fixtures)
 
 SRC = Path(dfbuild_package.__file__).resolve().parent.parent  # the dfbuild under test (src/ of this checkout)
@@ -183,8 +183,7 @@ def test_item1_abort_saves_the_edit_and_restore_brings_it_back_byte_for_byte(syn
     assert "A  common/notes.h" in run_git(tree, "status", "--porcelain")  # the index too
     assert head(tree) == stopped
     # the curation goes on where it was: commit the hand-written change, continue
-    spec = tree / SPEC
-    spec.write_text(spec.read_text().replace('        LOG_WRN("pos_max < N-1 (upstream)");', HAND_LINE))
+    hand_edit(tree)
     run_git(tree, "reset", "-q", "common/notes.h")
     run_git(tree, "commit", "-q", "-m", "spec : downgrade", "-m", "Dfbuild-Concern: warning-downgrade", SPEC)
     done = dfbuild("series", "continue", "--dir", tree, "--patches", syn.patches)
@@ -208,8 +207,7 @@ def test_item1_the_printed_git_command_restores_the_edit_byte_for_byte(syn, new_
 def test_item1_abort_keeps_the_hand_written_commit_too(syn, new_epoch, tmp_path):
     tree = tmp_path / "curate"
     assert start(syn, tree).exit_code == 21
-    spec = tree / SPEC
-    spec.write_text(spec.read_text().replace('        LOG_WRN("pos_max < N-1 (upstream)");', HAND_LINE))
+    hand_edit(tree)
     run_git(tree, "commit", "-q", "-a", "-m", "spec : a day's work", "-m", "Dfbuild-Concern: warning-downgrade")
     mine = head(tree)
 
@@ -333,8 +331,7 @@ def test_item4_abort_killed_at_every_step_loses_nothing(syn, new_epoch, tmp_path
 def test_item4_series_record_killed_at_every_step_is_finished_by_the_rerun(syn, new_epoch, tmp_path):
     tree = tmp_path / "curate"
     assert start(syn, tree).exit_code == 21
-    spec = tree / SPEC
-    spec.write_text(spec.read_text().replace('        LOG_WRN("pos_max < N-1 (upstream)");', HAND_LINE))
+    hand_edit(tree)
     run_git(tree, "commit", "-q", "-a", "-m", "spec : downgrade", "-m", "Dfbuild-Concern: warning-downgrade")
     assert dfbuild("series", "continue", "--dir", tree, "--patches", syn.patches).exit_code == 0
     args = ("series", "record", "--dir", tree, "--onto", "b120", "--patches", syn.patches)

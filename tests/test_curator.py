@@ -115,6 +115,12 @@ def new_epoch(syn):
     return "b120"
 
 
+def hand_edit(tree):
+    """What the curator does by hand at the stop: downgrade upstream's reworded warning."""
+    spec = tree / SPEC
+    spec.write_text(spec.read_text().replace('        LOG_WRN("pos_max < N-1 (upstream)");', HAND_LINE))
+
+
 def start(syn, tree, *args):
     return dfbuild("series", "start", "--base", "b120", "--repo", syn.upstream, "--dir", tree,
                    "--patches", syn.patches, *args)
@@ -141,8 +147,7 @@ def test_start_carries_what_carries_stops_at_a_conflict_and_continue_and_record_
     refused = dfbuild("series", "continue", "--dir", tree, "--patches", syn.patches)  # nothing committed yet
     assert refused.exit_code != 0 and "Dfbuild-Concern: warning-downgrade" in said(refused)
 
-    spec = tree / SPEC
-    spec.write_text(spec.read_text().replace('        LOG_WRN("pos_max < N-1 (upstream)");', HAND_LINE))
+    hand_edit(tree)
     run_git(tree, "commit", "-q", "-a", "-m", "spec : downgrade the warning", "-m", "Dfbuild-Concern: warning-downgrade")
     done = dfbuild("series", "continue", "--dir", tree, "--patches", syn.patches, "--json")
     assert done.exit_code == 0, said(done)

@@ -21,11 +21,9 @@ import sys
 import tarfile
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from dfbuild import platforms
 from dfbuild.backends import Host
 from dfbuild.errors import BuildError, SourceError
 from dfbuild.platforms import openssl, windows

@@ -20,6 +20,7 @@ arguments:
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -266,8 +267,12 @@ def _write_if_changed(path: Path, text: str) -> None:
 
 
 def toolchain_versions(host: Host) -> dict[str, str]:
-    """For the manifest: the cross compiler's version and the mingw-w64 headers'."""
-    compiler = _compiler(host)
+    """For the manifest and the OpenSSL build's key: the cross compiler's version and the mingw-w64 headers'."""
+    return dict(_compiler_versions(_compiler(host)))
+
+
+@functools.lru_cache(maxsize=None)  # asked by configure (the OpenSSL key) and by the manifest: run once
+def _compiler_versions(compiler: str) -> tuple[tuple[str, str | None], ...]:
     out = subprocess.run([compiler, "-dumpfullversion"], capture_output=True, text=True).stdout.strip()
     headers = subprocess.run([compiler, "-E", "-dM", "-x", "c", "-"], input="#include <_mingw.h>\n",
                              capture_output=True, text=True).stdout
@@ -276,9 +281,9 @@ def toolchain_versions(host: Host) -> dict[str, str]:
         parts = line.split()
         if len(parts) == 3 and parts[1] in ("__MINGW64_VERSION_MAJOR", "__MINGW64_VERSION_MINOR"):
             version[parts[1]] = parts[2]
-    return {"mingw-gcc": out or None,
-            "mingw-w64-headers": ".".join(version.get(k, "?") for k in ("__MINGW64_VERSION_MAJOR",
-                                                                          "__MINGW64_VERSION_MINOR"))}
+    return (("mingw-gcc", out or None),
+            ("mingw-w64-headers", ".".join(version.get(k, "?") for k in ("__MINGW64_VERSION_MAJOR",
+                                                                           "__MINGW64_VERSION_MINOR"))))
 
 
 # --- the runtime DLLs -----------------------------------------------------------------------
