@@ -861,6 +861,8 @@ def _packages_for_nobody(dest: Path) -> Path:
     dest.mkdir(parents=True)
     for line in found.stdout.split():
         source = Path(line)
+        if source.name == "dfbuild":  # installed with `pip install .`: dfbuild itself is copied below, once
+            continue
         if source.is_dir():
             shutil.copytree(source, dest / source.name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
