@@ -490,6 +490,41 @@ def test_verify_rejects_unsafe_members_and_unlisted_artifacts(release_copy, tmp_
 
 
 @posix_only
+def test_verify_fails_every_unlisted_entry_symlinks_too_never_followed(release_copy, tmp_path):
+    """Anything in a release dir that SHA256SUMS does not list fails verify (51): a self-referencing
+    `loop.tar.gz` symlink, a link to a real archive elsewhere, a directory, a stray file; a listed
+    artifact that is a symlink fails too. Links are never followed (a loop would raise ELOOP)."""
+    out = release_copy["out"]
+    assert verify.verify(out, run_binaries=False)["ok"]
+    (out / "loop.tar.gz").symlink_to("loop.tar.gz")
+    report = verify.verify(out, run_binaries=False)
+    assert not report["ok"]
+    assert any("loop.tar.gz" in p and "not listed in SHA256SUMS" in p and "symbolic link" in p
+               for p in report["problems"]), report["problems"]
+    result = CliRunner().invoke(main, ["verify", str(out), "--no-run"])
+    assert result.exit_code == 51, result.output
+    (out / "loop.tar.gz").unlink()
+
+    archive_name = release_copy["rel"]["archive"]
+    elsewhere = tmp_path / "elsewhere.tar.gz"
+    shutil.copy2(out / archive_name, elsewhere)
+    for name, make in (("other.tar.gz", lambda p: p.symlink_to(elsewhere)),
+                       ("notes", lambda p: p.mkdir()),
+                       ("README.txt", lambda p: p.write_text("hello\n"))):
+        make(out / name)
+        problems = verify.verify(out, run_binaries=False)["problems"]
+        assert any(p.startswith(f"{name} ") and "not listed in SHA256SUMS" in p for p in problems), (name, problems)
+        shutil.rmtree(out / name) if (out / name).is_dir() and not (out / name).is_symlink() else (out / name).unlink()
+    assert verify.verify(out, run_binaries=False)["ok"]
+
+    # listed, but a link: the sum would be of whatever it points at, not of a file of this directory
+    (out / archive_name).unlink()
+    (out / archive_name).symlink_to(elsewhere)
+    problems = verify.verify(out, run_binaries=False)["problems"]
+    assert any(p.startswith(archive_name) and "symbolic link" in p for p in problems), problems
+
+
+@posix_only
 def test_two_backends_share_one_out_dir_and_verify(inputs, fake_wheel, tmp_path):
     """As in CI's merge job: each entry's artifacts side by side, one SHA256SUMS over all of them."""
     out = tmp_path / "out"

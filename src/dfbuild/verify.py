@@ -17,11 +17,12 @@ import io
 import json
 import os
 import re
+import stat
 import subprocess
 import zipfile
 from pathlib import Path, PurePosixPath
 
-from . import backends, owned, source, state
+from . import backends, locks, owned, source, state
 from .archive import (ARCHIVE_SUFFIXES, Member, archive_root, extract_members, read_members, unsafe_member,
                       zip_member_problem)
 from .errors import VerifyError
@@ -538,6 +539,35 @@ def _check_wheel_glibc(label: str, platform_tag: str, needs: dict[str, tuple[int
                             f"{platform_tag} promises it runs on glibc {elf.version_text(promised)}")
 
 
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def unlisted_entries(directory: Path, sums: dict[str, str]) -> list[str]:
+    """A problem for every entry of DIRECTORY that SHA256SUMS does not list (a file, a directory, a
+    symlink, anything), read with lstat: a link is named, never followed. The directory's own records
+    (SHA256SUMS, manifest.json or a merged dir's manifest-ID.json, the ownership marker) are exempt
+    when they are regular files."""
+    problems = []
+    for entry in sorted(os.listdir(directory)):
+        if entry in sums:
+            continue
+        path = directory / entry
+        record = entry in (SUMS_NAME, MANIFEST_NAME, owned.MARKER_NAME) or re.fullmatch(r"manifest-.+\.json", entry)
+        if record and _is_regular(path):
+            continue
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            continue  # gone since it was listed
+        kind = "" if stat.S_ISREG(mode) else f" ({locks.kind_of(mode)}, not followed)"
+        problems.append(f"{entry} is not listed in {SUMS_NAME}{kind}")
+    return problems
+
+
 def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.Host | None = None,
            limits: source.Limits | None = None) -> dict:
     """Check a release directory; returns {dir, ok, problems, checked}. Never raises on a mismatch.
@@ -567,15 +597,16 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
     for name, digest in sorted(sums.items()):
         if unsafe_member(name) or "/" in name:
             problems.append(f"{SUMS_NAME} names {name!r}, which is not a file of this directory")
+        elif (directory / name).is_symlink():  # never followed: its sum would be of a file elsewhere
+            problems.append(f"{name} is in {SUMS_NAME} but is a symbolic link, not a file of this directory")
         elif not (directory / name).is_file():
             problems.append(f"{name} is in {SUMS_NAME} but missing")
         elif sha256_file(directory / name) != digest:
             problems.append(f"{name}: sha256 does not match {SUMS_NAME}")
+    problems.extend(unlisted_entries(directory, sums))
+    # regular files only (lstat): a symlink is never followed, so a link loop cannot hang or crash the checks
     present = sorted(p.name for p in directory.iterdir()
-                     if p.is_file() and (p.name.endswith(ARCHIVE_SUFFIXES) or p.name.endswith(".whl")))
-    for name in present:
-        if name not in sums:
-            problems.append(f"{name} is not listed in {SUMS_NAME}")
+                     if _is_regular(p) and (p.name.endswith(ARCHIVE_SUFFIXES) or p.name.endswith(".whl")))
     if sums and not problems:
         notes.append(f"{SUMS_NAME}: {len(sums)} artifacts match")
     checksums_ok = bool(sums) and not problems
