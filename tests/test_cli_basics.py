@@ -31,7 +31,7 @@ def test_help_names_the_pipeline_and_the_commands():
 def test_version_is_the_installed_distribution():
     result = invoke("--version")
     assert result.exit_code == 0
-    assert result.output == f"dfbuild, version {version('dfbuild')}\n"
+    assert result.output.startswith(f"dfbuild, version {version('dfbuild')}, series ")
     assert __version__ == version("dfbuild")
 
 
@@ -75,7 +75,7 @@ def test_installed_console_script():
 
     version_run = subprocess.run([script, "--version"], capture_output=True, text=True, env=env)
     assert version_run.returncode == 0
-    assert version_run.stdout == f"dfbuild, version {version('dfbuild')}\n"
+    assert version_run.stdout.startswith(f"dfbuild, version {version('dfbuild')}, series ")
 
 
 def test_base_help_lists_the_series_bases_and_any_release():

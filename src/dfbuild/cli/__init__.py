@@ -6,6 +6,7 @@ One module per command group, each command a thin skin over its stage:
 - release_cmds: build, release, verify
 - proof_cmds: fixtures, smoke, prove, track
 - host_cmds: doctor, matrix
+- cache_cmds: bases, cache (show, dir, clean)
 common holds the `dfbuild` group and the shared options; exits maps every error
 to its documented exit code (see errors.py and README.md), in one place:
 everything below this layer raises, never exits.
@@ -13,7 +14,7 @@ everything below this layer raises, never exits.
 
 from __future__ import annotations
 
-from . import checkout_cmds, host_cmds, proof_cmds, release_cmds, series_cmds  # noqa: F401  (registers the commands)
+from . import cache_cmds, checkout_cmds, host_cmds, proof_cmds, release_cmds, series_cmds  # noqa: F401  (registers the commands)
 from .checkout_cmds import apply, checkout, import_
 from .common import (BASE_HELP, STATUS_STYLE, SeriesHelpOption, _default_dir_here, _locks, _render_concerns,
                      _smoke_options, _utf8_path, _work_locks, base_option, json_option, known_bases_text, main,

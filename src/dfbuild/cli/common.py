@@ -93,8 +93,31 @@ def _smoke_options(start_timeout, smoke_table) -> dict:
     return {"start_timeout": start_timeout, "table": smoke_table}
 
 
+def _show_version(ctx, param, value):
+    if not value or ctx.resilient_parsing:
+        return
+    from .. import about
+
+    click.echo(about.version_text())
+    ctx.exit()
+
+
+def _use_cache_dir(ctx, param, value):
+    """--cache-dir: the same as $DFBUILD_CACHE_DIR for this command (and what it runs), which it overrides."""
+    if value is not None:
+        from .. import paths
+
+        os.environ[paths.CACHE_ENV] = os.fspath(os.path.abspath(value))
+    return value
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="dfbuild")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_show_version,
+              help="Show the version, the series hash and (from a checkout) the git commit, and exit.")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None, expose_value=False, is_eager=True,
+              callback=_use_cache_dir, metavar="DIR",
+              help="dfbuild's cache dir for this command [default: $DFBUILD_CACHE_DIR, else the user cache "
+                   "dir; see `dfbuild cache`].")
 def main() -> None:
     """Turn a llama.cpp PR head into fixed, tested, releasable DFlash binaries.
 
