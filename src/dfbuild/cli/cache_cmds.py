@@ -22,7 +22,10 @@ def _table(rows: list[list[str]], header: list[str]) -> None:
               help="Print every base (name, build, epoch, variant, proven and its proof, source, cached) as JSON.")
 @handle_errors
 def bases(patches_dir, as_json):
-    """List the bases the series knows: epoch, variant, proven, and whether the source is cached (offline).
+    """List the bases the series knows: epoch, variant, proof, cached.
+
+    Per base: the epoch that holds it, the variant that serves it, the proof series.toml records,
+    and whether its source is cached (it then checks out offline) or what it needs.
 
     Any other llama.cpp release works too, as --base bNNNN: the series is carried to it.
     """
@@ -51,7 +54,7 @@ def bases(patches_dir, as_json):
 @click.pass_context
 @handle_errors
 def cache_group(ctx, as_json):
-    """Show where dfbuild's cache is and its size by kind (`dfbuild cache clean` empties it)."""
+    """Show the cache dir and its size by kind (clean: `cache clean`)."""
     if ctx.invoked_subcommand is not None:
         return
     from .. import cache
@@ -84,7 +87,7 @@ def cache_dir_cmd():
 @click.option("--json", "as_json", is_flag=True, help="Print what was removed and skipped, and the bytes freed, as JSON.")
 @handle_errors
 def cache_clean(older_than, base, dry_run, as_json):
-    """Remove what dfbuild cached: everything, or entries older than DAYS, or one base's source.
+    """Remove what dfbuild cached: all, --older-than DAYS, or --base B.
 
     Entries a running dfbuild holds are skipped and named; lock files stay; anything in the
     cache dir that dfbuild did not make is left alone. A later checkout fetches again what it needs.
