@@ -109,7 +109,7 @@ def test_doctor_without_the_cross_toolchain_names_the_packages(no_tools):
 def test_doctor_for_vulkan_on_windows_from_linux_says_where_it_builds():
     entry = doctor.check_backend("vulkan", WINDOWS_ON_LINUX)
     assert not entry["can_build"] and not entry["toolchain"]
-    assert "README" in entry["reason"] and "Windows runner" in entry["reason"]
+    assert "docs/windows.md" in entry["reason"] and "Windows runner" in entry["reason"]
 
 
 @needs_mingw

@@ -1,6 +1,6 @@
 """Every fatal error dfbuild can raise, with a stable exit code and a hint.
 
-The exit codes are part of the CLI contract and are documented in README.md;
+The exit codes are part of the CLI contract and are documented in docs/exit-codes.md;
 never renumber one, only add new ones.
 """
 

@@ -8,7 +8,7 @@ One module per command group, each command a thin skin over its stage:
 - host_cmds: doctor, matrix
 - cache_cmds: bases, cache (show, dir, clean)
 common holds the `dfbuild` group and the shared options; exits maps every error
-to its documented exit code (see errors.py and README.md), in one place:
+to its documented exit code (see errors.py and docs/exit-codes.md), in one place:
 everything below this layer raises, never exits.
 """
 

@@ -1,6 +1,6 @@
 """Errors to exit codes, in one place: every command runs inside handle_errors.
 
-Each DfbuildError carries its documented exit code (see errors.py and README.md);
+Each DfbuildError carries its documented exit code (see errors.py and docs/exit-codes.md);
 everything below the CLI raises, never exits. A full disk or a read-only dir, a
 name that is not UTF-8 and Ctrl-C get their codes here too.
 """
