@@ -207,3 +207,13 @@ def test_documented_command_runs(where, line, tmp_path):
                           timeout=300)
     assert done.returncode == 0, f"{where}: `{line}` exited {done.returncode}\n{done.stderr[-2000:]}"
     assert "Traceback" not in done.stderr
+
+
+def test_every_relative_link_points_at_a_file_of_the_repo():
+    broken = []
+    for doc in DOCS:
+        for target in re.findall(r"\]\(([^)\s]+)\)", FENCE.sub("", doc.read_text(encoding="utf-8"))):
+            path = target.split("#", 1)[0]
+            if path and not re.match(r"[a-z]+:", path) and not (doc.parent / path).exists():
+                broken.append(f"{_present(doc)}: {target}")
+    assert not broken, broken
