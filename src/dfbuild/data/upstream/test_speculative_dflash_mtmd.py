@@ -381,11 +381,12 @@ def test_dflash_after_image(models, draft, request_image):
     # text after the image: the draft cache has to continue past the image's positions
     res = request_image(" What does it show? Answer in a few words.")
     assert res.status_code == 200, res.body
-    assert res.body["timings"]["draft_n"] > 0
-    assert res.body["timings"]["draft_n_accepted"] > 0
+    timings = res.body["timings"]  # draft_n is left out when nothing was drafted
+    assert timings.get("draft_n", 0) > 0, timings
+    assert timings.get("draft_n_accepted", 0) > 0, timings
     assert content_of(res) == expected
 
-    # the same prompt again reuses the cached image prefix
+    # a second question about the same image reuses the cached image prefix
     res = request_image(" And its colours?")
     assert res.status_code == 200, res.body
-    assert res.body["timings"]["draft_n_accepted"] > 0
+    assert res.body["timings"].get("draft_n_accepted", 0) > 0, res.body["timings"]
