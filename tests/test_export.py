@@ -222,7 +222,7 @@ def test_pr_md_follows_the_template_and_leaves_the_disclosure_to_the_submitter()
     assert "<!-- Describe -->" not in text and "<!-- more -->" not in text
     assert "- AI usage disclosure: <!-- mention: YES / NO -->" in text
     assert "<!-- IMPORTANT: keep -->" in text
-    assert "| smoke runs (fixture sets x scenarios) | 2 of 4 failed | all 4 passed |" in text
+    assert "| dfbuild smoke runs | 2 of 4 failed | all 4 passed |" in text
     assert "download" in text and "were not run" in text
     assert "- fill the hole" in text
 

@@ -177,8 +177,12 @@ def _proof_rows(proof: dict | None, recorded: dict | None) -> list[tuple[str, st
         first = (unpatched.get("first_failure") or {}).get("log_line") or ""
         first = re.sub(r"^[\d.]+ \w ", "", first)
         runs = unpatched.get("runs")
+        table = proof.get("smoke_table") or {}
+        what = "dfbuild smoke runs"
+        if table.get("scenarios") and table.get("sets"):
+            what += f" ({len(table['scenarios'])} scenarios on {len(table['sets'])} fixture sets)"
         rows = [
-            ("smoke runs (fixture sets x scenarios)",
+            (what,
              f"{len(unpatched.get('failed', []))} of {runs} failed" if runs else "n/a",
              "all {} passed".format(patched.get("runs")) if patched.get("passed") else
              f"{len(patched.get('failed', []))} of {patched.get('runs')} failed"),
@@ -228,8 +232,7 @@ def pr_text(template: str | None, *, base: str, base_commit: str, applied: list[
         "`gguf-py` imports it.",
     ]
     rows = _proof_rows(proof, recorded) + _measured_rows(measured)
-    info = [f"Measured with dfbuild on {base} (the tree at `{base_commit[:12]}`), "
-            f"{proof_note}:", ""]
+    info = [f"Measured with dfbuild on llama.cpp {base}, {proof_note}:", ""]
     if rows:
         info += ["| | without this PR | with this PR |", "| --- | --- | --- |"]
         info += [f"| {what} | {before} | {after} |" for what, before, after in rows]
