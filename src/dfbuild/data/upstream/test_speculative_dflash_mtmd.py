@@ -365,8 +365,8 @@ def content_of(res: ServerResponse) -> str:
     return res.body["content"]
 
 
-@pytest.mark.parametrize("draft", ["draft", "draft-mrope"])
-@pytest.mark.parametrize("request_image", [image_completion, image_chat])
+@pytest.mark.parametrize("draft", ["draft", "draft-mrope"], ids=["plain-rope-draft", "mrope-draft"])
+@pytest.mark.parametrize("request_image", [image_completion, image_chat], ids=["completion", "chat"])
 def test_dflash_after_image(models, draft, request_image):
     global server
     create_server(models, draft=None)
