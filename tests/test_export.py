@@ -254,3 +254,17 @@ def test_the_upstream_test_is_python_that_downloads_nothing(tmp_path):
     assert "download_file" not in source and "hf_repo = None" in source.replace("model_", "")
     assert '"draft-dflash"' in source
     assert "gguf.GGUFWriter" in source
+
+
+def test_every_shipped_patch_reads_as_an_upstream_message():
+    from dfbuild import series
+
+    curated = series.load_series()
+    files = sorted({v.file for c in curated.concerns for v in c.variants.values() if v.file})
+    assert files
+    for name in files:
+        subject, body = export.upstream_message(curated.root / name)
+        assert subject and body, name
+        assert not re.search(r"^(Origin|Bug|Forwarded|Applied-Upstream|Last-Update|Dfbuild-[\w-]+):", body,
+                             re.MULTILINE), name
+        assert export._patch_date(curated.root / name) is not None, name
