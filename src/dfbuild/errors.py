@@ -120,6 +120,12 @@ class NotApplicableError(DfbuildError):
     exit_code = 24
 
 
+class ExportError(DfbuildError):
+    """`series export --upstream` cannot be made or written: an --out dir that is not an earlier export, nothing to send."""
+
+    exit_code = 25
+
+
 class ToolchainMissingError(DfbuildError):
     exit_code = 30
 

@@ -400,3 +400,45 @@ def series_epochs(patches_dir, as_json):
                          f"{escape(epoch['upstream_change'])}", soft_wrap=True)
         for proof in epoch["proofs"] or [{"release": "(none)", "outcome": "unproven"}]:
             ui.console.print("    " + series.describe_proof(proof), soft_wrap=True, markup=False)
+
+
+@series_group.command("export")
+@click.option("--upstream", is_flag=True, required=True,
+              help="The form upstream takes: format-patch files against BASE, a server test, PR.md.")
+@click.option("--base", required=True, cls=SeriesHelpOption,
+              help="The base to export against (checked out into a scratch tree). " + BASE_HELP)
+@click.option("--repo", default=None, help="Repository URL or path (default: implied by the base).")
+@click.option("--out", "out", type=click.Path(path_type=Path), required=True, callback=_utf8_path,
+              help="Directory to write: new, empty, or an earlier export (replaced whole).")
+@click.option("--proof", "proof_file", type=click.Path(path_type=Path, exists=True, dir_okay=False), default=None,
+              help="A `dfbuild prove` record for PR.md's table (default: bench/proofs/proof-BASE.json).")
+@click.option("--measured", "measured_file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              default=None, help="The new test's results, unpatched and patched "
+              "(default: bench/upstream/upstream-test-BASE.json).")
+@patches_option
+@json_option
+@handle_errors
+def series_export(upstream, base, repo, out, proof_file, measured_file, patches_dir, as_json):
+    """Write the fix for BASE as upstream would take it: one `spec : ...` commit, a server test, PR.md.
+
+    The commits are made in a scratch checkout of BASE (never in your tree) from
+    whatever the series applies there, authored by the project; OUT is written whole
+    or not at all. A non-empty OUT that is not an earlier export is refused (exit 25).
+    """
+    from .. import export, series, source
+
+    if not upstream:
+        raise errors.UsageError("series export knows one form: --upstream", "pass --upstream")
+    base = source.canonical_base(base)
+    source.check_base_name(base)
+    curated = series.load_series(patches_dir)
+    with _locks(("out", out), no_wait=False):
+        result = export.export_upstream(curated, base, out, repo=repo, proof_file=proof_file,
+                                        measured_file=measured_file)
+    if as_json:
+        ui.emit_json(result)
+        return
+    for path in result["written"]:
+        click.echo(path)
+    ui.info(f"{len(result['written'])} files for {result['base']} (on {result['base_commit'][:12]}); "
+            f"apply with: git am {result['out']}/*.patch")

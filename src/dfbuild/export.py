@@ -1,0 +1,504 @@
+"""`dfbuild series export --upstream`: the series as a llama.cpp pull request would carry it.
+
+For a base the series serves, the export is made in a scratch checkout of that
+base (never the user's tree): `series.apply_series` commits every concern the
+series applies there, exactly as `dfbuild apply` would; those commits are squashed
+into one commit in llama.cpp's style (``spec : ...``), and a second commit adds
+a server test for upstream's own harness (tools/server/tests, `ServerProcess`)
+that writes its tiny models with the tree's gguf-py. `git format-patch` turns
+the two into patch files, and PR.md follows the tree's pull request template.
+
+Nothing here names a patch file: what the fix commit holds is whatever the series
+applies at that base, and its message is built from those patches' own messages.
+
+The output dir is written whole or not at all: everything is made in a sibling
+staging dir and renamed into place. An existing non-empty dir is replaced only
+when it is an earlier export, unchanged (its marker lists every file and its
+sha256); anything else in it is the user's and is refused (exit 25).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import tomllib
+from datetime import datetime, timezone
+from importlib import resources
+from pathlib import Path
+
+from . import series as series_mod
+from . import source, state, ui
+from .errors import DfbuildError, ExportError
+from .paths import sha256_file
+
+MARKER_NAME = ".dfbuild-export.json"
+EXPORT_SCHEMA = 1
+DEFAULT_AUTHOR = ("dfbuild maintainers", "maintainers@users.noreply.a-seed-1169d44c.example")
+FIX_SUBJECT = "spec : fix DFlash draft KV positions after multimodal chunks"
+TEST_SUBJECT = "server : test DFlash speculative decoding after an image (M-RoPE target)"
+TEST_NAME = "test_speculative_dflash_mtmd.py"
+TEST_PATH = f"tools/server/tests/unit/{TEST_NAME}"
+REQUIREMENTS = "tools/server/tests/requirements.txt"
+# gguf-py imports yaml (gguf/metadata.py), which the server tests' requirements do not bring
+YAML_REQUIREMENT = "PyYAML~=6.0"
+TEMPLATE = ".github/pull_request_template.md"
+# the DEP-3 fields and dfbuild's own trailers: a patch file's bookkeeping, not upstream's commit message
+_BOOKKEEPING = re.compile(r"^(Origin|Bug(-[\w-]+)?|Forwarded|Applied-Upstream|Last-Update|Author|From|Description|"
+                          r"Reviewed-by|Acked-by|Dfbuild-[\w-]+):", re.IGNORECASE)
+_FALLBACK_DATE = "Wed, 2 Dec 2026 00:00:00 +0000"
+
+
+# --- who and when ----------------------------------------------------------------------------
+
+
+def project_author(repo_root: Path | None = None) -> tuple[str, str]:
+    """(name, email) of the project: pyproject.toml's first `authors` entry with an email, else the default."""
+    candidates = []
+    if repo_root is not None:
+        candidates.append(Path(repo_root) / "pyproject.toml")
+    for path in candidates:
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+            continue
+        for author in data.get("project", {}).get("authors", []) or []:
+            if isinstance(author, dict) and author.get("email"):
+                return str(author.get("name") or DEFAULT_AUTHOR[0]), str(author["email"])
+    try:  # an installed dfbuild: its metadata says it (Author-email: "Name <email>")
+        from importlib.metadata import metadata
+
+        name, address = email.utils.parseaddr(metadata("dfbuild").get("Author-email") or "")
+        if address:
+            return name or DEFAULT_AUTHOR[0], address
+    except Exception:  # noqa: BLE001 - no metadata (a source checkout on sys.path): the default
+        pass
+    return DEFAULT_AUTHOR
+
+
+def _patch_date(patch: Path) -> datetime | None:
+    for line in patch.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.startswith("Date: "):
+            try:
+                return email.utils.parsedate_to_datetime(line[6:].strip())
+            except (TypeError, ValueError):
+                return None
+        if not line.strip():
+            return None  # end of the mail header
+    return None
+
+
+def export_date(patches: list[Path]) -> str:
+    """The newest Date among the applied patches (RFC 2822): the export is as reproducible as the series."""
+    dates = [d for d in (_patch_date(p) for p in patches) if d is not None]
+    if not dates:
+        return _FALLBACK_DATE
+    newest = max(d.astimezone(timezone.utc) for d in dates)
+    return email.utils.format_datetime(newest)
+
+
+# --- messages --------------------------------------------------------------------------------
+
+
+def upstream_message(patch: Path) -> tuple[str, str]:
+    """(subject, body) of a patch's commit message without its DEP-3 fields and dfbuild trailers."""
+    message = series_mod.commit_message(patch)
+    subject, _, body = message.partition("\n")
+    kept = [line for line in body.strip().splitlines() if not _BOOKKEEPING.match(line)]
+    return subject.strip(), "\n".join(kept).strip()
+
+
+def origin_urls(patch: Path) -> list[str]:
+    """URLs in a patch's Origin field (where the approach comes from)."""
+    found = []
+    for line in series_mod.commit_message(patch).splitlines():
+        if line.lower().startswith("origin:"):
+            found += [u.rstrip(".,;)") for u in re.findall(r"https?://\S+", line)]
+    return found
+
+
+def _strip_area(subject: str) -> str:
+    """'spec : DFlash mirrors ...' -> 'DFlash mirrors ...' (the area prefix of llama.cpp's subjects)."""
+    return re.sub(r"^[\w/.-]+ : ", "", subject)
+
+
+def fix_message(applied: list[dict], bug: str) -> str:
+    """The squashed commit: llama.cpp's subject, then what each applied concern changes and why."""
+    parts = [FIX_SUBJECT, ""]
+    for entry in applied:
+        subject, body = entry["subject"], entry["body"]
+        parts += [_strip_area(subject) + ":", "", body, ""] if body else [_strip_area(subject), ""]
+    urls = [u for entry in applied for u in entry["origin_urls"]]
+    if urls:
+        parts += ["The approach follows " + ", ".join(dict.fromkeys(urls)) + ".", ""]
+    parts.append(f"Fixes {bug}" if bug else "")
+    return "\n".join(parts).strip() + "\n"
+
+
+def test_message() -> str:
+    return (f"{TEST_SUBJECT}\n\n"
+            "A tiny qwen35 target (M-RoPE), its qwen2vl_merger projector and a DFlash\n"
+            "draft are written by the tree's gguf-py at test time, so nothing is\n"
+            "downloaded. An image completion with text after the image must answer\n"
+            "200 with accepted drafts and the output of the same request without\n"
+            "the draft, for a plain-rope draft and for an M-RoPE draft.\n\n"
+            "gguf-py imports yaml, so the test requirements gain PyYAML.\n")
+
+
+# --- the test file ---------------------------------------------------------------------------
+
+
+def test_source() -> str:
+    """The upstream server test dfbuild ships (its own code, MIT), byte for byte."""
+    return resources.files("dfbuild.data").joinpath("upstream").joinpath(TEST_NAME).read_text(encoding="utf-8")
+
+
+def requirements_with_yaml(text: str) -> str | None:
+    """REQUIREMENTS' text with PyYAML added (after numpy, else at the end), or None when it has it already."""
+    if re.search(r"^\s*pyyaml\b", text, re.IGNORECASE | re.MULTILINE):
+        return None
+    lines = text.splitlines()
+    at = next((i + 1 for i, line in enumerate(lines) if re.match(r"\s*numpy\b", line, re.IGNORECASE)), len(lines))
+    lines.insert(at, YAML_REQUIREMENT)
+    return "\n".join(lines) + "\n"
+
+
+# --- PR.md -----------------------------------------------------------------------------------
+
+
+def _proof_rows(proof: dict | None, recorded: dict | None) -> list[tuple[str, str, str]]:
+    """(what, unpatched, patched) rows from a `dfbuild prove` record, else from series.toml's record."""
+    if proof:
+        unpatched, patched = proof.get("unpatched", {}), proof.get("patched", {})
+        first = (unpatched.get("first_failure") or {}).get("log_line") or ""
+        first = re.sub(r"^[\d.]+ \w ", "", first)
+        runs = unpatched.get("runs")
+        table = proof.get("smoke_table") or {}
+        what = "dfbuild smoke runs"
+        if table.get("scenarios") and table.get("sets"):
+            what += f" ({len(table['scenarios'])} scenarios on {len(table['sets'])} fixture sets)"
+        rows = [
+            (what,
+             f"{len(unpatched.get('failed', []))} of {runs} failed" if runs else "n/a",
+             "all {} passed".format(patched.get("runs")) if patched.get("passed") else
+             f"{len(patched.get('failed', []))} of {patched.get('runs')} failed"),
+            ("failures with the upstream symptom", "yes" if unpatched.get("upstream_symptom") else "no",
+             "yes" if patched.get("upstream_symptom") else "no"),
+        ]
+        if first:
+            rows.append(("first failure", f"`{first.strip()}`", "-"))
+        return rows
+    if recorded:
+        return [("smoke runs (fixture sets x scenarios)", recorded.get("unpatched", "n/a"),
+                 recorded.get("patched", "n/a"))]
+    return []
+
+
+def _measured_rows(measured: dict | None) -> list[tuple[str, str, str]]:
+    if not measured:
+        return []
+    rows = []
+    for name in ("unpatched", "patched"):
+        if name not in measured:
+            return []
+    rows.append((f"`pytest unit/{TEST_NAME}`", measured["unpatched"].get("summary", "n/a"),
+                 measured["patched"].get("summary", "n/a")))
+    return rows
+
+
+def pr_text(template: str | None, *, base: str, base_commit: str, applied: list[dict], bug: str,
+            proof: dict | None, recorded: dict | None, measured: dict | None, proof_note: str) -> str:
+    """PR.md: the tree's template with Overview and Additional information filled, Requirements left to the submitter."""
+    overview = [
+        "DFlash speculative decoding fails after an image when the target uses M-RoPE "
+        f"({bug}). mtmd gives every row of an image one temporal position (a qwen2vl-style merger puts "
+        "several rows on each), so the draft cache ends up behind the target's positions; the next draft "
+        "batch fails `llama_batch_allocr`'s continuity check (`inconsistent sequence positions`, Y = X + 1), "
+        "`llama_decode(ctx_dft)` fails and the server answers HTTP 500.",
+        "",
+        "This PR:",
+        "",
+    ]
+    overview += ["- " + _strip_area(e["subject"]) for e in applied]
+    overview += [
+        f"- adds `tools/server/tests/unit/{TEST_NAME}`: a tiny qwen35 target (M-RoPE), a qwen2vl_merger "
+        "projector and a DFlash draft, written by the tree's `gguf-py` at test time (no download); an image "
+        "request with text after the image must answer 200, accept drafts and match the output without the "
+        "draft. It fails without the fix and passes with it. `PyYAML` joins the test requirements, because "
+        "`gguf-py` imports it.",
+    ]
+    rows = _proof_rows(proof, recorded) + _measured_rows(measured)
+    info = [f"Measured with dfbuild on llama.cpp {base}, {proof_note}:", ""]
+    if rows:
+        info += ["| | without this PR | with this PR |", "| --- | --- | --- |"]
+        info += [f"| {what} | {before} | {after} |" for what, before, after in rows]
+        proven = [c.get("id") for c in (proof or {}).get("concerns", []) if c.get("status") == "applied"]
+        if proof and proven != [e["id"] for e in applied]:
+            info += ["", f"(the smoke proof patched {', '.join(proven) or 'nothing'}; this PR carries "
+                     f"{', '.join(e['id'] for e in applied)}: the series changed since it ran)"]
+    else:
+        info += ["(no measurement is recorded for this base yet: run `dfbuild prove --base "
+                 f"{base}` and export again)"]
+    info += [
+        "",
+        "The draft without `dflash.rope.dimension_sections` (a plain-rope draft, as DFlash GGUFs converted "
+        "before the M-RoPE draft support were written) is the case that fails; the test also runs an M-RoPE "
+        "draft, which must keep working.",
+        "",
+        "How to run the new test:",
+        "",
+        "```sh",
+        "cmake -B build -DLLAMA_BUILD_TESTS=OFF && cmake --build build --target llama-server",
+        "cd tools/server/tests && pip install -r requirements.txt",
+        f"LLAMA_SERVER_BIN_PATH=../../../build/bin/llama-server pytest -v unit/{TEST_NAME}",
+        "```",
+        "",
+        "Upstream's other server tests download their models from Hugging Face; they could not run where "
+        "this was prepared (no network) and were not run. The new test module overrides conftest's "
+        "`load_server_presets` for itself, since it downloads nothing.",
+    ]
+    sections = {"Overview": "\n".join(overview), "Additional information": "\n".join(info)}
+    if template is None:
+        template = ("## Overview\n\n## Additional information\n\n## Requirements\n\n"
+                    "- I have read and agree with the [contributing guidelines]"
+                    "(https://github.com/ggml-org/llama.cpp/blob/master/CONTRIBUTING.md)\n"
+                    "- AI usage disclosure: <!-- mention: YES / NO - if yes, describe how AI was used -->\n")
+    return _fill_template(template, sections)
+
+
+def _fill_template(template: str, sections: dict[str, str]) -> str:
+    """Each `## NAME` section of SECTIONS gets its text in place of the template's guidance comment."""
+    out, current = [], None
+    for line in template.splitlines():
+        heading = re.match(r"^##\s+(.+?)\s*$", line)
+        if heading:
+            current = heading.group(1)
+            out.append(line)
+            if current in sections:
+                out += ["", sections[current], ""]
+            continue
+        if current in sections and (not line.strip() or re.match(r"^\s*<!--.*-->\s*$", line)):
+            continue  # the guidance comment and blank lines: replaced by the text above
+        out.append(line)
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).strip() + "\n"
+
+
+# --- the output dir --------------------------------------------------------------------------
+
+
+def _read_marker(out: Path) -> dict | None:
+    marker = out / MARKER_NAME
+    if marker.is_symlink() or not marker.is_file():
+        return None
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) and data.get("written_by") == "dfbuild" else None
+
+
+def check_out_dir(out: Path) -> bool:
+    """Whether OUT may be (re)written: absent, empty, or an unchanged earlier export. Refuses anything else."""
+    out = Path(out)
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ExportError(f"{out} exists and is not a directory; nothing was written",
+                          "pass --out a new or empty directory")
+    if not out.exists():
+        return False
+    entries = sorted(p.name for p in out.iterdir())
+    if not entries:
+        return False
+    marker = _read_marker(out)
+    if marker is None:
+        raise ExportError(f"{out} is not empty and is not an earlier dfbuild export; nothing was written",
+                          "pass --out a new or empty directory, or move its files away")
+    files = marker.get("files") if isinstance(marker.get("files"), dict) else {}
+    extra = [name for name in entries if name != MARKER_NAME and name not in files]
+    changed = [name for name, digest in files.items()
+               if not (out / name).is_file() or (out / name).is_symlink() or sha256_file(out / name) != digest]
+    if extra or changed:
+        which = (extra + changed)[0]
+        raise ExportError(f"{out} is an earlier dfbuild export, but {which} "
+                          + ("is not one of its files" if which in extra else "changed since dfbuild wrote it")
+                          + "; nothing was written", "move your files away, or pass --out another directory")
+    return True
+
+
+def _sweep_staging(out: Path) -> None:
+    """Staging dirs an interrupted export of OUT left behind (dfbuild's by name and marker)."""
+    for leftover in out.parent.glob(f".{out.name}.export-*"):
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _publish(staging: Path, out: Path, replace: bool) -> None:
+    """Rename STAGING to OUT: OUT is the old export or the new one, never half of either."""
+    if replace:
+        old = out.parent / f".{out.name}.export-old-{os.getpid()}"
+        os.rename(out, old)
+        try:
+            os.rename(staging, out)
+        except OSError:
+            os.rename(old, out)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    elif out.exists():
+        os.rmdir(out)  # empty (checked): the rename needs the name free on every OS
+        os.rename(staging, out)
+    else:
+        os.rename(staging, out)
+
+
+# --- the export ------------------------------------------------------------------------------
+
+
+def _git(tree: Path, *args: str, env: dict | None = None) -> str:
+    result = subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True,
+                            env=dict(os.environ, **(env or {})))
+    if result.returncode != 0:
+        raise ExportError(f"git {args[0]} failed in the scratch checkout: "
+                          + (result.stderr.strip().splitlines() or ["(no message)"])[-1], None)
+    return result.stdout
+
+
+def _commit_env(author: tuple[str, str], date: str) -> dict:
+    name, address = author
+    return {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": address, "GIT_AUTHOR_DATE": date,
+            "GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": address, "GIT_COMMITTER_DATE": date,
+            "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "core.hooksPath", "GIT_CONFIG_VALUE_0": os.devnull}
+
+
+def _commit(tree: Path, message: str, author: tuple[str, str], date: str) -> str:
+    result = subprocess.run(["git", "-C", str(tree), "commit", "--no-verify", "--no-gpg-sign", "-q", "-F", "-"],
+                            input=message, capture_output=True, text=True,
+                            env=dict(os.environ, **_commit_env(author, date)))
+    if result.returncode != 0:
+        raise ExportError("git commit failed in the scratch checkout: "
+                          + (result.stderr.strip().splitlines() or ["(no message)"])[-1], None)
+    return _git(tree, "rev-parse", "HEAD").strip()
+
+
+def build_commits(curated, tree: Path, *, author: tuple[str, str]) -> dict:
+    """In TREE (a scratch checkout of the base), make the fix commit and the test commit; return what was done."""
+    tree = Path(tree)
+    start = _git(tree, "rev-parse", "HEAD").strip()
+    section = series_mod.apply_series(curated, tree)
+    applied = []
+    for entry in section["concerns"]:
+        if entry.get("status") != "applied":
+            continue
+        patch = curated.root / entry["file"]
+        subject, body = upstream_message(patch)
+        applied.append({"id": entry["id"], "file": entry["file"], "how": entry.get("how") or entry.get("detail"),
+                        "subject": subject, "body": body, "origin_urls": origin_urls(patch), "patch": patch})
+    if not applied:
+        raise ExportError(f"the series applies no patch at {section['base']}: every concern is upstream or "
+                          "decided there, so there is nothing to send", "pick a base the series patches")
+    date = export_date([a["patch"] for a in applied])
+    _git(tree, "reset", "--soft", "-q", start)
+    fix = _commit(tree, fix_message(applied, curated.bug), author, date)
+
+    test_file = tree / TEST_PATH
+    test_file.parent.mkdir(parents=True, exist_ok=True)
+    test_file.write_text(test_source(), encoding="utf-8")
+    paths = [TEST_PATH]
+    requirements = tree / REQUIREMENTS
+    if requirements.is_file():
+        updated = requirements_with_yaml(requirements.read_text(encoding="utf-8"))
+        if updated is not None:
+            requirements.write_text(updated, encoding="utf-8")
+            paths.append(REQUIREMENTS)
+    _git(tree, "add", "--", *paths)
+    test = _commit(tree, test_message(), author, date)
+    return {"start": start, "base": section["base"], "section": section, "applied": applied,
+            "fix_commit": fix, "test_commit": test, "date": date}
+
+
+def _load_json(path: Path | None) -> dict | None:
+    if path is None or not Path(path).is_file():
+        return None
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        ui.warn(f"{path} is not readable JSON; PR.md leaves it out")
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def export_upstream(curated, base: str, out: Path, *, repo: str | None = None, proof_file: Path | None = None,
+                    measured_file: Path | None = None) -> dict:
+    """Write BASE's upstream export into OUT (atomically); return what was written."""
+    out = Path(out).absolute()
+    replace = check_out_dir(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _sweep_staging(out)
+    repo_root = curated.root.parent
+    author = project_author(repo_root)
+    proof_file = proof_file or repo_root / "bench" / "proofs" / f"proof-{base}.json"
+    measured_file = measured_file or repo_root / "bench" / "upstream" / f"upstream-test-{base}.json"
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
+    try:
+        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's 0700 is for scratch, not for a result
+        with state.temp_dir("export") as scratch:
+            tree = scratch / "llama.cpp"
+            with ui.step(f"checkout {base} (a scratch tree)"):
+                checked = source.checkout(base, repo=repo, dest=tree)
+            with ui.step("apply the series, squash it, add the server test"):
+                made = build_commits(curated, tree, author=author)
+            patches_dir = staging
+            with ui.step("git format-patch"):
+                listed = _git(tree, "format-patch", "--zero-commit", "--no-signature", "--full-index",
+                              "-o", str(patches_dir), f"{made['start']}..HEAD").split()
+            names = [Path(p).name for p in listed]
+            template_path = tree / TEMPLATE
+            template = template_path.read_text(encoding="utf-8") if template_path.is_file() else None
+            proof = _load_json(proof_file)
+            if proof and proof.get("base") not in (None, base):
+                proof = None
+            build = source.release_build(base)
+            recorded = curated.recorded_proof(build) if build is not None else None
+            measured = _load_json(measured_file)
+            note = ("CPU, " + describe_where(proof)) if proof else "as series.toml records"
+            text = pr_text(template, base=base, base_commit=made["start"], applied=made["applied"], bug=curated.bug,
+                           proof=proof, recorded=recorded, measured=measured, proof_note=note)
+            (staging / "PR.md").write_text(text, encoding="utf-8")
+            names.append("PR.md")
+        files = {name: sha256_file(staging / name) for name in names}
+        data = {
+            "written_by": "dfbuild", "schema": EXPORT_SCHEMA, "base": base, "base_commit": made["start"],
+            "source": {k: checked.get(k) for k in ("kind", "repo", "commit")},
+            "author": f"{author[0]} <{author[1]}>", "date": made["date"],
+            "concerns": [{"id": a["id"], "file": a["file"], "how": a["how"]} for a in made["applied"]],
+            "decided": [{"id": c["id"], "status": c["status"], "detail": c.get("detail")}
+                        for c in made["section"]["concerns"] if c.get("status") != "applied"],
+            "commits": [made["fix_commit"], made["test_commit"]],
+            "files": files,
+        }
+        state.atomic_write_text(staging / MARKER_NAME, json.dumps(data, indent=2, sort_keys=True) + "\n")
+        os.chmod(staging / MARKER_NAME, 0o666 & ~_umask())
+        _publish(staging, out, replace)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return {**{k: v for k, v in data.items() if k != "written_by"}, "out": str(out),
+            "written": [str(out / name) for name in names]}
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def describe_where(proof: dict) -> str:
+    machine = proof.get("machine") or {}
+    bits = [f"{machine.get('cores')} cores" if machine.get("cores") else None, machine.get("cpu"),
+            f"proven {proof['proven_at'][:10]}" if proof.get("proven_at") else None]
+    return ", ".join(b for b in bits if b) or "on this machine"
+
+
+__all__ = ["export_upstream", "build_commits", "check_out_dir", "project_author", "pr_text", "DfbuildError"]

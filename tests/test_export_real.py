@@ -1,0 +1,85 @@
+"""The upstream export of b11434, proven the way a llama.cpp reviewer would check it.
+
+`dfbuild series export --upstream --base b11434` writes the patches; `git am` applies
+them on a fresh checkout of b11434; that tree is built (llama-server, CPU) and
+upstream's own pytest runs the new test file from it, in a venv made from the
+tree's tools/server/tests/requirements.txt, against the unpatched build (it must
+fail with the upstream symptom) and against the build of the export (it must pass).
+
+Cost (2 cores, -O1, see docs/export.md): the unpatched build is the "any head"
+proof's (realtrees.server_for), so with a warm ccache the build of the exported tree
+and the venv dominate; a cold venv needs PyPI.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from dfbuild import build, export
+
+from helpers import dfbuild, run_git, said
+from realtrees import CACHE, REAL_BASE, TEST_CPU_VARIANTS, server_binary, server_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow,
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="built and run on Linux")]
+
+SYMPTOM = "inconsistent sequence positions"
+
+
+def upstream_venv(requirements: Path) -> Path:
+    """A venv with the server tests' requirements, kept in the test cache per requirements file."""
+    digest = hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
+    where = CACHE / "upstream-venvs" / digest
+    python = where / "bin" / "python"
+    if not (where / "ready").is_file():
+        venv.create(where, with_pip=True, clear=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(requirements)], check=True)
+        (where / "ready").write_text("ok\n")
+    return python
+
+
+def run_upstream_test(python: Path, tree: Path, server: Path) -> subprocess.CompletedProcess:
+    tests = tree / "tools" / "server" / "tests"
+    env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(server), "PORT": "18431"}
+    env.pop("PYTEST_ADDOPTS", None)
+    return subprocess.run([str(python), "-m", "pytest", "-v", "-p", "no:cacheprovider", f"unit/{export.TEST_NAME}"],
+                          cwd=tests, env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_b11434_export_fails_unpatched_and_passes_patched(tmp_path):
+    out = tmp_path / "export"
+    result = dfbuild("series", "export", "--upstream", "--base", REAL_BASE, "--out", out, "--json")
+    assert result.exit_code == 0, said(result)
+    patches = sorted(out.glob("*.patch"))
+    assert len(patches) == 2
+
+    # a fresh checkout of the base, and git am as a reviewer would
+    src = CACHE / "trees" / f"{REAL_BASE}-export" / "src"
+    dfbuild_result = dfbuild("checkout", "--base", REAL_BASE, "--dir", src, "--force")
+    assert dfbuild_result.exit_code == 0, said(dfbuild_result)
+    run_git(src, "am", "-q", *[str(p) for p in patches])
+    log = run_git(src, "log", "--format=%ae|%ad|%s", "-2").splitlines()
+    assert all("dfbuild@localhost" not in line and " 2000 " not in line for line in log), log
+    assert all(line.split("|")[2].startswith(("spec : ", "server : ")) for line in log), log
+    assert (src / export.TEST_PATH).is_file()
+
+    patched = server_binary(build.build_tree(src, "cpu", src.parent / "build-cpu", cpu_variants=TEST_CPU_VARIANTS,
+                                             targets=["llama-server"]))
+    unpatched = server_for(REAL_BASE, patched=False)
+    python = upstream_venv(src / export.REQUIREMENTS)
+
+    before = run_upstream_test(python, src, unpatched)
+    assert before.returncode != 0, before.stdout[-4000:]
+    assert SYMPTOM in before.stdout, before.stdout[-4000:]
+    assert "failed" in before.stdout.splitlines()[-1]
+
+    after = run_upstream_test(python, src, patched)
+    assert after.returncode == 0, after.stdout[-6000:]
+    assert " passed" in after.stdout.splitlines()[-1] and "failed" not in after.stdout.splitlines()[-1]
