@@ -298,3 +298,24 @@ def test_a_build_dir_made_in_the_root_runs_its_binaries_there(tmp_path):
     from dfbuild import smoke
 
     assert smoke.launcher_for(build / "bin" / "llama-server") == (rocm_root.launcher(build), {})
+
+
+def test_build_runs_each_step_through_the_roots_command_when_given(tmp_path):
+    from dfbuild import build
+
+    log = tmp_path / "log.txt"
+    with open(log, "w") as handle:
+        code, _, _ = build._run_logged(["hello"], cwd=tmp_path, env=dict(os.environ), log=handle,
+                                       run_in=lambda args, cwd: ["echo", "in-root", str(cwd), *args])
+    assert code == 0 and f"in-root {tmp_path} hello" in log.read_text()
+
+
+def test_verify_states_that_a_root_builds_glibc_floor_is_forkys():
+    from dfbuild import verify
+
+    note = verify._root_note("x.tar.gz", {"suite": "forky", "rocm": {"hipcc": "7.0.2"}, "glibc": "2.43",
+                                          "path": "debian-forky-rocm-6.4-000000000000"}, {"a": (2, 38)})
+    assert "glibc floor is forky's (glibc 2.43; the binaries need 2.38)" in note
+    assert "Ubuntu 22.04 image (glibc 2.35)" in note
+    # a root that is not on this machine: the binaries are not run, the stamp is checked instead
+    assert verify._root_launcher({"path": "debian-forky-rocm-6.4-000000000000"}) is None

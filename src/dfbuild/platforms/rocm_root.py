@@ -226,8 +226,8 @@ def _make(root: dict, path: Path) -> None:
 def _make_in(root: dict, path: Path, partial: Path) -> None:
     log_path = path.with_name(path.name + ".log")
     command = mmdebstrap_command(root, partial)
-    ui.info(f"making the Debian {root['suite']} root with ROCm {root['rocm']} once (about 1 GB to download, "
-            f"5 GB on disk; log: {log_path}); every later hip build reuses it")
+    ui.info(f"making the Debian {root['suite']} root with ROCm {root['rocm']} once (about 550 MB to download, "
+            f"5.3 GB on disk; log: {log_path}); every later hip build reuses it")
     start = time.monotonic()
     with open(log_path, "w", encoding="utf-8") as log:
         log.write("$ " + " ".join(command) + "\n")
