@@ -319,3 +319,23 @@ def test_verify_states_that_a_root_builds_glibc_floor_is_forkys():
     assert "Ubuntu 22.04 image (glibc 2.35)" in note
     # a root that is not on this machine: the binaries are not run, the stamp is checked instead
     assert verify._root_launcher({"path": "debian-forky-rocm-6.4-000000000000"}) is None
+
+
+def test_doctor_says_hip_builds_in_the_root_here_or_which_apt_line_makes_it_possible(monkeypatch, tmp_path):
+    from helpers import isolate_probes
+
+    from dfbuild import doctor
+
+    _, bin_dir = isolate_probes(monkeypatch, tmp_path)
+    monkeypatch.setenv("DFBUILD_CACHE_DIR", str(tmp_path / "cache"))
+    linux = Host("linux", "x64", "debian", "12")
+    entry = doctor.check_backend("hip", linux)
+    assert not entry["can_build"] and entry["install"][0].startswith("apt-get install mmdebstrap")
+    assert "forky root with ROCm 6.4" in entry["install"][0]
+    (bin_dir / "mmdebstrap").write_text("#!/bin/sh\n")
+    (bin_dir / "mmdebstrap").chmod(0o755)
+    entry = doctor.check_backend("hip", linux)
+    assert entry["can_build"] and "builds in the Debian forky root with ROCm 6.4" in entry["reason"]
+    assert entry["rocm_root"]["made"] is False
+    monkeypatch.setenv(rocm_root.ROOT_ENV, "host")  # the host's own ROCm or nothing
+    assert not doctor.check_backend("hip", linux)["can_build"]
