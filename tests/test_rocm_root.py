@@ -38,6 +38,8 @@ suite, target, mirror = args[-3:]
 with open(os.environ["FAKE_MMDEBSTRAP_CALLS"], "a") as f:
     f.write(" ".join(args) + "\n")
 if os.environ.get("FAKE_MMDEBSTRAP_SLEEPS"):
+    with open(os.environ["FAKE_MMDEBSTRAP_CALLS"] + ".pid", "w") as f:
+        f.write(str(os.getpid()))  # as this machine sees it: the fake may run in its own PID namespace
     os.makedirs(os.path.join(target, "usr", "bin"), exist_ok=True)
     time.sleep(float(os.environ["FAKE_MMDEBSTRAP_SLEEPS"]))
 if os.environ.get("FAKE_MMDEBSTRAP_FAILS"):
@@ -242,6 +244,34 @@ def _ensure_in_child(mirror: str, env: dict) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
 
+def _host_pid(pid_file: Path) -> int:
+    """The fake's PID as this machine sees it (it wrote its own, which in a PID namespace is 1 or 2)."""
+    written = int(pid_file.read_text())
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                status = (entry / "status").read_text()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            ns_pids = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+            if b"mmdebstrap" in cmdline and ns_pids and int(ns_pids[-1]) == written:
+                return int(entry.name)
+    return written if Path(f"/proc/{written}").is_dir() and b"mmdebstrap" in \
+        Path(f"/proc/{written}/cmdline").read_bytes() else -1
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        state = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                     if line.startswith("State:"))
+    except (OSError, StopIteration):
+        return False
+    return " Z " not in state and "zombie" not in state
+
+
 def test_a_run_killed_midway_leaves_no_root_and_the_next_run_makes_it(fake, archive):
     root = recipe_for(archive)
     path = rocm_root.root_path(root)
@@ -251,8 +281,14 @@ def test_a_run_killed_midway_leaves_no_root_and_the_next_run_makes_it(fake, arch
     while not (partial / "usr" / "bin").is_dir() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert partial.is_dir()
+    mmdebstrap = _host_pid(Path(str(fake) + ".pid"))
+    assert _alive(mmdebstrap)
     os.kill(child.pid, signal.SIGKILL)  # dfbuild only: its mmdebstrap must die with it
     child.wait()
+    deadline = time.monotonic() + 10
+    while _alive(mmdebstrap) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(mmdebstrap), "mmdebstrap outlived the dfbuild that started it"
     assert not rocm_root.is_made(path)
     assert rocm_root.is_made(rocm_root.ensure(root))
     assert not partial.exists()
