@@ -1,12 +1,12 @@
 """ROCm/HIP for real, in dfbuild's Debian forky root: the root made, llama.cpp built with GGML_HIP=ON, released.
 
 Opt-in (a release or benchmark run, never `.ci/run`): set DFBUILD_HIP_TESTS=1.
-Making the root downloads about 0.8 GB and takes about 5 GB of disk (docs/hip.md
+Making the root downloads 553 MB and takes 5.3 GB of disk (docs/hip.md
 has the measured figures), and ggml-hip compiles more than a hundred HIP files
 for each GPU target: well over an hour on two cores. Needs root (the build runs
 in a private mount namespace, chrooted into the root) and mmdebstrap.
 
-On a release no issue names (DFBUILD_HIP_TEST_BASE, default b11398), for one
+On a release no issue names (DFBUILD_HIP_TEST_BASE, default b11393), for one
 GPU target (gfx1100) and the x86-64 baseline CPU variant, the way a user runs it:
 
 - the root holds ROCm 6.4 (hipcc 7.0, libamdhip64-dev/libhipblas-dev/librocblas-dev 6.4);
@@ -38,13 +38,13 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.hip,
     pytest.mark.skipif(os.environ.get("DFBUILD_HIP_TESTS") != "1",
-                       reason="opt-in: DFBUILD_HIP_TESTS=1 makes the forky ROCm root (0.8 GB download) and builds "
-                              "ggml-hip (over an hour on 2 cores); see docs/hip.md"),
+                       reason="opt-in: DFBUILD_HIP_TESTS=1 makes the forky ROCm root (553 MB download, 5.3 GB on "
+                              "disk) and builds ggml-hip (over an hour on 2 cores); see docs/hip.md"),
     pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0 or shutil.which("mmdebstrap") is None,
                        reason="needs Linux, root and mmdebstrap (apt-get install mmdebstrap)"),
 ]
 
-BASE = os.environ.get("DFBUILD_HIP_TEST_BASE", "b11398")
+BASE = os.environ.get("DFBUILD_HIP_TEST_BASE", "b11393")
 TARGET = "gfx1100"
 WORK = CACHE / "work-hip" / BASE
 

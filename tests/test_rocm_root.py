@@ -58,7 +58,8 @@ put("var/lib/dpkg/status", "\n".join(f"Package: {p}\nStatus: install ok installe
 put("var/lib/apt/lists/deb_dists_forky_main_binary-amd64_Packages",
     "\n".join(f"Package: {p}\nVersion: {v}\nSize: 1000\n" for p, v in versions.items())
     + "\nPackage: hipcc\nVersion: 0.1\nSize: 99999\n")
-for gfx in os.environ.get("FAKE_TENSILE", "gfx803 gfx900 gfx906 gfx908 gfx90a gfx1010 gfx1030 gfx1100 gfx1101 gfx1102").split():
+TENSILE = "gfx803 gfx900 gfx906 gfx908 gfx90a gfx1010 gfx1030 gfx1100 gfx1101 gfx1102"
+for gfx in os.environ.get("FAKE_TENSILE", TENSILE).split():
     put(f"usr/lib/x86_64-linux-gnu/rocblas/6.4.4/library/TensileLibrary_lazy_{gfx}.dat", "x")
 '''
 

@@ -400,7 +400,9 @@ def _hip_in_root(entry: dict, host: Host) -> None:
     have = shutil.which("mmdebstrap") is not None
     entry["rocm_root"] = {"suite": root["suite"], "rocm": root["rocm"], "path": str(made),
                           "made": rocm_root.is_made(made), "mmdebstrap": have}
-    where = (f"the Debian {root['suite']} root with ROCm {root['rocm']} ({'made: ' + str(made) if rocm_root.is_made(made) else 'made once on the first hip build: about 550 MB to download, 5.3 GB on disk'}; docs/hip.md)")
+    state = (f"made: {made}" if rocm_root.is_made(made)
+             else "made once on the first hip build: about 550 MB to download, 5.3 GB on disk")
+    where = f"the Debian {root['suite']} root with ROCm {root['rocm']} ({state}; docs/hip.md)"
     if have or rocm_root.is_made(made):
         entry["can_build"] = True
         entry["reason"] = f"no ROCm on this machine: builds in {where}"
