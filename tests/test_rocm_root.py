@@ -162,6 +162,13 @@ def test_a_target_forkys_rocblas_has_no_kernels_for_builds_with_a_warning(capsys
 
 def test_a_hip_build_uses_the_root_only_where_the_host_has_no_rocm(monkeypatch):
     linux = Host("linux", "x64", "debian", "12")
+    monkeypatch.setattr(rocm_root, "runs_here", lambda: False)  # not root: no namespace, no chroot
+    monkeypatch.setenv(rocm_root.ROOT_ENV, "forky")
+    with pytest.raises(ToolchainMissingError):
+        rocm_root.wanted("hip", linux)
+    monkeypatch.delenv(rocm_root.ROOT_ENV)
+    assert not rocm_root.wanted("hip", linux)
+    monkeypatch.setattr(rocm_root, "runs_here", lambda: True)
     monkeypatch.setenv(rocm_root.ROOT_ENV, "forky")
     assert rocm_root.wanted("hip", linux)
     assert not rocm_root.wanted("cpu", linux)
@@ -365,6 +372,7 @@ def test_doctor_says_hip_builds_in_the_root_here_or_which_apt_line_makes_it_poss
 
     _, bin_dir = isolate_probes(monkeypatch, tmp_path)
     monkeypatch.setenv("DFBUILD_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(rocm_root, "runs_here", lambda: True)
     linux = Host("linux", "x64", "debian", "12")
     entry = doctor.check_backend("hip", linux)
     assert not entry["can_build"] and entry["install"][0].startswith("apt-get install mmdebstrap")

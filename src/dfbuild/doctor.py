@@ -388,11 +388,9 @@ def check_backend(backend: str, host: Host | None = None, *, extra_include_dirs:
 
 def _hip_in_root(entry: dict, host: Host) -> None:
     """No ROCm here: a Linux x64 host builds hip in dfbuild's Debian forky root (platforms/rocm_root.py)."""
-    import os
-
     from .platforms import rocm_root
 
-    if host.os != "linux" or host.arch != "x64" or host.cross \
+    if host.os != "linux" or host.arch != "x64" or host.cross or not rocm_root.runs_here() \
             or os.environ.get(rocm_root.ROOT_ENV, "").strip().lower() == "host":
         return
     root = rocm_root.recipe()

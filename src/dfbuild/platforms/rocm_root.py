@@ -381,11 +381,22 @@ def wanted(backend: str, host) -> bool:
                          "unset it (dfbuild picks), or set forky (the Debian root) or host (the host's ROCm)")
     if backend != "hip" or host.os != "linux" or host.arch != "x64" or host.cross or choice == "host":
         return False
+    if not runs_here():
+        if choice == "forky":
+            raise ToolchainMissingError(f"${ROOT_ENV}=forky: building in the Debian forky root needs root "
+                                        "privileges (a private mount namespace and chroot)",
+                                        "run dfbuild as root (sudo, or a container), or unset it")
+        return False
     if choice == "forky":
         return True
     from .. import doctor
 
     return not doctor.probe("hip-clang", host).found
+
+
+def runs_here() -> bool:
+    """Whether this process can run a command in the root: root privileges (unshare --mount, chroot)."""
+    return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
 def toolchain_entry(root: Path) -> dict:
