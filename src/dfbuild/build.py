@@ -614,7 +614,10 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
     if root is not None:
         env = rocm_root.env(env)
         rocm_root.mark_build_dir(build_dir, root)
-        binds = [source_dir, build_dir, *([env["CCACHE_DIR"]] if env.get("CCACHE_DIR") else [])]
+        # the root's ccache keeps its cache where the host's does (never inside the shared root)
+        env.setdefault("CCACHE_DIR", str(Path.home() / ".cache" / "ccache"))
+        Path(env["CCACHE_DIR"]).mkdir(parents=True, exist_ok=True)
+        binds = [source_dir, build_dir, env["CCACHE_DIR"]]
         run_in = lambda args, cwd: rocm_root.command(root, args, cwd=cwd, extra_binds=binds)  # noqa: E731
     else:
         (build_dir / rocm_root.BUILT_IN_ROOT).unlink(missing_ok=True)
