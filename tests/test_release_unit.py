@@ -808,3 +808,25 @@ def test_the_archived_manifest_names_no_path_of_this_machine_and_no_timing(relea
     assert release.portable({"flags": {"CMAKE_C_COMPILER_LAUNCHER": "/usr/bin/ccache"},
                              "repo": "https://github.com/ggml-org/llama.cpp", "compile_s": 3.2}) == {
         "flags": {"CMAKE_C_COMPILER_LAUNCHER": "ccache"}, "repo": "https://github.com/ggml-org/llama.cpp"}
+
+
+def test_a_hip_build_made_in_the_forky_root_is_named_as_llama_cpps_rocm_build_with_no_wheel(inputs, tmp_path):
+    """A hip build from dfbuild's Debian forky root (platforms/rocm_root.py, docs/hip.md): the archive only,
+    named -bin-ubuntu-rocm-6.4-x64, and verify says its glibc floor is forky's. The root is not on this
+    machine (the test's cache), so the binary is not run: the stamp is checked instead."""
+    build_section = inputs["sections"]["build"]
+    build_section.update({"backend": "hip", "toolchain": {"hip-clang": "6.4.43484-9999"},
+                          "rocm_root": {"name": "debian-forky-rocm-6.4", "path": "/nowhere/debian-forky-rocm-6.4-0",
+                                        "suite": "forky", "rocm": {"hipcc": "7.0.2+dfsg-3"}, "glibc": "2.43"}})
+    server = Path(build_section["build_dir"]) / "bin" / "llama-server"
+    server.write_text("#!/bin/sh\n# LLAMA_COMMIT = %s\nexit 0\n" % inputs["head"])
+    out = tmp_path / "out"
+    rel = write_full_release(inputs, out)
+    names = [a["name"] for a in rel["artifacts"]]
+    assert len(names) == 1 and names[0].endswith("-dflash-bin-ubuntu-rocm-6.4-x64.tar.gz"), names
+    report = verify.verify(out)
+    assert report["ok"], report["problems"]
+    checked = "\n".join(report["checked"])
+    assert "not run: it runs only inside the Debian forky root it was built in" in checked
+    assert "stamped into bin/llama-server" in checked
+    assert "its glibc floor is forky's (glibc 2.43" in checked and "Ubuntu 22.04 image" in checked

@@ -35,6 +35,7 @@ from typing import Iterable
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from . import backends, doctor, platforms, ui
+from .platforms import rocm_root
 from .backends import Host
 from .paths import cache_dir, sha256_file
 from .errors import BuildDirMismatchError, BuildError, NotLlamaTreeError, SourceError, ToolchainMissingError
@@ -415,14 +416,18 @@ def first_error(lines: Iterable[str]) -> str | None:
 
 
 def _run_logged(args: list[str], *, cwd: Path, env: dict, log,
-                progress_title: str | None = None, compiled: list[str] | None = None) -> tuple[int, int, int]:
+                progress_title: str | None = None, compiled: list[str] | None = None,
+                run_in=None) -> tuple[int, int, int]:
     """Run ARGS, copying its output to LOG; show ninja's [n/N] as a progress bar.
 
     Returns (exit code, total steps ninja announced, compile/link steps it ran).
     COMPILED, when given, gets the object file of each compile step ninja ran.
+    RUN_IN, when given, turns (ARGS, CWD) into the command that runs them elsewhere (the ROCm root).
     """
     log.write("$ " + " ".join(args) + "\n")
     log.flush()
+    if run_in is not None:
+        args = run_in(args, cwd)
     proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace", bufsize=1)
     total = work = 0
@@ -558,7 +563,19 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
         variants = []  # not a ggml tree (the tests' stand-in): nothing to dispatch
     all_variants = variants == backends.host_cpu_variants(host)
 
-    entry = doctor.require(backend, host, extra_include_dirs=[Path(vulkan_include_dir)] if vulkan_include_dir else [])
+    # hip on a host without ROCm: a Debian forky root with ROCm 6.4, made once (platforms/rocm_root.py)
+    root = None
+    if rocm_root.wanted(backend, host):
+        spec_root = rocm_root.recipe()
+        rocm_root.check_gpu_targets(backends.parse_gpu_targets(
+            gpu_targets if gpu_targets is not None else spec.raw["default_gpu_targets"]), spec_root)
+        root = rocm_root.ensure(spec_root)
+        ui.info(f"building the hip backend inside the Debian {spec_root['suite']} root with ROCm "
+                f"{spec_root['rocm']}: {root}")
+        entry = rocm_root.toolchain_entry(root)
+    else:
+        entry = doctor.require(backend, host,
+                               extra_include_dirs=[Path(vulkan_include_dir)] if vulkan_include_dir else [])
     commit, dirty = source_commit(source_dir)
     if dirty:
         ui.warn(f"{source_dir} has uncommitted changes; the binaries will say {commit[:12]}-dirty")
@@ -576,8 +593,13 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
         variant_args = [f"-DCMAKE_PROJECT_INCLUDE={build_dir / VARIANTS_INCLUDE if not all_variants else ''}"]
         if not all_variants:  # ggml no longer pulls them in: name them
             variant_targets = [f"ggml-cpu-{v}" for v in variants]
-    cmake = doctor.find_pypi_program("cmake")
-    ninja = doctor.find_pypi_program("ninja")
+    if root is not None:  # the root's own tools, its HIP clang, and its OpenSSL
+        if entry.get("hip_llvm_bin"):
+            flags["CMAKE_HIP_COMPILER"] = f"{entry['hip_llvm_bin']}/clang"
+        cmake, ninja = "/usr/bin/cmake", "/usr/bin/ninja"
+    else:
+        cmake = doctor.find_pypi_program("cmake")
+        ninja = doctor.find_pypi_program("ninja")
 
     from_scratch = claim_build_dir(build_dir, backend, source_dir, reconfigure=reconfigure, fresh=fresh)
     # a cross build: the toolchain file, its rules override and (when the headers need it) the compat
@@ -588,6 +610,17 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
                       *variant_args, *relative_file_args(host, source_dir, build_dir, setup["c_flags"]),
                       *env_cmake_args(), *extra_cmake_args]
     env = build_env(backend, host, source_dir, build_dir)
+    run_in = None
+    if root is not None:
+        env = rocm_root.env(env)
+        rocm_root.mark_build_dir(build_dir, root)
+        # the root's ccache keeps its cache where the host's does (never inside the shared root)
+        env.setdefault("CCACHE_DIR", str(Path.home() / ".cache" / "ccache"))
+        Path(env["CCACHE_DIR"]).mkdir(parents=True, exist_ok=True)
+        binds = [source_dir, build_dir, env["CCACHE_DIR"]]
+        run_in = lambda args, cwd: rocm_root.command(root, args, cwd=cwd, extra_binds=binds)  # noqa: E731
+    else:
+        (build_dir / rocm_root.BUILT_IN_ROOT).unlink(missing_ok=True)
     if variants:
         (build_dir / VARIANTS_INCLUDE).write_text(_VARIANTS_CMAKE, encoding="utf-8")
     stamp = read_stamp(build_dir) or {}
@@ -602,7 +635,7 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
             with ui.step(f"configure {backend} build in {build_dir}"):
                 t0 = time.monotonic()
                 args = configure_args + (["--fresh"] if from_scratch else [])
-                code, _, _ = _run_logged(args, cwd=build_dir, env=env, log=log)
+                code, _, _ = _run_logged(args, cwd=build_dir, env=env, log=log, run_in=run_in)
                 configure_s = time.monotonic() - t0
             if code != 0:
                 log.close()
@@ -616,7 +649,8 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
             # regenerate first (CMake re-runs when the git index changed), then stamp the built commit
             build_info = build_dir / "common" / "build-info.cpp"
             before = (build_info.read_bytes(), build_info.stat().st_mtime_ns) if build_info.is_file() else None
-            code, _, _ = _run_logged([ninja, "-C", str(build_dir), "build.ninja"], cwd=build_dir, env=env, log=log)
+            code, _, _ = _run_logged([ninja, "-C", str(build_dir), "build.ninja"], cwd=build_dir, env=env, log=log,
+                                     run_in=run_in)
             if code != 0:
                 log.close()
                 raise _fail(log_path, "CMake regeneration")
@@ -632,7 +666,8 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
                           *variant_targets]
             compiled: list[str] = []
             code, steps, work = _run_logged(build_args, cwd=build_dir, env=env, log=log,
-                                            progress_title=f"{backend}: compiling", compiled=compiled)
+                                            progress_title=f"{backend}: compiling", compiled=compiled,
+                                            run_in=run_in)
             compile_s = time.monotonic() - t0
         if code != 0:
             log.close()
@@ -695,6 +730,12 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
         "wall_time_s": round(time.monotonic() - start, 2),
         "log": str(log_path),
     }
+    if root is not None:  # where it was built, and what that means for where it runs
+        made = rocm_root.record(root)
+        section["rocm_root"] = {"name": made["name"], "path": str(root), "suite": made["suite"],
+                                "rocm": made["rocm"], "glibc": rocm_root.glibc_floor(root)}
+    if backend == "hip" and cache.get("GPU_TARGETS"):
+        section["gpu_targets"] = cache["GPU_TARGETS"]
     if backend == "cuda" and cache.get("CMAKE_CUDA_ARCHITECTURES"):
         section["cuda_architectures"] = cache["CMAKE_CUDA_ARCHITECTURES"]
     stamp["last_build"] = {"commit": commit, "targets": targets, "binaries": binaries}

@@ -381,7 +381,33 @@ def check_backend(backend: str, host: Host | None = None, *, extra_include_dirs:
     if blocking:
         entry["reason"] = "missing: " + "; ".join(
             p["what"] + (f" ({p['problem']})" if p["problem"] else "") for p in blocking)
+    if blocking and spec.name == "hip":
+        _hip_in_root(entry, host)
     return entry
+
+
+def _hip_in_root(entry: dict, host: Host) -> None:
+    """No ROCm here: a Linux x64 host builds hip in dfbuild's Debian forky root (platforms/rocm_root.py)."""
+    from .platforms import rocm_root
+
+    if host.os != "linux" or host.arch != "x64" or host.cross or not rocm_root.runs_here() \
+            or os.environ.get(rocm_root.ROOT_ENV, "").strip().lower() == "host":
+        return
+    root = rocm_root.recipe()
+    made = rocm_root.root_path(root)
+    have = shutil.which("mmdebstrap") is not None
+    entry["rocm_root"] = {"suite": root["suite"], "rocm": root["rocm"], "path": str(made),
+                          "made": rocm_root.is_made(made), "mmdebstrap": have}
+    state = (f"made: {made}" if rocm_root.is_made(made)
+             else "made once on the first hip build: about 550 MB to download, 5.3 GB on disk")
+    where = f"the Debian {root['suite']} root with ROCm {root['rocm']} ({state}; docs/hip.md)"
+    if have or rocm_root.is_made(made):
+        entry["can_build"] = True
+        entry["reason"] = f"no ROCm on this machine: builds in {where}"
+        entry["install"] = []
+    else:
+        entry["install"] = [f"{rocm_root.MMDEBSTRAP_INSTALL} (dfbuild then builds hip in {where})",
+                            *entry["install"]]
 
 
 def _dedupe(items) -> list[str]:

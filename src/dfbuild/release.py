@@ -812,7 +812,12 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
         fault_point("release: archive written")
         owned.record_produced(made[0][0])  # verify runs binaries by default only from archives made here
         fault_point("release: archive recorded as produced")
-        if cross_host is None:  # a cross build ships its archive only: a wheel is built where it runs
+        # a cross build ships its archive only: a wheel is built where it runs; so does a hip build made in
+        # the forky root (platforms/rocm_root.py): its binaries need forky's glibc and libraries, which
+        # this machine's auditwheel would graft from the host; the wheel comes from the matrix's image
+        if build_section.get("rocm_root"):
+            ui.info("    no wheel: built in the Debian forky ROCm root (docs/hip.md); the archive only")
+        if cross_host is None and not build_section.get("rocm_root"):
             made.append((build_wheel(bin_dir=wheel_bin, version=version, manifest_bytes=manifest_bytes,
                                      license_path=Path(tree) / "LICENSE", out_dir=out_dir, work_dir=work_dir,
                                      epoch=epoch, backend=backend, os_name=os_name), "wheel"))

@@ -53,7 +53,13 @@ def server_binary(build_dir: Path) -> Path:
 
 def launcher_for(binary: Path) -> tuple[list[str], dict[str, str]]:
     """(command prefix, environment) that runs BINARY here: nothing for a native program; for a
-    Windows .exe on Linux, Wine in a prefix of dfbuild's cache (platforms.windows)."""
+    Windows .exe on Linux, Wine in a prefix of dfbuild's cache (platforms.windows); for a hip build
+    made in the Debian forky root, that root (platforms.rocm_root)."""
+    from .platforms import rocm_root
+
+    in_root = rocm_root.launcher(Path(binary).parent.parent)
+    if in_root:
+        return in_root, {}
     if Path(binary).suffix.lower() != ".exe" or sys.platform == "win32":
         return [], {}
     from . import platforms

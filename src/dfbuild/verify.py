@@ -143,6 +143,11 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
         notes.append(_glibc_note(path.name, needs))
 
     series_, build_ = (embedded.get(k) if isinstance(embedded.get(k), dict) else {} for k in ("series", "build"))
+    in_root = build_.get("rocm_root") if isinstance(build_.get("rocm_root"), dict) else None
+    launcher = None
+    if in_root:  # a hip build made in dfbuild's Debian forky root: its glibc floor is forky's
+        notes.append(_root_note(path.name, in_root, needs))
+        launcher = _root_launcher(in_root)
     patched = series_.get("head") or build_.get("source_commit")
     if patched is not None and not isinstance(patched, str):
         patched = None
@@ -159,8 +164,11 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
         why = not_run_why
     elif (packed.get("os"), packed.get("arch")) != (host.os, host.arch) and not _runs_here(packed, host):
         why = f"built for {packed.get('os')}/{packed.get('arch')}, not run on {host.os}/{host.arch}"
+    elif in_root and launcher is None:
+        why = (f"not run: it runs only inside the Debian {in_root.get('suite')} root it was built in, "
+               "which is not on this machine")
     else:
-        why = _run_version(path, members, root, exe, patched, problems, notes)
+        why = _run_version(path, members, root, exe, patched, problems, notes, launcher=launcher)
     if why:
         # Cannot run it here: the version stamp must at least be compiled into the shipped files.
         holders = sorted(n for n, m in actual.items() if m.kind == "file" and patched.encode() in m.data)
@@ -285,16 +293,39 @@ def _pe_problems(label: str, actual: dict[str, Member], arch: str | None, proble
     return count
 
 
+def _root_note(label: str, in_root: dict, needs: dict[str, tuple[int, ...]]) -> str:
+    """What a build made in the ROCm root means for where it starts: forky's glibc, not 22.04's."""
+    top = elf.version_text(max(needs.values())) if needs else "?"
+    return (f"{label}: built in dfbuild's Debian {in_root.get('suite')} root with ROCm {in_root.get('rocm')} "
+            f"(no ROCm on the build machine): its glibc floor is {in_root.get('suite')}'s "
+            f"(glibc {in_root.get('glibc')}; the binaries need {top}), so it starts on {in_root.get('suite')} or "
+            "newer only; the published archive comes from the release matrix's Ubuntu 22.04 image (glibc 2.35)")
+
+
+def _root_launcher(in_root: dict) -> list[str] | None:
+    """The prefix that runs an archive built in the ROCm root inside that root, when it is on this machine."""
+    from .platforms import rocm_root
+
+    try:
+        made = rocm_root.root_path()
+    except Exception:  # noqa: BLE001 - no recipe, no root: the stamp is checked instead
+        return None
+    if made.name != PurePosixPath(str(in_root.get("path", ""))).name or not rocm_root.is_made(made):
+        return None
+    return rocm_root.launcher_for_root(made)
+
+
 def _run_version(path: Path, members: list[Member], root: str, exe: str, patched: str,
-                 problems: list[str], notes: list[str]) -> str | None:
-    """Unpack and run `llama-server --version`. Returns why it could not run here, else None."""
+                 problems: list[str], notes: list[str], launcher: list[str] | None = None) -> str | None:
+    """Unpack and run `llama-server --version` (with LAUNCHER in front, when given). Returns why it could
+    not run here, else None."""
     with state.temp_dir("verify") as tmp:
         extract_members(members, Path(tmp))
         binary = Path(tmp) / root / exe
         env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH")}
         from .smoke import launcher_for  # a Windows .exe on Linux runs through Wine
 
-        prefix, launch_env = launcher_for(binary)
+        prefix, launch_env = (launcher, {}) if launcher else launcher_for(binary)
         try:
             result = subprocess.run([*prefix, str(binary), "--version"], capture_output=True, text=True,
                                     timeout=RUN_TIMEOUT_S if prefix else 120, cwd=tmp, env=env | launch_env,

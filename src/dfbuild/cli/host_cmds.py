@@ -56,6 +56,8 @@ def doctor(backend, target_os, fetch_vulkan, as_json):
                 ui.info(f"        [dim]install:[/dim] {esc(probe['install'])}")
         if not entry["toolchain"] and entry["reason"]:
             ui.info(f"  {esc(entry['reason'])}")
+        if entry.get("rocm_root") and entry["can_build"]:
+            ui.info(f"  [green]ok[/green]  {esc(entry['reason'])}")
     if backend and not report["backends"][backend]["can_build"]:
         # one backend asked for: the exit code answers "can I build it here?" (30 or 33, as `build` would)
         doctor_stage.require(backend, platforms.target_host(target_os))
