@@ -82,7 +82,9 @@ def cache_dir_cmd():
 @cache_group.command("clean")
 @click.option("--older-than", "older_than", type=click.FloatRange(min=0), default=None, metavar="DAYS",
               help="Only entries nothing changed for DAYS days.")
-@click.option("--base", default=None, help="Only this base's source (its sdist and imported tree), e.g. b11434.")
+@click.option("--base", default=None,
+              help="Only this base's source: its sdist and imported tree, e.g. b11434 (a git base: its URL's "
+                   "cache repo).")
 @click.option("--dry-run", "-n", "dry_run", is_flag=True, help="Say what would be removed; remove nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was removed and skipped, and the bytes freed, as JSON.")
 @handle_errors
