@@ -111,3 +111,75 @@ def merge_results(key: str, label: str | None, section: dict, path: Path = RESUL
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+# --- which series a figure was measured with ---------------------------------------------
+
+
+def expected_series_hash(base: str, patches_dir: Path | None = None) -> str | None:
+    """The series hash (dfbuild.release.series_hash) that applying today's patches/series.toml
+    to BASE gives: the base's own variants when series.toml knows it, else those of the epoch
+    that holds its build number. None when neither serves BASE (a hash cannot be predicted)."""
+    from dfbuild import release, series
+
+    s = series.load_series(patches_dir)
+    name = base if any(base in c.variants for c in s.concerns) else None
+    if name is None:
+        epoch = s.epoch_of(series.base_build(s, base))
+        name = epoch.variant if epoch else None
+    if name is None:
+        return None
+    concerns = []
+    for concern in s.concerns:
+        variant = concern.variants.get(name)
+        if variant is None:
+            return None
+        concerns.append({"id": concern.id, "sha256": variant.sha256,
+                         "status": "applied" if variant.file else "upstream"})
+    return release.series_hash({"concerns": concerns})
+
+
+def series_record(patched_build: Path) -> dict:
+    """What the PATCHED build was made of: the series section `dfbuild apply` left in its tree's
+    manifest, its hash, and whether that is the hash today's series.toml gives for its base.
+
+    `current` is False for a build of another series (an older series.toml, or a tree patched
+    by hand: the tree's HEAD is not the series' head) and None when it cannot be told.
+    """
+    from dfbuild import build, manifest, release
+
+    source_dir = build.read_cmake_cache(Path(patched_build)).get("CMAKE_HOME_DIRECTORY")
+    section = manifest.load(manifest.tree_manifest_path(Path(source_dir))).get("series") if source_dir else None
+    if not section:
+        return {"base": None, "hash": None, "expected_hash": None, "current": None,
+                "why": f"no series section in the manifest of {source_dir or patched_build}'s tree"}
+    head = subprocess.run(["git", "-C", source_dir, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    digest = release.series_hash(section)
+    expected = expected_series_hash(section.get("base") or "")
+    record = {
+        "base": section.get("base"),
+        "hash": digest,
+        "expected_hash": expected,
+        "current": None if expected is None else (digest == expected and head == section.get("head")),
+        "head": section.get("head"),
+        "concerns": [{k: c.get(k) for k in ("id", "status", "variant", "file", "sha256", "how") if c.get(k)}
+                     for c in section.get("concerns", [])],
+    }
+    if head != section.get("head"):
+        record["why"] = f"the tree's HEAD {head[:12]} is not the series' head {str(section.get('head'))[:12]}"
+    elif expected is not None and digest != expected:
+        record["why"] = f"applied series {digest}, today's series.toml gives {expected} for {section.get('base')}"
+    return record
+
+
+def stale(run: dict) -> str | None:
+    """Why a recorded result does not measure today's series ("" never; None when it does)."""
+    rec = run.get("series")
+    if not rec or not rec.get("hash") or not rec.get("base"):
+        return "no series hash recorded (measured before results named their series)"
+    today = expected_series_hash(rec["base"])
+    if today is None:
+        return f"today's series.toml does not serve {rec['base']}"
+    if rec["hash"] != today:
+        return f"measured with series {rec['hash']}, today's is {today} for {rec['base']}"
+    return None

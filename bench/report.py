@@ -77,7 +77,9 @@ def draw_chart(spec: dict, path: Path) -> None:
 
 def _group_label(label: str, run: dict) -> str:
     s = run["settings"]
-    return f"{label}\n{s['fixture']['target_params_m']:.0f} M params, -t {s['threads']}, n_max {s['spec_draft_n_max']}"
+    series = (run.get("series") or {}).get("hash") or "?"
+    return (f"{label}{' (STALE)' if benchlib.stale(run) else ''}\n{run.get('base', '?')}, series {series}\n"
+            f"{s['fixture']['target_params_m']:.0f} M params, -t {s['threads']}, n_max {s['spec_draft_n_max']}")
 
 
 # --- tables --------------------------------------------------------------------------------
@@ -98,9 +100,16 @@ def spec_tables(spec: dict) -> str:
     for label, run in spec.items():
         s, m = run["settings"], run["machine"]
         gpu = ", GPU: " + "; ".join(m["gpus"]) if m.get("gpus") else ", no GPU"
+        why = benchlib.stale(run)
+        rec = run.get("series") or {}
         out += [
-            f"### {label}",
+            f"### {label}" + (" (STALE)" if why else ""),
             "",
+            *([f"> **Stale:** {why}. These figures do not measure today's series; rerun "
+               "`bench/spec_images.py` (see below)."] if why else []),
+            *([""] if why else []),
+            f"- base: {run.get('base', '–')}; series: `{rec.get('hash', '–')}`"
+            + (" (today's)" if not why else ""),
             f"- date: {run['date']}; machine: {m['cores']} cores, {m['cpu']}{gpu}; {m['os']}; "
             f"load average at start {m.get('load_average_at_start')}, at end {m.get('load_average_at_end')}",
             f"- command: `{run['command']}` ({run['wall_s'] / 60:.1f} min)",

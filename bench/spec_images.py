@@ -23,15 +23,22 @@ Tokens/s is llama-server's own `timings.predicted_per_second`; acceptance is
 1 + accepted / verification steps, from the /metrics counters
 (`spec_decode_num_drafts_total` counts verification steps) around the request.
 
-One command, CPU, here (defaults: the b10359 trees tests/realtrees.py builds):
+One command, CPU, here: the builds are `dfbuild prove`'s work dir for --base (default
+b11434) under $DFBUILD_TEST_CACHE/work/BASE, the layout tests/realtrees.py uses;
+--build-missing runs that proof first when a build is missing or was made with
+another series than today's patches/series.toml:
 
-    python bench/spec_images.py
+    python bench/spec_images.py --base b11434 --build-missing --reps 15 --threads 1
 
 On a GPU machine (python3 + numpy + gguf + dfbuild importable; no matplotlib):
 
-    PYTHONPATH=src python bench/spec_images.py --label cuda --shape large \\
-        --patched-build P/build-cuda --unpatched-build U/build-cuda \\
+    PYTHONPATH=src python bench/spec_images.py --backend cuda --shape large \\
+        --build-missing --prove-arg=--cuda-arch=90 \\
         --threads 8 --server-arg="-ngl 99 -ngld 99"
+
+Every result names the series it measured (the hash `dfbuild release` names a
+release by, and the base); a patched build of another series than today's is
+refused unless --allow-stale, and bench/report.py marks such a result stale.
 
 Results merge into bench/results.json under --label; then, where matplotlib is
 installed, `python bench/report.py` (or this script with --plot-only) redraws
@@ -43,6 +50,7 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
+import os
 import random
 import shlex
 import subprocess
@@ -79,20 +87,28 @@ GOAL_IMAGE_OVER_TEXT = 0.95
 GOAL_PATCHED_OVER_UNPATCHED = 0.98
 
 
-def default_build(name: str) -> Path:
-    return benchlib.TEST_CACHE / "trees" / f"b10359-{name}" / "build-cpu"
+def work_dir(base: str) -> Path:
+    """`dfbuild prove`'s work dir for BASE, where tests/realtrees.py keeps it."""
+    return benchlib.TEST_CACHE / "work" / base
 
 
-def build_missing(name: str) -> Path:
-    """Check out b10359, apply the series for `patched`, and build llama-server, in the
-    layout tests/realtrees.py uses (so the shared ccache makes it a ~1-2 min job)."""
-    from dfbuild import build, series, source
+def default_build(name: str, base: str, backend: str) -> Path:
+    """prove's layout: the patched build in WORK/build-<backend>, the unpatched one in WORK/unpatched/."""
+    work = work_dir(base)
+    return work / f"build-{backend}" if name == "patched" else work / "unpatched" / f"build-{backend}"
 
-    src = benchlib.TEST_CACHE / "trees" / f"b10359-{name}" / "src"
-    source.checkout("b10359", dest=src, force=True, keep_descendants=name == "patched")
-    if name == "patched":
-        series.apply_series(series.load_series(), src)
-    return Path(build.build_tree(src, "cpu", src.parent / "build-cpu")["build_dir"])
+
+def prove_builds(opts) -> int:
+    """Build BASE unpatched and with today's series through `dfbuild prove` (one cold build, then
+    the patched one incrementally; a rerun rebuilds only what a changed series touches), with one
+    image scenario as its smoke: the bench then measures what `dfbuild release` would ship."""
+    cmd = [sys.executable, "-m", "dfbuild", "prove", "--base", opts.base, "--work", str(work_dir(opts.base)),
+           "--backend", opts.backend, "--scenario", "image", "--set", PROJECTORS["grid"], *opts.prove_args]
+    log("building: " + shlex.join(cmd))
+    started = time.monotonic()
+    rc = subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode
+    log(f"dfbuild prove exited {rc} after {time.monotonic() - started:.0f} s")
+    return rc
 
 
 def server_version(binary: Path) -> str:
@@ -329,6 +345,9 @@ def print_table(section: dict) -> None:
     print(f"\n{section['label']}: {section['settings']['fixture']['target_params_m']} M-param qwen35 target, "
           f"{section['settings']['projector']} projector, -t {section['settings']['threads']}, "
           f"n_max {section['settings']['spec_draft_n_max']}, {section['settings']['reps']} reps")
+    rec = section["series"]
+    print(f"base {section['base']}, series {rec['hash']}"
+          + ("" if rec["current"] else f" (NOT today's: {rec.get('why') or 'cannot be told'})"))
     print(f"{'build':10} {'kind':6} {'spec tok/s':>11} {'none tok/s':>11} {'speed-up':>9} {'range':>13} "
           f"{'accept':>7} {'mean len':>8}")
     for build in BUILDS:
@@ -362,13 +381,20 @@ def print_table(section: dict) -> None:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--base", default="b11434", help="the base measured (default b11434): picks the default builds")
+    p.add_argument("--backend", default="cpu", help="backend of the default builds (build-<backend>; default cpu)")
     p.add_argument("--patched-build", type=Path, default=None,
-                   help="build dir of the patched tree (default: the realtrees b10359-patched/build-cpu)")
+                   help="build dir of the patched tree (default: $DFBUILD_TEST_CACHE/work/BASE/build-BACKEND)")
     p.add_argument("--unpatched-build", type=Path, default=None,
-                   help="build dir of the unpatched tree (default: the realtrees b10359-unpatched/build-cpu)")
+                   help="build dir of the unpatched tree (default: $DFBUILD_TEST_CACHE/work/BASE/unpatched/build-BACKEND)")
     p.add_argument("--build-missing", action="store_true",
-                   help="build a missing default b10359 tree first (dfbuild checkout/apply/build, shared ccache)")
-    p.add_argument("--label", default="cpu", help="backend label the results go under (cpu, cuda, ...)")
+                   help="run `dfbuild prove --base BASE` on the default work dir first when a default build is "
+                        "missing or its series is not today's (shared ccache; $DFBUILD_CMAKE_ARGS applies)")
+    p.add_argument("--prove-arg", dest="prove_args", action="append", default=[],
+                   help="extra `dfbuild prove` argument for --build-missing (repeatable), e.g. --prove-arg=--cuda-arch=90")
+    p.add_argument("--allow-stale", action="store_true",
+                   help="measure a patched build of another series than today's (the result is marked stale)")
+    p.add_argument("--label", default=None, help="label the results go under (default: the backend)")
     p.add_argument("--threads", "-t", type=int, default=2, help="llama-server -t (default 2)")
     p.add_argument("--server-arg", action="append", default=[],
                    help='extra llama-server arguments, split like a shell line; repeatable, '
@@ -392,6 +418,7 @@ def parse_args(argv=None):
                    help="only redraw speedup.png and RESULTS.md tables from results.json (needs matplotlib)")
     opts = p.parse_args(argv)
     opts.extra_server_args = [a for chunk in opts.server_arg for a in shlex.split(chunk)]
+    opts.label = opts.label or opts.backend
     return opts
 
 
@@ -402,17 +429,28 @@ def main(argv=None) -> int:
 
         return report.main([])
 
-    builds = {"patched": opts.patched_build, "unpatched": opts.unpatched_build}
+    builds = {name: (given or default_build(name, opts.base, opts.backend)).resolve()
+              for name, given in (("patched", opts.patched_build), ("unpatched", opts.unpatched_build))}
+    if opts.build_missing and (opts.patched_build is None or opts.unpatched_build is None):
+        missing = [n for n, d in builds.items() if not smoke.server_binary(d).is_file()]
+        if missing or not smoke.server_binary(builds["patched"]).is_file() \
+                or benchlib.series_record(builds["patched"]).get("current") is not True:
+            prove_builds(opts)  # its verdict is not the bench's business: the checks below decide
     for name, build_dir in builds.items():
-        if build_dir is None:
-            build_dir = default_build(name)
-            if not smoke.server_binary(build_dir).is_file() and opts.build_missing:
-                build_dir = build_missing(name)
-        builds[name] = build_dir.resolve()
-        if not smoke.server_binary(builds[name]).is_file():
-            log(f"no llama-server in {builds[name]}: pass --{name}-build, or --build-missing for the default trees")
+        if not smoke.server_binary(build_dir).is_file():
+            log(f"no llama-server in {build_dir}: pass --{name}-build, or --build-missing for the default work dir")
             return 2
     binaries = {name: smoke.server_binary(d) for name, d in builds.items()}
+    measured_series = benchlib.series_record(builds["patched"])
+    if measured_series["current"] is not True:
+        why = measured_series.get("why") or "today's series.toml gives no hash for its base"
+        if measured_series["current"] is False and not opts.allow_stale:
+            log(f"the patched build {builds['patched']} is not today's series: {why}; rebuild it "
+                "(--build-missing) or pass --allow-stale to measure it anyway (marked stale)")
+            return 2
+        log(f"warning: the measured series cannot be told current: {why}")
+    if measured_series["base"] and measured_series["base"] != opts.base:
+        log(f"warning: the patched build is of {measured_series['base']}, not --base {opts.base}")
 
     fixtures_dir = opts.fixtures or benchlib.DEFAULT_CACHE / f"fixtures-{opts.shape}"
     fx = ensure_bench_fixtures(fixtures_dir, SHAPES[opts.shape])
@@ -463,6 +501,9 @@ def main(argv=None) -> int:
                         "dtype": shape["dtype"], "n_embd": shape["n_embd"], "n_layer": shape["n_layer"],
                         "n_ff": shape["n_ff"], "draft_layers": shape["draft_layers"]},
         },
+        "base": measured_series["base"] or opts.base,
+        "series": measured_series,
+        "build_flags_env": os.environ.get("DFBUILD_CMAKE_ARGS") or None,
         "builds": {name: {"dir": str(d), "version": server_version(binaries[name])} for name, d in builds.items()},
         "patched": patched,
         "unpatched": unpatched,

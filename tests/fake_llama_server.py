@@ -1,7 +1,8 @@
 """A stand-in for llama-server, for unit tests of the smoke stage (no llama.cpp needed).
 
 It speaks the few endpoints smoke uses (/health, /props, /metrics, /completion,
-streamed or not) and logs like the real server. FAKE_SERVER_MODE picks a
+streamed or not, /v1/embeddings) and logs like the real server: an image is IMAGE_ROWS
+rows, decoded in -b sized batches as mtmd logs them. FAKE_SERVER_MODE picks a
 behaviour:
   ok              every request answers 200; drafts all accepted
   bug             with a draft, image requests fail like unpatched b10359 (500 + log lines)
@@ -31,10 +32,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 MODE = os.environ.get("FAKE_SERVER_MODE", "ok")
 MARKER = "<__media_fake__>"
 N_DRAFT = 12
+IMAGE_ROWS = 9  # the grid projector's small image
 
 
 def arg_value(argv: list[str], flag: str, default: str | None = None) -> str | None:
-    return argv[argv.index(flag) + 1] if flag in argv else default
+    # the last one wins, as in llama-server
+    return argv[len(argv) - argv[::-1].index(flag)] if flag in argv else default
 
 
 def log(line: str) -> None:
@@ -96,8 +99,13 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        prompt = payload["prompt"]
+        prompt = payload["prompt"] if self.path == "/completion" else payload["input"]
         has_image = isinstance(prompt, dict) and bool(prompt.get("multimodal_data"))
+        if has_image:
+            n_batch = int(arg_value(sys.argv, "-b", "2048"))
+            pieces = [min(n_batch, IMAGE_ROWS - k) for k in range(0, IMAGE_ROWS, n_batch)]
+            for k, n in enumerate(pieces, 1):
+                log(f"decode_image_chunk: decoding image batch {k}/{len(pieces)}, n_tokens_batch = {n}")
         if MODE == "bug" and State.speculative and has_image:
             log("init: the tokens of sequence 0 in the input batch have inconsistent sequence positions:")
             log("process: llama_decode(ctx_dft) failed rc=-1 (n_tokens=12, offset=0)")
@@ -106,6 +114,9 @@ class Handler(BaseHTTPRequestHandler):
                 self.reply(200, f"data: {json.dumps({'error': error})}\n\n", "text/event-stream")
             else:
                 self.reply(500, {"error": error})
+            return
+        if self.path == "/v1/embeddings":
+            self.reply(200, {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.5] * 8}]})
             return
         if MODE == "zero-fill-images" and State.speculative and has_image and "-v" in sys.argv:
             log("process: seq_id=0: zero-filling draft positions [16, 32)")

@@ -158,6 +158,93 @@ def test_cross_build_ratios_pair_repetitions_and_pool_the_baseline():
 
 # --- bench/drift.py: decisions, boundaries, the report ------------------------------------------
 
+# --- which series a speed figure measured (issue 29) ----------------------------------------
+
+
+import benchlib  # noqa: E402
+
+
+def _epoch_section(base: str) -> dict:
+    """The series section apply gives BASE, read off series.toml by hand: its epoch's variants."""
+    from dfbuild import series
+
+    s = series.load_series()
+    variant = s.epoch_of(series.base_build(s, base)).variant
+    return {"concerns": [{"id": c.id, "sha256": c.variants[variant].sha256,
+                          "status": "applied" if c.variants[variant].file else "upstream"} for c in s.concerns]}
+
+
+def test_expected_series_hash_is_the_release_hash_of_the_epochs_variants(tmp_path):
+    import shutil
+
+    from dfbuild import release
+
+    today = benchlib.expected_series_hash("b11434")
+    assert today == release.series_hash(_epoch_section("b11434"))
+    assert benchlib.expected_series_hash("b1") is None  # no epoch, no variant: cannot be predicted
+    # a changed patch is another series
+    patches = tmp_path / "patches"
+    shutil.copytree(benchlib.BENCH_DIR.parent / "patches", patches)
+    toml = patches / "series.toml"
+    sha = next(c["sha256"] for c in _epoch_section("b11434")["concerns"] if c["sha256"])
+    toml.write_text(toml.read_text().replace(sha, "0" * 64))
+    assert benchlib.expected_series_hash("b11434", patches) not in (None, today)
+
+
+def _patched_build(tmp_path, section: dict) -> Path:
+    """A build dir whose CMakeCache names a git tree holding SECTION as its series manifest."""
+    import json
+    import subprocess
+
+    src, build = tmp_path / "src", tmp_path / "build-cpu"
+    src.mkdir(parents=True)
+    build.mkdir()
+    git = ["git", "-C", str(src), "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    subprocess.run(["git", "init", "-q", str(src)], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "base"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    (src / ".git" / "dfbuild").mkdir()
+    (src / ".git" / "dfbuild" / "manifest.json").write_text(json.dumps({"series": {**section, "head": head}}))
+    (build / "CMakeCache.txt").write_text(f"CMAKE_HOME_DIRECTORY:INTERNAL={src}\n")
+    return build
+
+
+def test_a_result_names_its_series_and_an_older_series_is_stale(tmp_path):
+    section = {"base": "b11434", **_epoch_section("b11434")}
+    record = benchlib.series_record(_patched_build(tmp_path / "now", section))
+    assert record["current"] is True and record["hash"] == benchlib.expected_series_hash("b11434")
+    assert record["base"] == "b11434" and "why" not in record
+    assert benchlib.stale({"series": record}) is None
+    old = {"base": "b11434", "concerns": [{**c, "sha256": "1" * 64} if c["sha256"] else c
+                                          for c in section["concerns"]]}
+    record = benchlib.series_record(_patched_build(tmp_path / "old", old))
+    assert record["current"] is False and "today's series.toml gives" in record["why"]
+    assert "today's is" in benchlib.stale({"series": record})
+    assert "no series hash" in benchlib.stale({})  # measured before results named their series
+
+
+def test_the_bench_refuses_a_patched_build_of_another_series(tmp_path, capsys):
+    section = {"base": "b11434", "concerns": [{"id": "zero-fill", "status": "applied", "sha256": "2" * 64}]}
+    patched = _patched_build(tmp_path, section)
+    unpatched = tmp_path / "unpatched"
+    for build in (patched, unpatched):
+        (build / "bin").mkdir(parents=True)
+        (build / "bin" / "llama-server").write_text("")
+    rc = spec_images.main(["--patched-build", str(patched), "--unpatched-build", str(unpatched),
+                           "--results", str(tmp_path / "results.json")])
+    assert rc == 2 and "is not today's series" in capsys.readouterr().err
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_report_marks_a_stale_result(tmp_path):
+    import report
+
+    run = {"settings": {"fixture": {"target_params_m": 1.0}, "threads": 1, "spec_draft_n_max": 3}}
+    assert "STALE" in report._group_label("cpu", run)
+    fresh = {**run, "base": "b11434", "series": {"hash": benchlib.expected_series_hash("b11434"), "base": "b11434"}}
+    assert "STALE" not in report._group_label("cpu", fresh)
+
+
 def test_drift_names_decisions_and_treats_a_moving_offset_as_no_change():
     import drift
 

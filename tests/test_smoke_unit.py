@@ -369,3 +369,34 @@ def test_linear_image_runs_only_on_linear_sets_and_from_b10355(build_dir, tmp_pa
     assert "linear-image" not in smoke.plan(how, build_dir, release=9837).scenarios
     assert "linear-image" in smoke.plan(how, build_dir, release=10901).scenarios
     assert "linear-image" in smoke.plan(how, build_dir).scenarios  # unknown release: better a check too many
+
+
+# --- the edge cases of embedding-skip's first/last test (issue 29) -----------------------------
+
+
+def test_single_row_chunk_runs_on_grid_sets_and_fails_when_no_piece_holds_one_row(build_dir, tmp_path):
+    sets = ["qwen35-grid-plain-agree", "qwen35-mlp-plain-agree"]
+    section = smoke.run_smoke(build_dir, tmp_path / "fx", sets=sets, scenarios=["single-row-chunk"],
+                              env=fake_env("ok"), log_dir=tmp_path / "ok")
+    results = section["results"]["single-row-chunk"]
+    assert list(results) == ["qwen35-grid-plain-agree"]  # 2-D grid: rows pinned to one position
+    assert results["qwen35-grid-plain-agree"]["passed"], results["qwen35-grid-plain-agree"]["failures"]
+    # a split with no one-row piece (9 rows in -b 16) never reaches the case: the scenario says so
+    missed = smoke.run_smoke(build_dir, tmp_path / "fx", sets=sets[:1], scenarios=["single-row-chunk"],
+                             env=fake_env("ok"), log_dir=tmp_path / "missed", extra_server_args=("-b", "16"))
+    result = missed["results"]["single-row-chunk"]["qwen35-grid-plain-agree"]
+    assert not result["passed"] and "did not reach its case" in result["failures"][-1]
+    assert "single-row-chunk" not in smoke.DEFAULT_SCENARIOS and "mixed-batch" not in smoke.DEFAULT_SCENARIOS
+
+
+def test_mixed_batch_sends_an_image_to_the_embeddings_endpoint_and_asks_no_drafts(build_dir, tmp_path):
+    section = smoke.run_smoke(build_dir, tmp_path / "fx", sets=["qwen35-grid-plain-agree"], scenarios=["mixed-batch"],
+                              env=fake_env("ok"), log_dir=tmp_path / "ok")
+    result = section["results"]["mixed-batch"]["qwen35-grid-plain-agree"]
+    assert result["passed"], result["failures"]
+    assert result["requests"][0]["generates"] is False and result["requests"][0]["status"] == 200
+    assert "--embeddings" in result["server_args"] and "qwen35.attention.causal=bool:false" in result["server_args"]
+    # a completion on an agreeing set still must draft: the exemption is for embeddings steps only
+    verdict = smoke.judge({"agree": True}, [step(drafted=0, accepted=0, generates=True)], None,
+                          alive=True, log_findings=[])
+    assert not verdict["passed"]
