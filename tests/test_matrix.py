@@ -197,3 +197,60 @@ def test_an_entry_on_a_newer_glibc_is_refused(monkeypatch):
     row["glibc"] = "2.39"
     with pytest.raises(DfbuildError, match="would not start on Ubuntu 22.04 or Debian 12"):
         matrix.release_matrix()
+
+
+# --- what was verified where (issue 31) -------------------------------------------------------------------
+
+# the marks as the issue states them; an entry that changes its mark changes this line with it
+VERIFIED = {
+    "linux-cpu-x64": "built and run here",        # dfbuild's own integration tests
+    "linux-vulkan-x64": "built and run here",     # lavapipe
+    "linux-cuda-13.0-x64": "built and run here",  # the lent H200 (nvcc 13)
+    "windows-cpu-x64": "built and run here",      # mingw-w64, Wine
+    "windows-cpu-x64-msvc": "runner only", "windows-cuda-12.4-x64": "runner only",
+    "windows-cuda-13.0-x64": "runner only", "macos-metal-arm64": "runner only",
+    "windows-vulkan-x64": "runner only", "linux-hip-6.4-x64": "runner only",  # until built here
+}
+
+
+def test_every_entry_says_what_was_verified_where_in_the_table_and_in_json():
+    entries = {e["id"]: e for e in matrix_json()["include"]}
+    for ident, entry in entries.items():
+        assert entry["verified"] in matrix.VERIFIED_MARKS, ident
+        assert entry["verified_note"], ident  # how, or why not
+    for ident, mark in VERIFIED.items():
+        assert entries[ident]["verified"] == mark, ident
+    # arm64 is "built and run here" only through its own entry's data (the qemu cross build sets it)
+    arm64 = next(r for r in backends.release_entries() if (r["os"], r["arch"]) == ("linux", "arm64"))
+    assert entries["linux-cpu-arm64"]["verified"] == arm64["verified"]
+    for ident in ("windows-cuda-12.4-x64", "windows-cpu-x64-msvc", "macos-metal-arm64"):
+        assert "runner" in entries[ident]["verified_note"]
+    shown = CliRunner().invoke(main, ["matrix"])
+    assert shown.exit_code == 0
+    for ident, entry in entries.items():
+        assert f"{ident}: {entry['verified']}: {entry['verified_note']}" in shown.output
+    assert "verified" in shown.output  # the table's column
+
+
+@pytest.mark.parametrize("change, words", [({"verified": None}, "not one of"),
+                                           ({"verified": "tested somewhere"}, "not one of"),
+                                           ({"verified_note": ""}, "without verified_note"),
+                                           ({"smoke_on_cpu": "no GPU", "backend": "cpu"}, "always runs on the CPU")])
+def test_a_release_entry_without_a_known_mark_and_its_reason_is_refused(monkeypatch, change, words):
+    table = copy.deepcopy(backends.table())
+    table["release"][0].update(change)
+    monkeypatch.setattr(backends, "table", lambda: table)
+    with pytest.raises(DfbuildError) as exc:
+        matrix.release_matrix()
+    assert words in exc.value.message
+
+
+def test_gpu_entries_on_hosted_runners_smoke_on_the_cpu_and_say_so():
+    """GitHub's hosted runners have no GPU: their CUDA and HIP entries pass --allow-cpu-fallback, so the
+    manifest and the release notes say where the smoke ran (not a silent CPU pass)."""
+    entries = {e["id"]: e for e in matrix.release_matrix()}
+    for ident, entry in entries.items():
+        if entry["backend"] in ("cuda", "hip") or ident == "windows-vulkan-x64":
+            assert entry["smoke_args"] == "--allow-cpu-fallback" and entry["smoke_on_cpu"], ident
+        else:  # lavapipe on the Linux Vulkan runner is a device; CPU and Metal entries list none
+            assert entry["smoke_args"] == "" and entry["smoke_on_cpu"] == "", ident

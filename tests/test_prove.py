@@ -374,3 +374,34 @@ def test_prove_takes_the_toolchain_options_a_release_takes(tmp_path, monkeypatch
                      "--cuda-arch", "90", "--work", tmp_path / "work", "--json")
     assert result.exit_code == 0, said(result)
     assert seen["vulkan_include_dir"] == headers and seen["cuda_arch"] == "90"
+
+
+def test_a_gpu_proof_is_reused_only_where_it_ran(syn, tmp_path, fakes, monkeypatch):
+    """Issue 31: a GPU backend's proof runs on its device or says it did not, and a proof made on the CPU
+    (--allow-cpu-fallback) is not reused once the device is there."""
+    from dfbuild.errors import NoDeviceError
+
+    listed: list[str] = []
+    monkeypatch.setattr(prove.smoke, "list_devices", lambda binary, env=None, timeout=0: list(listed))
+    tag = upstream(syn, tmp_path, MOVED)
+
+    def run(**options):
+        return prove.prove(tag, backend="vulkan", repo=str(syn.upstream), work=tmp_path / "work",
+                           patches_dir=syn.patches, smoke_options=options)
+
+    with pytest.raises(NoDeviceError):
+        run()
+    assert not fakes["smoke"]
+    on_cpu = run(allow_cpu_fallback=True)
+    assert on_cpu["outcome"] == "fixed"
+    assert (on_cpu["smoke_table"]["ran_on"], on_cpu["smoke_table"]["cpu_fallback"]) == (
+        "no Vulkan device here, ran on the CPU backend", True)
+    smokes = len(fakes["smoke"])
+    assert run(allow_cpu_fallback=True)["outcome"] == "fixed" and len(fakes["smoke"]) == smokes  # same place: reused
+    listed[:] = ["Vulkan0: NVIDIA H200 (NVIDIA) (143771 MiB, 142000 MiB free)"]
+    on_gpu = run()
+    assert len(fakes["smoke"]) > smokes, "a proof on the CPU is no proof on the GPU"
+    assert (on_gpu["smoke_table"]["ran_on"], on_gpu["smoke_table"]["cpu_fallback"]) == (
+        "Vulkan0: NVIDIA H200 (NVIDIA)", False)
+    smokes = len(fakes["smoke"])
+    assert run()["outcome"] == "fixed" and len(fakes["smoke"]) == smokes  # the same device: reused

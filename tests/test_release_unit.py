@@ -830,3 +830,73 @@ def test_a_hip_build_made_in_the_forky_root_is_named_as_llama_cpps_rocm_build_wi
     assert "not run: it runs only inside the Debian forky root it was built in" in checked
     assert "stamped into bin/llama-server" in checked
     assert "its glibc floor is forky's (glibc 2.43" in checked and "Ubuntu 22.04 image" in checked
+
+
+# --- where a GPU release's smoke ran (issue 31) --------------------------------------------------------------
+
+H200 = "Vulkan0: NVIDIA H200 (NVIDIA) (143771 MiB, {free} MiB free)"
+
+
+@posix_only
+def test_a_gpu_release_records_its_device_and_a_cpu_pass_is_not_reused_on_the_gpu(inputs, stub_stages, monkeypatch,
+                                                                                  tmp_path):
+    """The H200 case: a Vulkan release whose loader saw no device passed smoke on the CPU; once the
+    device was there, the rerun reused that pass. Now the first refuses (45) unless asked, says
+    where it ran, and the GPU rerun runs the smoke again."""
+    from dfbuild import smoke
+    from dfbuild.errors import NoDeviceError
+
+    inputs["sections"]["build"] = {**inputs["sections"]["build"], "backend": "vulkan"}
+    listed: list[str] = []
+    monkeypatch.setattr(smoke, "list_devices", lambda binary, env=None, timeout=0: list(listed))
+
+    def fake_smoke(build_dir, fixtures_dir, log_dir, backend="cpu", plan=None):
+        stub_stages["smoke"] += 1
+        return {"passed": True, "failed": [], "results": {}, "device": plan.device, "ran_on": plan.ran_on,
+                "cpu_fallback": plan.cpu_fallback}
+
+    monkeypatch.setattr(release, "run_smoke_stage", fake_smoke)
+    out, work = tmp_path / "out", tmp_path / "work"
+    with pytest.raises(NoDeviceError):
+        release.release("pydist-0.94.0", backend="vulkan", out=out, work=work)
+    assert stub_stages["smoke"] == 0 and not out.exists()
+
+    on_cpu = release.release("pydist-0.94.0", backend="vulkan", out=out, work=work,
+                             smoke_options={"allow_cpu_fallback": True})
+    assert stub_stages["smoke"] == 1
+    assert on_cpu["smoke"]["cpu_fallback"] is True
+    assert on_cpu["smoke"]["ran_on"] == "no Vulkan device here, ran on the CPU backend"
+    notes = verify.verify(out)["checked"]
+    assert any("smoke passed on the CPU backend, not on a vulkan device" in n for n in notes), notes
+    said = CliRunner().invoke(main, ["release-notes", str(out), "--base", "b10359"])  # what CI's draft release says
+    assert said.exit_code == 0, said.output
+    assert said.stdout.startswith("Patched llama.cpp b10359 with the DFlash multimodal fix")
+    assert (f"- `{on_cpu['release']['archive']}`: smoke passed on the CPU backend, not on a vulkan device "
+            "(no Vulkan device here, ran on the CPU backend)") in said.stdout
+    assert "did not run on a GPU" in said.stdout
+
+    listed[:] = [H200.format(free=142000)]  # libglvnd installed: the device appears
+    on_gpu = release.release("pydist-0.94.0", backend="vulkan", out=out, work=work)
+    assert stub_stages["smoke"] == 2, "a pass on the CPU is no pass on the GPU: smoke runs again"
+    assert not on_gpu["release"]["stages"]["smoke"]["reused"]
+    assert (on_gpu["smoke"]["device"], on_gpu["smoke"]["cpu_fallback"]) == ("Vulkan0: NVIDIA H200 (NVIDIA)", False)
+    with tarfile.open(out / on_gpu["release"]["archive"]) as tar:
+        embedded = json.load(tar.extractfile(f"{on_gpu['release']['root']}/manifest.json"))
+    assert embedded["smoke"]["ran_on"] == "Vulkan0: NVIDIA H200 (NVIDIA)"
+    report = verify.verify(out)
+    assert report["ok"], report["problems"]
+    assert any(n.endswith("smoke passed on Vulkan0: NVIDIA H200 (NVIDIA)") for n in report["checked"])
+    said = CliRunner().invoke(main, ["release-notes", str(out)]).stdout
+    assert f"- `{on_gpu['release']['archive']}`: smoke passed on Vulkan0: NVIDIA H200 (NVIDIA)" in said
+    assert "did not run on a GPU" not in said
+
+    listed[:] = [H200.format(free=1000)]  # the same device, busier: its pass is reused
+    again = release.release("pydist-0.94.0", backend="vulkan", out=out, work=work)
+    assert stub_stages["smoke"] == 2 and again["release"]["stages"]["smoke"]["reused"]
+
+
+def test_verify_rejects_a_smoke_device_that_is_not_text():
+    assert verify.manifest_field_problem({"release": {"files": []}, "smoke": {"ran_on": 3}}) == \
+        "smoke.ran_on is not text"
+    assert verify.manifest_field_problem({"release": {"files": []}, "smoke": {"cpu_fallback": "yes"}}) == \
+        "smoke.cpu_fallback is not true or false"

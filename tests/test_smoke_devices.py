@@ -109,7 +109,7 @@ def test_the_device_list_picks_the_table(build_dir, monkeypatch):
     vulkan = backends.get("vulkan")
     monkeypatch.setenv("FAKE_DEVICES", LAVAPIPE)
     software = smoke.plan(vulkan, build_dir)
-    assert (software.table, software.device) == ("software", LAVAPIPE)
+    assert (software.table, software.device) == ("software", smoke.device_name(LAVAPIPE))
     assert list(software.sets) == vulkan.smoke_software["sets"]
     assert smoke.plan(vulkan, build_dir, table="full").table == "full"
     monkeypatch.setenv(smoke.TABLE_ENV, "full")
@@ -133,7 +133,7 @@ def test_on_lavapipe_the_software_table_fails_unpatched_and_passes_patched(build
                                        "--backend", "vulkan", "--log-dir", str(tmp_path / "logs"), "--json"])
     assert result.exit_code == (0 if passes else errors.SmokeFailedError.exit_code), result.output
     section = json.loads(result.stdout)
-    assert (section["table"], section["device"]) == ("software", LAVAPIPE)
+    assert (section["table"], section["device"]) == ("software", smoke.device_name(LAVAPIPE))
     assert section["start_timeout_s"] == backends.get("vulkan").smoke_runtime["start_timeout_s"]
     runs = [r for by_set in section["results"].values() for r in by_set.values()]
     assert len(runs) == len(section["sets"]) * len(section["scenarios"]) < 8
@@ -216,3 +216,100 @@ def test_identity_rule_on_the_fake_server(build_dir, fixtures_dir, tmp_path, mon
     assert section["identity"]["rule"] == ("near-tie" if backend == "vulkan" else "exact")
     if passes:  # both requests (plain and streamed) differ at token 5, a near-tie
         assert [(n["label"], n["token_index"]) for n in result["near_ties"]] == [("image", 5), ("image-stream", 5)]
+
+
+# --- a GPU backend's smoke runs on its GPU or says it did not (issue 31) -----------------------------------
+
+CUDA = "CUDA0: NVIDIA H200 (143771 MiB, 142000 MiB free)"
+ROCM = "ROCm0: AMD Radeon RX 9070 XT (16304 MiB, 16000 MiB free)"
+DEVICE_OF = {"cuda": CUDA, "vulkan": GPU, "hip": ROCM}
+# what the hint must name when the backend finds no device: the loader / ICD, the driver, the runtime
+MISSING_NAMES = {"cuda": ("libcuda.so.1", "NVIDIA driver"), "vulkan": ("ICD", "mesa-vulkan-drivers", "libglvnd"),
+                 "hip": ("ROCm runtime", "AMD GPU")}
+
+
+def smoke_cli(build_dir, fixtures_dir, tmp_path, backend, *extra):
+    return CliRunner().invoke(main, ["smoke", "--build-dir", str(build_dir), "--fixtures", str(fixtures_dir),
+                                     "--backend", backend, "--set", "llama-mlp-agree", "--scenario", "text",
+                                     "--log-dir", str(tmp_path / "logs"), *extra])
+
+
+@pytest.mark.parametrize("listed", ["", "(none)"])  # an empty list, and llama-server's own "(none)" line
+@pytest.mark.parametrize("backend", ["cuda", "vulkan", "hip"])
+def test_a_gpu_backend_with_no_device_stops_with_45_and_names_what_is_missing(build_dir, fixtures_dir, tmp_path,
+                                                                             monkeypatch, backend, listed):
+    monkeypatch.setenv("FAKE_DEVICES", listed)
+    result = smoke_cli(build_dir, fixtures_dir, tmp_path, backend)
+    assert result.exit_code == errors.NoDeviceError.exit_code == 45, result.output
+    assert f"no {backend} device" in result.stderr and "--list-devices" in result.stderr
+    for name in MISSING_NAMES[backend]:
+        assert name in result.stderr, name
+    assert "--allow-cpu-fallback" in result.stderr
+    assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").iterdir())  # no scenario ran
+    as_json = smoke_cli(build_dir, fixtures_dir, tmp_path, backend, "--json")
+    assert as_json.exit_code == 45, as_json.output
+
+
+def test_a_vulkan_driver_file_that_is_missing_is_named(build_dir, fixtures_dir, tmp_path, monkeypatch):
+    """The H200 case: the loader was told of an ICD it could not use, listed (none), and the smoke passed on the CPU."""
+    icd = tmp_path / "nvidia_icd.json"
+    monkeypatch.setenv("VK_DRIVER_FILES", str(icd))
+    monkeypatch.setenv("FAKE_DEVICES", "(none)")
+    result = smoke_cli(build_dir, fixtures_dir, tmp_path, "vulkan")
+    assert result.exit_code == 45, result.output
+    assert f"VK_DRIVER_FILES names {icd}, which does not exist" in result.stderr
+
+
+@pytest.mark.parametrize("backend", ["cuda", "vulkan", "hip"])
+def test_a_gpu_backend_runs_on_its_device_and_records_it(build_dir, fixtures_dir, tmp_path, monkeypatch, backend):
+    monkeypatch.setenv("FAKE_DEVICES", f"BLAS: OpenBLAS (0 MiB, 0 MiB free);{DEVICE_OF[backend]}")  # not its own
+    result = smoke_cli(build_dir, fixtures_dir, tmp_path, backend, "--json")
+    assert result.exit_code == 0, result.output
+    section = json.loads(result.stdout)
+    device = smoke.device_name(DEVICE_OF[backend])
+    assert section["device"] == section["ran_on"] == device and "MiB" not in device
+    assert section["cpu_fallback"] is False and section["passed"]
+    said = smoke_cli(build_dir, fixtures_dir, tmp_path, backend)
+    assert f"smoke runs on: {device}" in said.stderr
+
+
+@pytest.mark.parametrize("backend, words", [("hip", "no AMD device here, ran on the CPU backend"),
+                                            ("cuda", "no NVIDIA device here, ran on the CPU backend"),
+                                            ("vulkan", "no Vulkan device here, ran on the CPU backend")])
+def test_allow_cpu_fallback_runs_on_the_cpu_and_records_it(build_dir, fixtures_dir, tmp_path, monkeypatch, backend,
+                                                          words):
+    monkeypatch.setenv("FAKE_DEVICES", "(none)")
+    result = smoke_cli(build_dir, fixtures_dir, tmp_path, backend, "--allow-cpu-fallback", "--json")
+    assert result.exit_code == 0, result.output
+    section = json.loads(result.stdout)
+    assert (section["ran_on"], section["cpu_fallback"], section["device"]) == (words, True, None)
+    # a device present: the flag changes nothing, it runs there
+    monkeypatch.setenv("FAKE_DEVICES", DEVICE_OF[backend])
+    on_gpu = json.loads(smoke_cli(build_dir, fixtures_dir, tmp_path, backend, "--allow-cpu-fallback",
+                                  "--json").stdout)
+    assert (on_gpu["cpu_fallback"], on_gpu["ran_on"]) == (False, smoke.device_name(DEVICE_OF[backend]))
+
+
+def test_the_cpu_backend_lists_nothing_and_runs_on_the_cpu(build_dir, fixtures_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_DEVICES", "")
+    section = json.loads(smoke_cli(build_dir, fixtures_dir, tmp_path, "cpu", "--json").stdout)
+    assert (section["ran_on"], section["cpu_fallback"], section["device"]) == ("the CPU backend", False, None)
+
+
+def test_the_key_of_a_remembered_pass_holds_the_device(build_dir, monkeypatch):
+    """The H200 rerun reused the CPU run's pass: the key held binaries and fixtures, not the device."""
+    vulkan = backends.get("vulkan")
+    fx = {"seed": 0, "files": {"t.gguf": {"sha256": "0" * 64}}}
+    monkeypatch.setenv("FAKE_DEVICES", "(none)")
+    on_cpu = smoke.plan(vulkan, build_dir, table="full", allow_cpu_fallback=True)
+    monkeypatch.setenv("FAKE_DEVICES", GPU)
+    on_gpu = smoke.plan(vulkan, build_dir, table="full")
+    monkeypatch.setenv("FAKE_DEVICES", GPU.replace("142000 MiB free", "99 MiB free"))
+    same_gpu_busier = smoke.plan(vulkan, build_dir, table="full")
+    monkeypatch.setenv("FAKE_DEVICES", "Vulkan0: AMD Radeon RX 7900 XTX (RADV NAVI31) (24560 MiB, 24000 MiB free)")
+    other_gpu = smoke.plan(vulkan, build_dir, table="full")
+    keys = [p.memo_key("payload", fx) for p in (on_cpu, on_gpu, same_gpu_busier, other_gpu)]
+    assert keys[0] != keys[1] and keys[1] == keys[2] and keys[3] not in keys[:3]
+    # the CPU backend's key is what it always was
+    cpu = smoke.plan(backends.get("cpu"), build_dir)
+    assert cpu.memo_key("payload", fx) == smoke.memo_key("payload", fx, "cpu", cpu.sets, cpu.scenarios)

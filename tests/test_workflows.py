@@ -308,3 +308,15 @@ def test_track_outcome_steps_read_dfbuilds_json(tmp_path):
     assert outputs["adopted"] == "b11440"
     assert (tmp_path / "calls").read_text() == \
         f"series adopt --patches patches --dir {tmp_path / 'work' / 'b11440' / 'src'}\n"
+
+
+def test_gpu_entries_pass_the_cpu_fallback_and_the_notes_say_where_the_smoke_ran():
+    """Hosted runners have no GPU (issue 31): the entries that say so smoke on the CPU backend, explicitly,
+    and the draft release's notes come from the manifests, which record where each smoke ran."""
+    build_job = load(RELEASE)["jobs"]["build"]
+    release_step = next(s for s in build_job["steps"] if "dfbuild release" in s.get("run", ""))
+    assert release_step["env"]["SMOKE_ARGS"] == "${{ matrix.smoke_args }}"
+    assert '"${smoke_args[@]}"' in release_step["run"]
+    publish = "\n".join(run_steps(load(RELEASE)["jobs"]["publish"]))
+    assert "dfbuild release-notes dist" in publish and "--notes-file" in publish
+    assert publish.index("dfbuild verify dist") < publish.index("dfbuild release-notes dist")

@@ -62,6 +62,7 @@ class Backend:
     smoke_env: dict = field(hash=False)
     smoke_runtime: dict = field(hash=False)   # start timeout, identity rule, shader cache
     smoke_software: dict = field(hash=False)  # the smaller table for software devices
+    smoke_device: dict = field(hash=False)    # GPU backends: the device the smoke must find (smoke.plan)
     raw: dict = field(hash=False, repr=False)
 
     def builds_on(self, host_os: str) -> bool:
@@ -102,6 +103,7 @@ def get(name: str) -> Backend:
         smoke_env=dict(entry.get("smoke", {}).get("env", {})),
         smoke_runtime=dict(entry.get("smoke", {}).get("runtime", {})),
         smoke_software=dict(entry.get("smoke", {}).get("software", {})),
+        smoke_device=dict(entry.get("smoke", {}).get("device", {})),
         raw=entry,
     )
 

@@ -165,6 +165,13 @@ class StillBrokenError(DfbuildError):
 FIXED_UPSTREAM_EXIT = 44
 
 
+class NoDeviceError(DfbuildError):
+    """A GPU backend's llama-server lists no device of its kind (cuda, vulkan, hip), so its smoke would
+    run on the CPU; refused unless the user asks for a CPU run (--allow-cpu-fallback), which is recorded."""
+
+    exit_code = 45
+
+
 class ReleaseError(DfbuildError):
     exit_code = 50
 

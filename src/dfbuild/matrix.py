@@ -98,6 +98,23 @@ def _linux_floor(ident: str, row: dict) -> tuple[str, str]:
     return image, declared
 
 
+# What was verified where, per entry (the [[release]] table's `verified`, docs/matrix.md)
+VERIFIED_MARKS = ("built and run here", "built here", "runner only")
+CPU_FALLBACK_ARG = "--allow-cpu-fallback"
+
+
+def _verified(ident: str, row: dict) -> tuple[str, str]:
+    """An entry's mark and its note, checked: a known mark, and a note (how, or why not) with it."""
+    mark, note = row.get("verified"), str(row.get("verified_note") or "")
+    fix = "fix the [[release]] table in backends.toml"
+    if mark not in VERIFIED_MARKS:
+        raise DfbuildError(f"release entry {ident}: verified is {mark!r}, not one of: {', '.join(VERIFIED_MARKS)}",
+                           fix)
+    if not note:
+        raise DfbuildError(f"release entry {ident} says {mark!r} without verified_note (how, or why not)", fix)
+    return mark, note
+
+
 def release_matrix(tag: str = TAG_PLACEHOLDER) -> list[dict]:
     """Every release entry, in table order, checked against the backend table."""
     entries = []
@@ -114,6 +131,11 @@ def release_matrix(tag: str = TAG_PLACEHOLDER) -> list[dict]:
             raise DfbuildError(f"release entry {ident} is listed twice", "fix the [[release]] table in backends.toml")
         seen.add(ident)
         image, glibc = _linux_floor(ident, row) if os_name == "linux" else (row.get("image", row["runner"]), "")
+        verified, verified_note = _verified(ident, row)
+        smoke_on_cpu = str(row.get("smoke_on_cpu") or "")
+        if smoke_on_cpu and not spec.smoke_device:
+            raise DfbuildError(f"release entry {ident}: smoke_on_cpu, but the {backend} backend's smoke always runs on "
+                               "the CPU", "fix the [[release]] table in backends.toml")
         nvcc = backends.version_tuple(toolkit) if (toolkit and backend == "cuda") else None
         extra = [cudart_name(toolkit, arch)] if (backend == "cuda" and os_name == "windows") else []
         flags = backends.cmake_flags(backend, os_name, nvcc_version=nvcc, arch=arch)
@@ -143,6 +165,11 @@ def release_matrix(tag: str = TAG_PLACEHOLDER) -> list[dict]:
             "flags": flags,
             "artifact": artifact_name(tag, os_name, backend, arch, toolkit),
             "extra_artifacts": extra,
+            "verified": verified,              # built and run here | built here | runner only
+            "verified_note": verified_note,    # how, or why not
+            # a runner with no GPU of the backend: the smoke runs on the CPU backend, recorded as such
+            "smoke_args": CPU_FALLBACK_ARG if smoke_on_cpu else "",
+            "smoke_on_cpu": smoke_on_cpu,
         })
     return entries
 

@@ -307,6 +307,13 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
                   + ([table] if table != "auto" or how.smoke_software else []))
     record = ProofRecord(work / f"proof-{label}.json")
     known = record.get(key)
+    if known and how.smoke_device and smoke.server_binary(unpatched_dir(work, label)).is_file():
+        # a GPU backend: a proof is reused only where it ran on the same device (or the same CPU fallback)
+        now = smoke.plan(how, unpatched_dir(work, label), sets=sets, scenarios=scenarios, **smoke_options)
+        if (known.get("smoke_table") or {}).get("ran_on") != now.ran_on:
+            ui.info(f"    proven before on {(known.get('smoke_table') or {}).get('ran_on', 'another device')}, "
+                    f"now on {now.ran_on}: proving again")
+            known = None
     if known:
         ui.info(f"    already proven: {known['outcome']} (both commits, fixtures and scenarios unchanged)")
         _record_in_tree(tree, known)
@@ -331,8 +338,10 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
                       release=carry.tree_build(tree, proof["unpatched_commit"]), **smoke_options)
     if plan.note:
         ui.warn(plan.note)
+    ui.info(f"    smoke runs on: {plan.ran_on}")
     proof["smoke_table"] = {"table": plan.table, "device": plan.device, "sets": list(plan.sets),
-                            "scenarios": list(plan.scenarios), "identity": plan.identity}
+                            "scenarios": list(plan.scenarios), "identity": plan.identity, "ran_on": plan.ran_on,
+                            "cpu_fallback": plan.cpu_fallback}
 
     # every set, except on a software device (minutes a server there): the sets its table runs
     load_sets = plan.sets if plan.table == "software" else sorted(fx["sets"])

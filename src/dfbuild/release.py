@@ -481,6 +481,7 @@ def run_smoke_stage(build_dir: Path, fixtures_dir: Path, log_dir: Path,
 def _say_plan(plan: "smoke.Plan") -> None:
     if plan.note:
         ui.warn(plan.note)
+    ui.info(f"    smoke runs on: {plan.ran_on}")
     if plan.table == "software":
         ui.info(f"    software device ({plan.device}): the software smoke table, "
                 f"{len(plan.sets)} sets x {len(plan.scenarios)} scenarios (--smoke-table full runs all)")

@@ -843,7 +843,7 @@ def run_scenario(binary: Path, fixture_set_name: str, fixture_set: dict, scenari
 def run_smoke(build_dir: Path, fixtures_dir: Path, *, sets=None, scenarios=None, log_dir=None,
               extra_server_args=(), env=None, compare_no_spec: bool = True, on_result=None,
               start_timeout: float | None = None, identity: dict | None = None, table: str | None = None,
-              device: str | None = None) -> dict:
+              device: str | None = None, ran_on: str | None = None, cpu_fallback: bool = False) -> dict:
     """Run every scenario on every fixture set; return the smoke section.
 
     Fixtures are written into `fixtures_dir` when it has none. `on_result` is
@@ -895,6 +895,8 @@ def run_smoke(build_dir: Path, fixtures_dir: Path, *, sets=None, scenarios=None,
         "scenarios": scenario_names,
         "table": table or ("full" if sets is None and scenarios is None else "custom"),
         "device": device,
+        "ran_on": ran_on or device or "the CPU backend",   # in words: what verify and the release notes show
+        "cpu_fallback": bool(cpu_fallback),                # a GPU backend run on the CPU, because the user asked
         "identity": identity,
         "start_timeout_s": start_timeout,
         "results": results,
@@ -926,20 +928,23 @@ class Plan:
     sets: tuple[str, ...]
     scenarios: tuple[str, ...]
     table: str                  # full | software | custom (sets or scenarios given)
-    device: str | None          # the device line the table was chosen by, when listed
+    device: str | None          # the listed device the smoke runs on (memory figures left out), if any
     start_timeout: float
     server_args: tuple[str, ...]
     env: dict
     identity: dict
     note: str = ""              # why auto-detection could not decide, if it could not
+    ran_on: str = "the CPU backend"   # in words, for the manifest: the device, or why the CPU
+    cpu_fallback: bool = False  # a GPU backend with no device, run on the CPU backend because the user asked
 
     def run_kwargs(self) -> dict:
         return {"sets": list(self.sets), "scenarios": list(self.scenarios), "extra_server_args": self.server_args,
                 "env": dict(self.env), "start_timeout": self.start_timeout, "identity": dict(self.identity),
-                "table": self.table, "device": self.device}
+                "table": self.table, "device": self.device, "ran_on": self.ran_on, "cpu_fallback": self.cpu_fallback}
 
     def memo_key(self, payload_digest: str, fixtures_section: dict) -> str:
-        return memo_key(payload_digest, fixtures_section, self.backend, self.sets, self.scenarios, self.identity)
+        return memo_key(payload_digest, fixtures_section, self.backend, self.sets, self.scenarios, self.identity,
+                        ran_on=self.ran_on if (self.device or self.cpu_fallback) else None)
 
 
 def start_timeout_for(how, override: float | None = None) -> float:
@@ -994,7 +999,49 @@ def list_devices(binary: Path, env: dict | None = None, timeout: float = LIST_DE
     start = next((i for i, line in enumerate(lines) if line.strip() == "Available devices:"), None)
     if start is None:
         raise OSError("no 'Available devices:' in its output")
-    return [line.strip() for line in lines[start + 1:] if line.startswith(" ") and line.strip()]
+    # "(none)" is how llama-server says the list is empty
+    return [line.strip() for line in lines[start + 1:]
+            if line.startswith(" ") and line.strip() and line.strip() != "(none)"]
+
+
+_MEMORY = re.compile(r"\s*\(\d+ MiB, \d+ MiB free\)\s*$")
+
+
+def device_name(line: str) -> str:
+    """A device line without its memory figures (free memory changes from run to run):
+    "Vulkan0: NVIDIA H200 (NVIDIA) (143771 MiB, 142000 MiB free)" -> "Vulkan0: NVIDIA H200 (NVIDIA)"."""
+    return _MEMORY.sub("", line).strip()
+
+
+def backend_devices(how, lines: list[str]) -> list[str]:
+    """The device lines that are HOW's own devices (CUDA0, Vulkan1, ROCm0: a name of its table, then a number)."""
+    names = how.smoke_device.get("names", ())
+    pattern = re.compile(r"^(?:" + "|".join(re.escape(n) for n in names) + r")\d*:", re.IGNORECASE)
+    return [line for line in lines if names and pattern.match(line)]
+
+
+def _vk_driver_files_missing(env: dict) -> list[str]:
+    """ICD files that VK_DRIVER_FILES / VK_ICD_FILENAMES name and that do not exist (the loader then finds none)."""
+    missing = []
+    for var in ("VK_DRIVER_FILES", "VK_ICD_FILENAMES"):
+        value = env.get(var, os.environ.get(var, ""))
+        for item in filter(None, value.split(os.pathsep)):
+            if not Path(item).exists():
+                missing.append(f"{var} names {item}, which does not exist")
+    return missing
+
+
+def no_device_error(how, why: str, env: dict) -> errors.NoDeviceError:
+    """Exit 45: HOW's smoke found no device of its kind; the hint names what is missing."""
+    hint = how.smoke_device.get("missing", f"install the {how.name} driver")
+    if how.name == "vulkan":
+        named = _vk_driver_files_missing(env)
+        if named:
+            hint = "; ".join(named) + "; " + hint
+    return errors.NoDeviceError(
+        f"no {how.name} device: {why}, so the smoke would run on the CPU and prove nothing about the "
+        f"{how.name} build", hint + "; or pass --allow-cpu-fallback to run it on the CPU backend, "
+                                    "which the manifest then records")
 
 
 def _check_table(table: str) -> str:
@@ -1004,14 +1051,20 @@ def _check_table(table: str) -> str:
 
 
 def plan(how, build_dir: Path, *, table: str | None = None, start_timeout: float | None = None,
-         sets=None, scenarios=None, release: int | None = None) -> Plan:
+         sets=None, scenarios=None, release: int | None = None, allow_cpu_fallback: bool = False) -> Plan:
     """The smoke run of backend HOW (a backends.Backend) on BUILD_DIR's llama-server.
+
+    A GPU backend (one with a smoke.device table: cuda, vulkan, hip) lists
+    `llama-server --list-devices` first and runs on the first device of its kind.
+    With none, NoDeviceError (exit 45) names what is missing, unless
+    ALLOW_CPU_FALLBACK: then the smoke runs on the CPU backend and says so
+    (ran_on, cpu_fallback), in the manifest and in the key of a remembered pass.
 
     TABLE: "full" (every default set and scenario), "software" (the backend's
     smaller table for software devices), or "auto" (the default; also from
-    $DFBUILD_SMOKE_TABLE): software when `llama-server --list-devices` names a
-    software device the table lists, full otherwise. SETS / SCENARIOS, when given,
-    replace that dimension of the table.
+    $DFBUILD_SMOKE_TABLE): software when the device is a software device the
+    table lists, full otherwise. SETS / SCENARIOS, when given, replace that
+    dimension of the table.
     """
     table = _check_table(table or os.environ.get(TABLE_ENV, "").strip() or "auto")
     software = how.smoke_software
@@ -1019,21 +1072,32 @@ def plan(how, build_dir: Path, *, table: str | None = None, start_timeout: float
         raise errors.UsageError(f"the {how.name} backend has no software-device smoke table",
                                 "use --smoke-table full (or auto)")
     env = smoke_env_for(how)
-    device, note = None, ""
+    device, note, ran_on, fallback = None, "", "the CPU backend", False
+    if how.smoke_device or (table == "auto" and software):
+        try:
+            lines = list_devices(server_binary(build_dir), env)
+            why = "`llama-server --list-devices` lists none"
+        except (OSError, subprocess.SubprocessError) as exc:
+            note = f"could not list devices ({exc})"
+            lines, why = [], f"`llama-server --list-devices` could not say ({exc})"
+        mine = backend_devices(how, lines) if how.smoke_device else lines
+        if mine:
+            names = [n.lower() for n in software.get("devices", ())]
+            device = next((line for line in mine if any(n in line.lower() for n in names)), None)
+            if table == "auto" and device is not None:
+                table = "software"
+            device = device_name(device or mine[0])
+            ran_on = device
+        elif how.smoke_device:
+            if not allow_cpu_fallback:
+                raise no_device_error(how, why, env)
+            fallback = True
+            ran_on = how.smoke_device.get("fallback", f"no {how.name} device here, ran on the CPU backend")
+            note = f"{why}: --allow-cpu-fallback, so the smoke runs on the CPU backend ({ran_on})"
+        elif note:
+            note += "; running the full table"
     if table == "auto":
         table = "full"
-        if software:
-            try:
-                lines = list_devices(server_binary(build_dir), env)
-            except (OSError, subprocess.SubprocessError) as exc:
-                note = f"could not list devices ({exc}); running the full table"
-                lines = []
-            names = [n.lower() for n in software.get("devices", ())]
-            device = next((line for line in lines if any(n in line.lower() for n in names)), None)
-            if device is not None:
-                table = "software"
-            elif lines:
-                device = lines[0]
     chosen_sets = tuple(software["sets"]) if table == "software" else DEFAULT_SETS
     chosen_scenarios = tuple(software["scenarios"]) if table == "software" else DEFAULT_SCENARIOS
     # RELEASE (the tree's llama.cpp build, when known): scenarios that do not apply to it are left out
@@ -1046,7 +1110,8 @@ def plan(how, build_dir: Path, *, table: str | None = None, start_timeout: float
         timeout = max(timeout, exe_start_timeout(server_binary(build_dir)) or 0)
     return Plan(backend=how.name, sets=tuple(sets or chosen_sets), scenarios=tuple(scenarios or chosen_scenarios),
                 table=table, device=device, start_timeout=timeout,
-                server_args=tuple(how.smoke_server_args), env=env, identity=identity_for(how), note=note)
+                server_args=tuple(how.smoke_server_args), env=env, identity=identity_for(how), note=note,
+                ran_on=ran_on, cpu_fallback=fallback)
 
 
 # --- passed runs, remembered by what decides them ---------------------------------------------
@@ -1060,14 +1125,18 @@ def plan(how, build_dir: Path, *, table: str | None = None, start_timeout: float
 
 
 def memo_key(payload_digest: str, fixtures_section: dict, backend: str, sets=None, scenarios=None,
-             identity: dict | None = None) -> str:
+             identity: dict | None = None, ran_on: str | None = None) -> str:
     """The key of a smoke run: binaries' and fixtures' content, backend, fixture sets, scenarios
-    (and the identity rule where it is not exact: a looser rule's pass is not an exact one's)."""
+    (and the identity rule where it is not exact: a looser rule's pass is not an exact one's), and
+    for a GPU backend where it ran (RAN_ON: the device, or the CPU fallback): a pass on the CPU is
+    no pass on the GPU, nor one on lavapipe a pass on an H200."""
     files = {name: f["sha256"] for name, f in fixtures_section.get("files", {}).items()}
     parts = [payload_digest, fixtures_section.get("seed"), files, backend,
              list(sets or DEFAULT_SETS), list(scenarios or DEFAULT_SCENARIOS)]
     if identity and identity.get("rule", "exact") != "exact":
         parts.append(identity)
+    if ran_on:
+        parts.append({"ran_on": ran_on})
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 

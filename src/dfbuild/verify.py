@@ -138,6 +138,7 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
                      + (f" (the toolchain's {', '.join(PurePosixPath(n).name for n in third_party)} keep the paths "
                         "their distribution built them in)" if third_party else ""))
     notes.append(f"{path.name}: {len(actual)} files match its manifest")
+    notes.append(f"{path.name}: {smoke_statement(embedded)}")
     if glibc is not None and needs:
         glibc[path.name] = {n: elf.version_text(v) for n, v in sorted(needs.items())}
         notes.append(_glibc_note(path.name, needs))
@@ -229,10 +230,31 @@ def manifest_field_problem(embedded: dict) -> str | None:
     binaries = build_.get("binaries")
     if binaries is not None and not (isinstance(binaries, list) and all(isinstance(b, str) for b in binaries)):
         return f"build.binaries is {type(binaries).__name__}, not a list of names"
-    for section, key in (("build", "source_commit"), ("series", "head")):
+    for section, key in (("build", "source_commit"), ("series", "head"), ("smoke", "ran_on"), ("smoke", "device")):
         if not _str_or_none((embedded.get(section) or {}).get(key)):
             return f"{section}.{key} is not text"
+    if not isinstance((embedded.get("smoke") or {}).get("cpu_fallback", False), bool):
+        return "smoke.cpu_fallback is not true or false"
     return None
+
+
+GPU_BACKENDS = ("cuda", "vulkan", "hip")
+
+
+def smoke_statement(embedded: dict) -> str:
+    """Where an archive's smoke ran, in words, from its manifest (what verify and the release notes say)."""
+    section = embedded.get("smoke") or {}
+    backend = (embedded.get("release") or {}).get("backend")
+    if section.get("skipped"):
+        return "smoke skipped (--skip-smoke): not smoke-tested"
+    if section.get("ran_on"):
+        verdict = "passed" if section.get("passed") else "ran"
+        if section.get("cpu_fallback"):
+            return f"smoke {verdict} on the CPU backend, not on a {backend} device ({section['ran_on']})"
+        return f"smoke {verdict} on {section['ran_on']}"
+    if backend in GPU_BACKENDS:
+        return "smoke: where it ran is not recorded (packaged before dfbuild recorded the device)"
+    return "smoke passed on the CPU backend" if section.get("passed") else "smoke: no result recorded"
 
 
 def version_commit(output: str) -> str | None:
@@ -731,7 +753,8 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
                            not_run_why="not run: another check of this directory failed")
         except VerifyError as exc:
             problems.append(exc.message)
-        notes.extend(n for n in again if not n.endswith("files match its manifest") and " PE files are " not in n)
+        notes.extend(n for n in again if not n.endswith("files match its manifest") and " PE files are " not in n
+                     and not n.startswith(f"{name}: smoke"))
     report["ok"] = not problems
     return report
 
@@ -744,3 +767,32 @@ def check(directory: Path, *, run_binaries: bool | None = None) -> dict:
         raise VerifyError(report["problems"][0] + (f" (and {count - 1} more)" if count > 1 else ""),
                           "do not publish these files; rebuild them with `dfbuild release`")
     return report
+
+
+def release_notes(directory: Path, base: str | None = None) -> str:
+    """Markdown notes for a release dir: what it is, and where each archive's smoke ran, read from its
+    manifest (manifest.json, or a merged dir's manifest-ID.json files). Run it after `verify`."""
+    directory = Path(directory)
+    tops = [directory / MANIFEST_NAME] if (directory / MANIFEST_NAME).is_file() else sorted(
+        p for p in directory.glob("manifest-*.json") if p.is_file())
+    if not tops:
+        raise VerifyError(f"no {MANIFEST_NAME} in {directory} (nor the manifest-ID.json files of a merged dir)",
+                          "give the directory `dfbuild release` wrote (or the merged dir CI's publish job makes)")
+    where, fallback = [], False
+    for top in tops:
+        try:
+            full = json.loads(top.read_text(encoding="utf-8"))
+            archive = full["release"]["archive"]
+            statement = smoke_statement(full)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise VerifyError(f"{top.name} is not a dfbuild manifest ({type(exc).__name__}: {exc})",
+                              "run `dfbuild verify` on the directory first") from None
+        fallback = fallback or bool((full.get("smoke") or {}).get("cpu_fallback"))
+        where.append(f"- `{archive}`: {statement}")
+    what = f"llama.cpp {base}" if base else "llama.cpp"
+    lines = [f"Patched {what} with the DFlash multimodal fix (series in patches/). Verify with: sha256sum -c SHA256SUMS",
+             "", "Where each archive's smoke tests ran:", *sorted(where)]
+    if fallback:
+        lines += ["", "An archive smoke-tested on the CPU backend was built for its GPU, but its smoke tests did "
+                      "not run on a GPU: the runner that built it had none (GitHub's hosted runners have no GPU)."]
+    return "\n".join(lines) + "\n"

@@ -84,13 +84,17 @@ def smoke_run_options(func):
                      help="Smoke scenarios to run: full, the backend's smaller software-device table, or auto "
                           "(software on a software Vulkan device such as lavapipe) "
                           "[default: auto, or $DFBUILD_SMOKE_TABLE]."),
+        click.option("--allow-cpu-fallback", is_flag=True,
+                     help="GPU backends (cuda, vulkan, hip): when llama-server lists no device of the backend, run "
+                          "the smoke on the CPU backend instead of failing (exit 45); the manifest records where "
+                          "it ran."),
     ]):
         func = option(func)
     return func
 
 
-def _smoke_options(start_timeout, smoke_table) -> dict:
-    return {"start_timeout": start_timeout, "table": smoke_table}
+def _smoke_options(start_timeout, smoke_table, allow_cpu_fallback=False) -> dict:
+    return {"start_timeout": start_timeout, "table": smoke_table, "allow_cpu_fallback": bool(allow_cpu_fallback)}
 
 
 def _show_version(ctx, param, value):

@@ -86,9 +86,16 @@ def matrix(tag, identifiers, as_json):
     from rich.table import Table
 
     table = Table(show_header=True, header_style="bold")
-    for column in ("id", "runner", "artifact"):
+    for column in ("id", "runner", "artifact", "verified"):
         table.add_column(column, overflow="fold")
     for entry in data["include"]:
         runner = entry["runner"] + (f" ({entry['container']})" if entry["container"] else "")
-        table.add_row(entry["id"], runner, "\n".join([entry["artifact"], *entry.get("extra_artifacts", [])]))
+        table.add_row(entry["id"], runner, "\n".join([entry["artifact"], *entry.get("extra_artifacts", [])]),
+                      entry["verified"])
     ui.console.print(table)
+    # what each mark rests on (how, or why not), and where CI's smoke of a GPU entry runs
+    for entry in data["include"]:
+        line = f"{entry['id']}: {entry['verified']}: {entry['verified_note']}"
+        if entry["smoke_on_cpu"]:
+            line += f"; CI smokes it on the CPU backend ({entry['smoke_on_cpu']}), and its manifest says so"
+        ui.console.print(line, soft_wrap=True, markup=False)

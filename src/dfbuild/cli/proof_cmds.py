@@ -56,7 +56,7 @@ def fixtures(out, seed, as_json):
 @json_option
 @handle_errors
 def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, backend, server_args, no_compare, start_timeout,
-          smoke_table, as_json):
+          smoke_table, allow_cpu_fallback, as_json):
     """Run the smoke scenarios on llama-server; exit non-zero if any fails."""
     from .. import backends, paths
     from .. import smoke as smoke_stage
@@ -70,9 +70,11 @@ def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, backend, server_arg
             ui.info(f"        [dim]{reason[:200]}[/dim]")
 
     plan = smoke_stage.plan(how, build_dir, table=smoke_table, start_timeout=start_timeout,
-                            sets=sets or None, scenarios=scenarios or None)
+                            sets=sets or None, scenarios=scenarios or None, allow_cpu_fallback=allow_cpu_fallback)
     if plan.note:
         ui.warn(plan.note)
+    if not as_json:
+        ui.info(f"smoke runs on: {plan.ran_on}")
     if plan.table == "software" and not as_json:
         ui.info(f"software device ({plan.device}): the software smoke table, {len(plan.sets)} sets x "
                 f"{len(plan.scenarios)} scenarios (--smoke-table full runs all)")
@@ -112,7 +114,8 @@ def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, backend, server_arg
 @json_option
 @handle_errors
 def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, cuda_arch, gpu_targets,
-          vulkan_include_dir, target_os, start_timeout, smoke_table, patches_dir, no_wait, as_json):
+          vulkan_include_dir, target_os, start_timeout, smoke_table, allow_cpu_fallback, patches_dir, no_wait,
+          as_json):
     """Build BASE unpatched and patched, smoke both, and say what the series does for it.
 
     Exit codes: 0 fixed, 44 fixed upstream, 43 still broken, 24 not applicable, 21 conflict.
@@ -131,7 +134,7 @@ def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, cu
                                   build_options={"jobs": jobs, "cpu_variants": cpu_variants, "cuda_arch": cuda_arch,
                                                  "gpu_targets": gpu_targets,
                                                  "vulkan_include_dir": vulkan_include_dir, "host": host},
-                                  smoke_options=_smoke_options(start_timeout, smoke_table))
+                                  smoke_options=_smoke_options(start_timeout, smoke_table, allow_cpu_fallback))
     if as_json:
         ui.emit_json(proof)
     else:

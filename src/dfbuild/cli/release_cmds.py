@@ -110,7 +110,8 @@ def _human_size(n: int) -> str:
 @json_option
 @handle_errors
 def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cpu_variants, cuda_arch, gpu_targets,
-                vulkan_include_dir, target_os, cmake_args, jobs, start_timeout, smoke_table, no_wait, as_json):
+                vulkan_include_dir, target_os, cmake_args, jobs, start_timeout, smoke_table, allow_cpu_fallback, no_wait,
+                as_json):
     """Checkout, apply, build, smoke and package BASE: archive, wheel, SHA256SUMS, manifest.json."""
     from .. import backends
     from .. import build as build_stage
@@ -128,7 +129,7 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cpu_var
         full = release_stage.release(base, backend=spec, pr=pr, repo=repo, out=out, work=work,
                                      skip_smoke=skip_smoke, targets=build_stage.parse_targets(targets),
                                      build_options=options,
-                                     smoke_options=_smoke_options(start_timeout, smoke_table))
+                                     smoke_options=_smoke_options(start_timeout, smoke_table, allow_cpu_fallback))
     if as_json:
         ui.emit_json(full)
         return
@@ -137,6 +138,8 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cpu_var
             f"patched commit {full['series']['head'][:12]}")
     if full["smoke"].get("skipped"):
         ui.warn("not smoke-tested (--skip-smoke)")
+    elif full["smoke"].get("cpu_fallback"):
+        ui.warn(f"smoke-tested on the CPU, not on a {backend} device: {full['smoke'].get('ran_on')}")
     out_dir = Path(out).resolve()
     for artifact in rel["artifacts"]:  # soft_wrap: paths stay whole, to copy and paste
         ui.console.print(f"  {out_dir / artifact['name']}  {_human_size(artifact['size'])}  "
@@ -187,3 +190,17 @@ def verify(directory, no_run, run_any, max_unpacked, as_json):
                                  "do not publish these files; rebuild them with `dfbuild release`")
     if not as_json:
         ui.info(f"{directory}: all checks passed")
+
+
+@main.command("release-notes")
+@click.argument("directory", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--base", default=None, help="The llama.cpp base the release was made from, for the first line.")
+@handle_errors
+def release_notes(directory, base):
+    """Markdown release notes for a release dir: where each archive's smoke ran (its GPU, or the CPU backend).
+
+    CI's publish job passes them to the draft release; run `dfbuild verify` on the directory first.
+    """
+    from .. import verify as verify_stage
+
+    click.echo(verify_stage.release_notes(directory, base), nl=False)
