@@ -120,6 +120,12 @@ class NotApplicableError(DfbuildError):
     exit_code = 24
 
 
+class NoProofError(DfbuildError):
+    """No `dfbuild prove` result where one is needed (series adopt, series record-proof)."""
+
+    exit_code = 25
+
+
 class ToolchainMissingError(DfbuildError):
     exit_code = 30
 
