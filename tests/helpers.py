@@ -43,8 +43,10 @@ def dfbuild(*args):
 
 
 def said(result) -> str:
-    """What the user read on stderr, with rich's line wrapping undone."""
-    return " ".join(result.stderr.split())
+    """What the user read (the result on stdout, then the talk on stderr), with rich's line wrapping undone.
+
+    Tests of which stream a line goes to read result.stdout and result.stderr themselves."""
+    return " ".join((result.stdout + "\n" + result.stderr).split())
 
 
 def zeros(size: int):

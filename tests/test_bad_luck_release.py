@@ -26,7 +26,8 @@ def invoke(*args):
 
 
 def said(result) -> str:
-    return " ".join(result.stderr.split())
+    """What the user read: the result (stdout) and the talk (stderr)."""
+    return " ".join((result.stdout + "\n" + result.stderr).split())
 
 
 def _repack(archive: Path, root: str, tmp: Path, server_script: str) -> None:

@@ -170,8 +170,8 @@ def test_item1_abort_saves_the_edit_and_restore_brings_it_back_byte_for_byte(syn
 
     assert result.exit_code == 0, said(result)
     assert head(tree) == base and (tree / SPEC).read_bytes() != edited  # aborted, as before
-    lines = [line for line in result.stderr.splitlines() if "saved your uncommitted changes" in line]
-    assert len(lines) == 1, result.stderr  # one line says where, and how to get it back
+    lines = [line for line in result.stdout.splitlines() if "saved your uncommitted changes" in line]
+    assert len(lines) == 1, result.stdout  # one line (of the result) says where, and how to get it back
     assert f"dfbuild series continue --dir {tree} --restore" in lines[0]
     assert "stash" in run_git(tree, "stash", "list")  # where git users look
 

@@ -128,7 +128,7 @@ def test_nothing_to_export_when_the_series_patches_nothing_there(syn, tmp_path):
                               for x in toml.read_text().splitlines()) + "\n")
     out = tmp_path / "export"
     result = run_export(syn, out)
-    assert result.exit_code == 25, said(result)
+    assert result.exit_code == 26, said(result)
     assert "nothing to send" in said(result)
     assert not out.exists()
 
@@ -138,7 +138,7 @@ def test_a_non_empty_dir_that_is_not_an_export_is_refused_untouched(syn, tmp_pat
     out.mkdir()
     (out / "notes.txt").write_text("my notes\n")
     result = run_export(syn, out, "--json")
-    assert result.exit_code == 25, said(result)
+    assert result.exit_code == 26, said(result)
     assert "not an earlier dfbuild export" in said(result)
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
     assert (out / "notes.txt").read_text() == "my notes\n"
@@ -161,14 +161,14 @@ def test_an_earlier_export_someone_edited_or_added_to_is_refused(syn, tmp_path):
     assert run_export(syn, out).exit_code == 0
     (out / "PR.md").write_text((out / "PR.md").read_text() + "\nmy words\n")
     result = run_export(syn, out)
-    assert result.exit_code == 25, said(result)
+    assert result.exit_code == 26, said(result)
     assert "PR.md changed since dfbuild wrote it" in said(result)
     assert (out / "PR.md").read_text().endswith("my words\n")
 
     (out / "PR.md").unlink()  # a missing file is a change too
     (out / "extra.txt").write_text("mine\n")
     result = run_export(syn, out)
-    assert result.exit_code == 25
+    assert result.exit_code == 26
     assert (out / "extra.txt").read_text() == "mine\n"
 
 
@@ -202,7 +202,7 @@ def test_a_file_in_the_way_is_refused(syn, tmp_path):
     out = tmp_path / "export"
     out.write_text("a file\n")
     result = run_export(syn, out)
-    assert result.exit_code == 25, said(result)
+    assert result.exit_code == 26, said(result)
     assert out.read_text() == "a file\n"
 
 

@@ -131,9 +131,10 @@ def test_import_says_what_it_made(sdist_src, tmp_path):
     archive = make_tar(tmp_path / "pkg-1.0.tar.gz", sdist_src)
     result = dfbuild("import", archive, "--tag", "mytree", "--dir", tmp_path / "llama")
     assert result.exit_code == 0, said(result)
-    assert result.stdout == ""
     commit = run_git(tmp_path / "llama", "rev-parse", "HEAD")
-    assert f"{commit} tagged mytree" in said(result)
+    # what it made is the result (stdout); the steps are talk (stderr)
+    assert result.stdout == f"{tmp_path / 'llama'}: {commit} tagged mytree\n"
+    assert "==> import" in result.stderr
 
 
 def test_import_default_dir_is_named_after_the_tag(sdist_src, tmp_path, monkeypatch):

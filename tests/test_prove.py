@@ -368,12 +368,17 @@ def test_prove_takes_the_toolchain_options_a_release_takes(tmp_path, monkeypatch
         return {"base": base, "outcome": "fixed", "json": True}
 
     monkeypatch.setattr(prove, "prove", fake_prove)
+    from dfbuild import doctor
+
+    checked = []  # the toolchain is checked before any work, with the same headers (stood in for here)
+    monkeypatch.setattr(doctor, "require", lambda backend, host=None, **kw: checked.append((backend, kw)) or {})
     headers = tmp_path / "include"
     headers.mkdir()
     result = dfbuild("prove", "--base", "b11434", "--backend", "vulkan", "--vulkan-include-dir", headers,
                      "--cuda-arch", "90", "--work", tmp_path / "work", "--json")
     assert result.exit_code == 0, said(result)
     assert seen["vulkan_include_dir"] == headers and seen["cuda_arch"] == "90"
+    assert checked == [("vulkan", {"extra_include_dirs": [headers]})]
 
 
 def test_a_gpu_proof_is_reused_only_where_it_ran(syn, tmp_path, fakes, monkeypatch):

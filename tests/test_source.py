@@ -115,9 +115,8 @@ def test_checkout_tells_the_user_where_it_landed(upstream, tmp_path):
     dest = tmp_path / "llama"
     result = dfbuild("checkout", "--base", upstream.pr_head[:9], "--pr", PR, "--repo", upstream.path, "--dir", dest)
     assert result.exit_code == 0, said(result)
-    assert result.stdout == ""  # without --json, stdout stays clean
-    assert upstream.pr_head in said(result)
-    assert f"dfbuild/{upstream.pr_head[:9]}" in said(result)
+    # without --json, the result is one line on stdout: where it landed, the commit, the branch
+    assert result.stdout == f"{dest}: {upstream.pr_head} on branch dfbuild/{upstream.pr_head[:9]}\n"
 
 
 def test_checkout_of_an_earlier_pr_commit(upstream, tmp_path):
@@ -535,7 +534,7 @@ def test_a_tree_is_named_by_evidence_not_by_its_label(tmp_path, monkeypatch):
     assert "not llama.cpp b10359" in said(result) and "b10615" in said(result)
     data = json.loads(result.stdout)
     assert data["base"] == "pydist-0.94.0" and data["branch"] == "dfbuild/pydist-0.94.0"
-    assert Path(data["dir"]) == tmp_path / "llama.cpp-pydist-0.94.0"
+    assert Path(data["dir"]) == tmp_path / "dfbuild-pydist-0.94.0" / "src"  # the tree `release` uses
     from dfbuild import build, manifest
     manifest.update_tree_manifest(Path(data["dir"]), "source", data)
     assert build.build_number(Path(data["dir"])) == 0  # unknown, never 10359 (nor 1, the import's commit count)

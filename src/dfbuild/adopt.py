@@ -20,7 +20,7 @@ import git
 import tomlkit
 
 from . import source, state, ui
-from .errors import DirtyTreeError, NotLlamaTreeError, PatchConflictError, SeriesFileError, UsageError
+from .errors import DirtyTreeError, NoProofError, NotLlamaTreeError, PatchConflictError, SeriesFileError, UsageError
 from .paths import sha256_file
 from .series import (
     CONCERN_TRAILER,
@@ -146,6 +146,12 @@ def adopt(series: Series, tree: Path) -> dict:
     if not applied.get("derived"):
         raise SeriesFileError(f"{tree}: base {applied.get('base') or '?'} already has its own variants; nothing to adopt",
                               "adopt trees whose series `dfbuild apply` carried from other bases")
+    if not proof:
+        raise NoProofError(f"{tree}: no proof: `dfbuild prove` (or `dfbuild release`) has not run on this tree, "
+                           "so there is nothing to adopt",
+                           "prove it, then adopt the tree the proof ran on (WORK/src):\n"
+                           f"dfbuild prove --base {applied.get('base') or 'BASE'} --work WORK\n"
+                           "dfbuild series adopt --dir WORK/src")
     if applied.get("head") != head or proof.get("patched_commit") != head:
         raise SeriesFileError(f"{tree}: HEAD {head[:12]} is not the commit the proof ran on",
                               "run `dfbuild prove` (or `dfbuild release`) on this tree first")

@@ -426,12 +426,13 @@ def _run_logged(args: list[str], *, cwd: Path, env: dict, log,
     """
     log.write("$ " + " ".join(args) + "\n")
     log.flush()
+    ui.debug("    $ " + shlex.join(args))
     if run_in is not None:
         args = run_in(args, cwd)
     proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace", bufsize=1)
     total = work = 0
-    interactive = ui.console.is_terminal and progress_title is not None
+    interactive = ui.console.is_terminal and progress_title is not None and not ui.quiet()
     progress = Progress(TextColumn("    {task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=ui.console, transient=True, disable=not interactive)
     task = None

@@ -448,7 +448,7 @@ def require(backend: str, host: Host | None = None, *, extra_include_dirs: list[
     if not entry["can_build"]:
         raise ToolchainMissingError(
             f"cannot build the {backend} backend here: {entry['reason']}",
-            " | ".join(entry["install"]) or None,
+            "\n".join(entry["install"]) or None,
         )
     return entry
 

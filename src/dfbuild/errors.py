@@ -120,10 +120,16 @@ class NotApplicableError(DfbuildError):
     exit_code = 24
 
 
+class NoProofError(DfbuildError):
+    """No `dfbuild prove` result where one is needed (series adopt, series record-proof)."""
+
+    exit_code = 25
+
+
 class ExportError(DfbuildError):
     """`series export --upstream` cannot be made or written: an --out dir that is not an earlier export, nothing to send."""
 
-    exit_code = 25
+    exit_code = 26
 
 
 class ToolchainMissingError(DfbuildError):

@@ -14,7 +14,7 @@ applies at that base, and its message is built from those patches' own messages.
 The output dir is written whole or not at all: everything is made in a sibling
 staging dir and renamed into place. An existing non-empty dir is replaced only
 when it is an earlier export, unchanged (its marker lists every file and its
-sha256); anything else in it is the user's and is refused (exit 25).
+sha256); anything else in it is the user's and is refused (exit 26).
 """
 
 from __future__ import annotations

@@ -78,3 +78,11 @@ def locked(path: Path, timeout: float = 600):
     # says who holds it while it waits (locks.hold), instead of waiting in silence
     with hold(Path(lock_file), f"the cache lock {lock_file}", timeout=timeout, timeout_error=busy):
         yield
+
+
+def default_work_dir(base: str) -> Path:
+    """./dfbuild-BASE: the work dir of `release` and `prove`, whose src/ is the tree `checkout` and `apply`
+    make by default (here, in the lowest floor: apply must not import the release stage and its numpy)."""
+    import re
+
+    return Path.cwd() / f"dfbuild-{re.sub(r'[^A-Za-z0-9._-]+', '-', base)}"

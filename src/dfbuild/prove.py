@@ -261,7 +261,7 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
 
     SMOKE_OPTIONS (table, start_timeout) go to smoke.plan: a software Vulkan device runs its smaller table.
     """
-    base = source.canonical_base(base, quiet=True)  # b10359 is pydist-0.94.0's tree (the CLI says so)
+    base = source.canonical_base(base, quiet=True, repo=repo)  # b10359 is pydist-0.94.0's tree (the CLI says so)
     how = backends.resolve(backend)
     backend = how.name
     work = Path(work).resolve()

@@ -459,7 +459,7 @@ def write_sha256sums(out_dir: Path, names: list[str]) -> Path:
 
 
 def default_work_dir(base: str) -> Path:
-    return Path.cwd() / f"dfbuild-{re.sub(r'[^A-Za-z0-9._-]+', '-', base)}"
+    return paths.default_work_dir(base)
 
 
 def run_smoke_stage(build_dir: Path, fixtures_dir: Path, log_dir: Path,
@@ -526,8 +526,10 @@ def _timed(stages: dict, name: str, title: str):
 def release(base: str, *, backend: "backends.Backend | str", pr: int | None = None, repo: str | None = None,
             out: Path | None = None, work: Path | None = None, skip_smoke: bool = False,
             targets=build.DEFAULT_TARGETS, patches_dir: Path | None = None, build_options: dict | None = None,
-            smoke_options: dict | None = None) -> dict:
+            smoke_options: dict | None = None, reprove: bool = False) -> dict:
     """checkout -> apply -> build -> smoke -> package; returns the full manifest (also OUT/manifest.json).
+
+    A carried base whose proof series.toml records is not proven again unless REPROVE.
 
     SMOKE_OPTIONS (table, start_timeout) go to smoke.plan, for the proof as for the smoke stage.
 
@@ -535,7 +537,7 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
     stage gets the record. The returned and written manifest holds the portable()
     sections: no path of this machine; the work dir keeps the full ones.
     """
-    base = source.canonical_base(base, quiet=True)  # b10359 is pydist-0.94.0's tree (the CLI says so)
+    base = source.canonical_base(base, quiet=True, repo=repo)  # b10359 is pydist-0.94.0's tree (the CLI says so)
     spec = backends.resolve(backend)
     backend = spec.name
     check_wheel_tools()
@@ -568,7 +570,13 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
             manifest.update_tree_manifest(tree, "series", ser)
 
         proof = None
-        if ser.get("derived"):
+        if ser.get("derived") and ser.get("proven") and not reprove:
+            # series.toml records a proof of this release (as `series epochs` says): it is not proven again
+            recorded = ser.get("recorded_proof") or {}
+            ui.info(f"    {base}: proven {recorded.get('outcome')} by the proof recorded in "
+                    f"{recorded.get('recorded_in')} ({recorded.get('when') or 'date unrecorded'}); "
+                    "--reprove proves it again")
+        elif ser.get("derived"):
             # a base the series was carried to: behaviour decides what is released (prove.py)
             if skip_smoke:
                 raise ReleaseError(f"{base}: the series was carried to this base and is unproven, so it cannot be "

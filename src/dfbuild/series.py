@@ -693,6 +693,12 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
     if derived:
         section.update({"derived": True, "proven": False, "start": start,
                         "blob": source.committed_blob(tree, "HEAD")})
+        # a proof series.toml records for this very release makes it proven here as in `series epochs`
+        from . import carry
+
+        recorded = series.recorded_proof(carry.tree_build(tree, start))
+        if recorded and recorded.get("outcome") == "fixed":
+            section.update({"proven": True, "outcome": "fixed", "recorded_proof": recorded})
     return section
 
 

@@ -134,8 +134,23 @@ BASE_ALIASES = {
 }
 
 
-def canonical_base(name: str, *, quiet: bool = False) -> str:
+# a release as people write it: b11434, B11434 or the bare build number 11434
+_RELEASE_SPELLING = re.compile(r"([bB])?([0-9]{1,6})")
+
+
+def normal_name(name: str, *, repo: str | None = None) -> str:
+    """b11434 for B11434 or 11434: one spelling of a release everywhere (--base, --since, ...).
+
+    With --repo a bare number stays as it is: there it may be a short commit id of that repository."""
+    match = _RELEASE_SPELLING.fullmatch(name or "")
+    if match and (match.group(1) or repo is None):
+        return f"b{match.group(2)}"
+    return name
+
+
+def canonical_base(name: str, *, quiet: bool = False, repo: str | None = None) -> str:
     """NAME, or the name from evidence of a tree published under a contradicted label (with a warning)."""
+    name = normal_name(name, repo=repo)
     if name in BASE_ALIASES:
         real, why = BASE_ALIASES[name]
         if not quiet:
@@ -144,8 +159,8 @@ def canonical_base(name: str, *, quiet: bool = False) -> str:
     return name
 
 
-def known_base(name: str) -> KnownBase | None:
-    name = canonical_base(name, quiet=True)
+def known_base(name: str, *, repo: str | None = None) -> KnownBase | None:
+    name = canonical_base(name, quiet=True, repo=repo)
     if name in KNOWN_BASES:
         return KNOWN_BASES[name]
     build = release_build(name)
@@ -158,11 +173,65 @@ def known_base(name: str) -> KnownBase | None:
     return None
 
 
-def _unknown_base(name: str) -> UnknownBaseError:
+def offline_bases() -> list[str]:
+    """The bases whose source (an sdist) is in the cache: they check out without the network."""
+    from .sdist import sdist_path
+
+    folder = cache_dir() / "sdists"
+    if not folder.is_dir():
+        return []
+    by_file = {sdist_path(known.sdist).name: known.name for known in KNOWN_BASES.values() if known.sdist}
+    release_file = re.compile(re.escape(pypi.normalise(pypi.RELEASES_PROJECT)) + r"-([0-9]+)\.0\.0\.tar\.gz")
+    names = []
+    for path in sorted(folder.glob("*.tar.gz")):
+        match = release_file.fullmatch(path.name)
+        name = by_file.get(path.name) or (f"b{match.group(1)}" if match else None)
+        if name and name not in names:
+            names.append(name)
+    return names
+
+
+def offline_hint() -> str:
+    cached = offline_bases()
+    offline = (f"these bases are cached and work offline: {', '.join(cached)}" if cached
+               else "no base is cached yet; a release bNNNNN works offline once it has been fetched from PyPI")
+    return f"check the URL and your network; {offline}; or bring a tree with `dfbuild import`"
+
+
+def named_bases() -> list[str]:
+    """The bases dfbuild knows by name, as --help and the unknown-base message list them: series.toml's
+    (read each time: it keeps up with the series), then any other base dfbuild can fetch by name."""
+    from . import series  # series imports this module: on use, not at import
+
+    try:
+        names = list(series.load_series().bases)
+    except DfbuildError:  # a broken series file: the names dfbuild itself knows
+        names = []
+    return names + [name for name in KNOWN_BASES if name not in names]
+
+
+def unknown_base(name: str) -> UnknownBaseError:
+    """NAME is no base dfbuild can find: the bases it knows, and the nearest one when NAME looks like a slip."""
+    import difflib
+
+    names = named_bases()
+    near = difflib.get_close_matches(name.lower(), names + list(BASE_ALIASES), n=1, cutoff=0.75)
+    guess = f" Did you mean '{near[0]}'?" if near else ""
     return UnknownBaseError(
-        f"unknown base '{name}': known bases are {', '.join(KNOWN_BASES)} and any release bNNNNN",
+        f"unknown base '{name}'.{guess} Known bases: {', '.join(names)}, and any llama.cpp release bNNNNN",
         "pass --repo URL_OR_PATH to check out any other revision",
     )
+
+
+_unknown_base = unknown_base
+
+
+def check_known(base: str, repo: str | None) -> None:
+    """Refuse, before anything is made, a base that cannot name a branch, or (without --repo) that dfbuild
+    cannot find: exit 2 or 10 with nothing on disk."""
+    check_base_name(base)
+    if repo is None and known_base(base) is None:
+        raise unknown_base(base)
 
 
 def commit_fixed(repo: git.Repo, message: str, date: str = FIXED_DATE) -> str:
@@ -503,8 +572,8 @@ def _absolute_if_local(url: str) -> str:
 def checkout(base: str, *, pr: int | None = None, repo: str | None = None,
              dest: Path | None = None, force: bool = False, keep_descendants: bool = False) -> dict:
     """Check out llama.cpp at BASE in DEST and return the manifest's source section."""
-    base = canonical_base(base, quiet=True)  # the CLI already said so
-    known = known_base(base)
+    base = canonical_base(base, quiet=True, repo=repo)  # the CLI already said so
+    known = known_base(base, repo=repo)
     if repo is None and known is None:
         raise _unknown_base(base)
     check_base_name(base)
@@ -527,7 +596,12 @@ def checkout(base: str, *, pr: int | None = None, repo: str | None = None,
         url = _absolute_if_local(url)
         with locked(cache_dir() / "repos" / _slug(url)):
             rev = known.commit if (known and known.commit and repo is None) else base
-            cache, commit, tags = _fetch_base(url, base, rev, pr)
+            try:
+                cache, commit, tags = _fetch_base(url, base, rev, pr)
+            except SourceError as exc:
+                if exc.hint == NETWORK_HINT:  # offline: name what really works without the network here
+                    exc.hint = offline_hint()
+                raise
         origin, kind = url, "git"
 
     _materialise(cache, commit, dest, branch_for(base), force, origin, keep_descendants, tags)

@@ -97,7 +97,7 @@ def series_digest(curated: series.Series) -> str:
 def parse_since(text: str | None) -> int | None:
     if text is None:
         return None
-    build = source.release_build(text) if text.startswith("b") else (int(text) if text.isdigit() else None)
+    build = source.release_build(source.normal_name(text))  # b11312, B11312 or 11312, as --base takes them
     if build is None:
         raise UsageError(f"--since {text}: not a release name (b11312) or a build number (11312)",
                          "pass the build number the listing should start after")

@@ -1,4 +1,10 @@
-"""Human output goes to stderr through rich; --json data goes to stdout, alone."""
+"""Results on stdout, talk on stderr, as git and pip do.
+
+`out` prints what a command produces (tables, lists, summaries, the paths a script needs, --json);
+`console` prints the talk around it (progress, warnings, errors, hints). Neither wraps, colours or
+animates when it is not a terminal (a pipe, a file, a CI log), and NO_COLOR is honoured (rich reads it).
+-q/--quiet and -v/--verbose (on the `dfbuild` group) set how much talk there is: results are never hidden.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +13,66 @@ import time
 from contextlib import contextmanager
 
 import click
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 
 # the lowest floor: ui imports nothing of dfbuild's, so every module may report through it
 
-console = Console(stderr=True, highlight=False)
+# a pipe or a file has no width: lines are never cut (rich would fold them at 80 columns)
+PIPE_WIDTH = 100_000
+
+
+class _Console(Console):
+    """A rich Console that does not wrap when it is not a terminal."""
+
+    def _size(self) -> ConsoleDimensions:
+        if not self.is_terminal:
+            return ConsoleDimensions(PIPE_WIDTH, 25)
+        return Console.size.fget(self)
+
+    size = property(_size, Console.size.fset)
+
+
+console = _Console(stderr=True, highlight=False)  # talk
+out = _Console(highlight=False)  # results
+
+# how much talk: -1 quiet (warnings and errors only), -2 very quiet (errors only), 0 normal, 1 verbose
+verbosity = 0
+
+
+def set_verbosity(level: int) -> None:
+    global verbosity
+    verbosity = level
+
+
+def quiet() -> bool:
+    return verbosity < 0
+
+
+def result(message="", **kwargs) -> None:
+    """A line (or rich renderable, e.g. a table) of a command's result: stdout, whatever -q says."""
+    out.print(message, **kwargs)
 
 
 def info(message: str) -> None:
-    console.print(message)
+    if verbosity >= 0:
+        console.print(message)
+
+
+def next_step(command: str) -> None:
+    """The command to run next (stderr, as pip and cibuildwheel say it), whole, to copy as is."""
+    if verbosity >= 0:
+        console.print(f"next: {command}", markup=False, soft_wrap=True)
+
+
+def debug(message: str) -> None:
+    """Talk only -v asks for (the commands dfbuild runs, where it looks)."""
+    if verbosity > 0:
+        console.print(message, markup=False, soft_wrap=True)
 
 
 def warn(message: str) -> None:
-    console.print(f"[yellow]warning:[/yellow] {message}")
+    if verbosity >= -1:
+        console.print(f"[yellow]warning:[/yellow] {message}")
 
 
 def dumps(data: dict) -> str:
@@ -27,17 +80,24 @@ def dumps(data: dict) -> str:
     return json.dumps(data, indent=2, sort_keys=True, default=str)
 
 
+# whether this command printed its JSON already (a failing smoke or verify prints its report, then fails):
+# then that report is the one JSON object on stdout, and the error adds none
+json_emitted = False
+
+
 def emit_json(data: dict) -> None:
+    global json_emitted
+    json_emitted = True
     click.echo(dumps(data))
 
 
 @contextmanager
 def step(title: str):
     """Print a step with its wall time, the way cibuildwheel's logger does."""
-    console.print(f"[bold]==>[/bold] {title}")
+    info(f"[bold]==>[/bold] {title}")
     start = time.monotonic()
     yield
-    console.print(f"    done in {time.monotonic() - start:.1f}s")
+    info(f"    done in {time.monotonic() - start:.1f}s")
 
 
 class Progress:
@@ -46,7 +106,7 @@ class Progress:
     def __init__(self, title: str, *, interval_s: float = 15.0):
         self.title = title
         self.interval_s = interval_s
-        self.interactive = console.is_terminal
+        self.interactive = console.is_terminal and not quiet()
         self._bar = None
         self._task = None
         self._reported: dict[str, int] = {}
@@ -73,7 +133,7 @@ class Progress:
         if self._reported.get(phase, -1) < decile:
             self._reported[phase] = decile
             self._last_line = time.monotonic()
-            console.print(f"    {self.title}: {phase} {percent:.0f}%" + (f" {detail}" if detail else ""))
+            info(f"    {self.title}: {phase} {percent:.0f}%" + (f" {detail}" if detail else ""))
 
     def tick(self, detail: str) -> None:
         """No percentage known: a line every interval_s in CI logs (the bar shows it on a terminal)."""
@@ -81,7 +141,7 @@ class Progress:
             self.update("", 0, detail)
         elif time.monotonic() - self._last_line >= self.interval_s:
             self._last_line = time.monotonic()
-            console.print(f"    {self.title}: {detail}")
+            info(f"    {self.title}: {detail}")
 
     def __exit__(self, *exc):
         if self._bar is not None:

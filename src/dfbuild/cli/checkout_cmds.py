@@ -7,30 +7,31 @@ from pathlib import Path
 import click
 
 from .. import ui
-from .common import (_default_dir_here, _locks, _render_concerns, _utf8_path, json_option, main, no_wait_option,
-                     patches_option, source_options)
+from .common import (_default_dir_here, _locks, _render_concerns, _utf8_path, default_tree_here, json_option_for,
+                     main, no_wait_option, patches_option, removed_if_left_empty_handed, shown, source_options)
 from .exits import handle_errors
 
 
 @main.command()
 @source_options
 @no_wait_option
-@json_option
+@json_option_for("the source section (commit, branch, dir)")
 @handle_errors
 def checkout(base, pr, repo, dest, force, no_wait, as_json):
     """Check out llama.cpp at a PR head or commit."""
     from .. import adopt, manifest, source
 
-    source.check_base_name(base)
-    with _locks(("tree", dest or _default_dir_here(base)), no_wait=no_wait):
-        adopt.refuse_while_curating(dest or source.default_dir(base), "checkout")
+    source.check_known(base, repo)
+    dest = dest or default_tree_here(base)
+    with _made_by_this_run(dest), _locks(("tree", dest), no_wait=no_wait):
+        adopt.refuse_while_curating(dest, "checkout")
         with ui.step(f"checkout {base}"):
             section = source.checkout(base, pr=pr, repo=repo, dest=dest, force=force)
         manifest.update_tree_manifest(Path(section["dir"]), "source", section)
     if as_json:
         ui.emit_json(section)
     else:
-        ui.info(f"{section['dir']}: {section['commit']} on branch {section['branch']}")
+        ui.result(f"{section['dir']}: {section['commit']} on branch {section['branch']}")
 
 
 @main.command("import")
@@ -41,7 +42,7 @@ def checkout(base, pr, repo, dest, force, no_wait, as_json):
 @click.option("--max-unpacked-size", "max_unpacked", default=None, metavar="SIZE",
               help="Raise the cap on the archive's unpacked size (default 4G, and 100x the archive), e.g. 16G.")
 @no_wait_option
-@json_option
+@json_option_for("the source section (commit, tag, dir)")
 @handle_errors
 def import_(archive, tag, dest, max_unpacked, no_wait, as_json):
     """Import a llama.cpp tree from a .tar.gz/.zip or a PyPI sdist that vendors one."""
@@ -56,7 +57,7 @@ def import_(archive, tag, dest, max_unpacked, no_wait, as_json):
     if as_json:
         ui.emit_json(section)
     else:
-        ui.info(f"{section['dir']}: {section['commit']} tagged {tag}")
+        ui.result(f"{section['dir']}: {section['commit']} tagged {tag}")
 
 
 
@@ -65,7 +66,7 @@ def import_(archive, tag, dest, max_unpacked, no_wait, as_json):
 @patches_option
 @click.option("--skip", "skip", multiple=True, help="Leave a concern out (for ablation experiments).")
 @no_wait_option
-@json_option
+@json_option_for("the source and series sections (proven, concerns, head)")
 @handle_errors
 def apply(base, pr, repo, dest, force, patches_dir, skip, no_wait, as_json):
     """Check out BASE, then apply the curated DFlash patch series."""
@@ -73,10 +74,11 @@ def apply(base, pr, repo, dest, force, patches_dir, skip, no_wait, as_json):
 
     curated = series.load_series(patches_dir)
     series.check_skip(curated, tuple(skip))
-    source.check_base_name(base)
+    source.check_known(base, repo)
+    dest = dest or default_tree_here(base)
     # one lock for checkout + apply + record: a second run waits, and never sees a half-applied tree
-    with _locks(("tree", dest or _default_dir_here(base)), no_wait=no_wait):
-        adopt.refuse_while_curating(dest or source.default_dir(base), "apply")
+    with _made_by_this_run(dest), _locks(("tree", dest), no_wait=no_wait):
+        adopt.refuse_while_curating(dest, "apply")
         with ui.step(f"checkout {base}"):
             src = source.checkout(base, pr=pr, repo=repo, dest=dest, force=force, keep_descendants=True)
         tree = Path(src["dir"])
@@ -91,10 +93,22 @@ def apply(base, pr, repo, dest, force, patches_dir, skip, no_wait, as_json):
         return
     _render_concerns(section["concerns"])
     if section["changed"]:
-        ui.info(f"{tree}: patched commit {section['head']}")
+        ui.result(f"{tree}: patched commit {section['head']}")
     else:
-        ui.info(f"{tree}: nothing to do, the series is already applied ({section['head']})")
-    if section.get("derived"):
+        ui.result(f"{tree}: nothing to do, the series is already applied ({section['head']})")
+    if section.get("derived") and section.get("proven"):
+        recorded = section.get("recorded_proof") or {}
+        ui.result(f"{section['base']}: carried {series.carried_from(section['concerns'])}; proven "
+                  f"{recorded.get('outcome')} ({recorded.get('recorded_in')} records its proof)")
+    elif section.get("derived"):
         ui.warn(f"{section['base']} is a base the series has no variant for: it was carried "
                 f"{series.carried_from(section['concerns'])} and is unproven until `dfbuild prove` "
                 "(or `dfbuild release`) has smoked both trees")
+    ui.next_step(f"dfbuild build --dir {shown(tree)} --backend cpu")
+
+
+def _made_by_this_run(dest: Path):
+    """The work dir (./dfbuild-BASE) or DIR this run makes goes again if it fails before the checkout."""
+    dest = Path(dest).absolute()
+    top = dest.parent if dest.name == "src" and dest.parent.name.startswith("dfbuild-") else dest
+    return removed_if_left_empty_handed(top, lambda: (dest / ".git").exists())

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -31,14 +33,11 @@ def _locks(*held: tuple[str, Path], no_wait: bool):
 
 
 def known_bases_text() -> str:
-    """The bases series.toml knows, as --help names them (read when help is shown: it keeps up with the series)."""
-    from .. import series
+    """The bases dfbuild knows by name, as --help names them (read when help is shown: it keeps up with the
+    series), the same list as the unknown-base message gives."""
+    from .. import source
 
-    try:
-        names = list(series.load_series().bases)
-    except errors.DfbuildError:  # help must show even with a broken series file
-        return "a base series.toml knows"
-    return f"a base series.toml knows ({', '.join(names)})"
+    return f"a base series.toml knows ({', '.join(source.named_bases())})"
 
 
 class SeriesHelpOption(click.Option):
@@ -60,7 +59,8 @@ def _canonical_base(ctx, param, value):
     """A label a tree's content contradicts (b10359) becomes the name from evidence, said once, up front."""
     from .. import source  # imported when a command runs, not for --help
 
-    return source.canonical_base(value) if value is not None else value
+    given_repo = any(arg == "--repo" or arg.startswith("--repo=") for arg in _argv)
+    return source.canonical_base(value, repo="given" if given_repo else None) if value is not None else value
 
 
 def base_option(func):
@@ -68,7 +68,13 @@ def base_option(func):
                         callback=_canonical_base)(func)
 
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Print the manifest section as JSON on stdout.")
+def json_option_for(what: str):
+    """--json, saying what it prints; a failure prints {"error", "code", "hint"} instead."""
+    return click.option("--json", "as_json", is_flag=True,
+                        help=f"Print {what} as JSON on stdout (on failure: error, code and hint).")
+
+
+json_option = json_option_for("the manifest section")
 os_option = click.option("--os", "target_os", type=click.Choice(["linux", "macos", "windows"]), default=None,
                          help="Build for this OS (default: this host's). windows on Linux: cross-built with "
                               "mingw-w64, run under Wine; see `dfbuild doctor --os windows`.")
@@ -115,13 +121,100 @@ def _use_cache_dir(ctx, param, value):
     return value
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _talk(ctx, param, value):
+    """-q/-v, wherever they stand (before the command or after it): they add up."""
+    if value:
+        ui.set_verbosity(ui.verbosity + (value if param.name == "verbose" else -value))
+
+
+def verbosity_options() -> list[click.Option]:
+    return [click.Option(["-q", "--quiet"], count=True, expose_value=False, callback=_talk,
+                         help="Less talk on stderr: -q keeps warnings and errors, -qq errors only. "
+                              "Results on stdout are never hidden."),
+            click.Option(["-v", "--verbose"], count=True, expose_value=False, callback=_talk,
+                         help="More talk on stderr: the commands a build runs (cmake, ninja).")]
+
+
+# what the command line asked for: with --json, a usage error is a JSON object on stdout too
+_argv: list[str] = []
+
+
+def wants_json() -> bool:
+    return "--json" in _argv
+
+
+def show_error(message: str, hint: str | None, code: int, *, as_json: bool) -> None:
+    """dfbuild's one form of a failure: `error:` and `hint:` on stderr, and with --json an object on stdout.
+
+    A hint that holds commands puts each on its own line, to copy as is."""
+    from rich.markup import escape
+
+    ui.console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
+    if hint:
+        first, *more = hint.split("\n")
+        ui.console.print(f"  [dim]hint:[/dim] {escape(first)}", soft_wrap=True)
+        for line in more:
+            ui.console.print(f"    {escape(line)}", soft_wrap=True, markup=False)
+    if as_json:
+        ui.emit_json({"error": message, "code": code, "hint": hint})
+
+
+def _restyle(exc: click.ClickException) -> None:
+    """click's own errors (a misspelt option, a bad choice) in dfbuild's form: `error:` and `hint:`, exit 2."""
+    ctx = getattr(exc, "ctx", None)
+    hint = f"{ctx.command_path} --help" if ctx is not None else None
+
+    def show(file=None):
+        show_error(exc.format_message(), hint, exc.exit_code, as_json=wants_json())
+
+    exc.show = show
+
+
+class DfbuildCommand(click.Command):
+    """A command with -q/-v of its own (as well as the group's), for `dfbuild series list -q`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.params.extend(verbosity_options())
+
+
+class DfbuildGroup(click.Group):
+    """The `dfbuild` group: -q/-v reach every command; click's errors read as dfbuild's own."""
+
+    command_class = DfbuildCommand
+    group_class = type  # `series` is one too
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        if parent is None:  # a new command line: nothing of the last one (a test's earlier invoke) stays
+            global _argv
+            _argv = list(args)
+            ui.set_verbosity(0)
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.ClickException as exc:
+            _restyle(exc)
+            raise
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            _restyle(exc)
+            raise
+
+
+@click.group(cls=DfbuildGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_show_version,
               help="Show the version, the series hash and (from a checkout) the git commit, and exit.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None, expose_value=False, is_eager=True,
               callback=_use_cache_dir, metavar="DIR",
               help="dfbuild's cache dir for this command [default: $DFBUILD_CACHE_DIR, else the user cache "
                    "dir; see `dfbuild cache`].")
+@click.option("-q", "--quiet", count=True, expose_value=False, callback=_talk,
+              help="Less talk on stderr: -q keeps warnings and errors, -qq errors only. "
+                   "Results on stdout are never hidden.")
+@click.option("-v", "--verbose", count=True, expose_value=False, callback=_talk,
+              help="More talk on stderr: the commands a build runs (cmake, ninja).")
 def main() -> None:
     """Turn a llama.cpp PR head into fixed, tested, releasable DFlash binaries.
 
@@ -163,14 +256,79 @@ usable_path = _utf8_path
 
 
 def _default_dir_here(name: str) -> Path:
-    """./llama.cpp-NAME, refused (exit 16) when the current dir cannot be written: pass --dir instead."""
+    """./llama.cpp-NAME (import's default), refused (exit 16) when the current dir cannot be written."""
     from .. import source
 
+    return _writable_here(source.default_dir(name))
+
+
+def _writable_here(path: Path) -> Path:
     here = Path.cwd()
-    if not source.default_dir(name).exists() and not os.access(here, os.W_OK | os.X_OK):
-        raise errors.CannotWriteError(f"cannot create {source.default_dir(name)}: the current directory {here} "
+    if not path.exists() and not os.access(here, os.W_OK | os.X_OK):
+        raise errors.CannotWriteError(f"cannot create {path}: the current directory {here} "
                                       "is not writable", "pass --dir DIR on a writable file system")
-    return source.default_dir(name)
+    return path
+
+
+def default_tree_here(base: str) -> Path:
+    """./dfbuild-BASE/src: the tree `checkout` and `apply` make, the very one `release` and `prove` use
+    (their --work ./dfbuild-BASE), so apply, build, then release checks out and builds once.
+
+    A ./llama.cpp-BASE an older dfbuild made is not used by default any more: it is named, with the --dir
+    that keeps using it."""
+    from .. import paths, source
+
+    tree = paths.default_work_dir(base) / "src"
+    old = source.default_dir(base)
+    if not tree.exists() and (old / ".git").exists():
+        ui.warn(f"{old.name} (an older dfbuild's default dir) is not used: the default is now {tree.parent.name}/src; "
+                f"pass --dir {old.name} to keep using the old one")
+    return _writable_here(tree)
+
+
+def shown(path: Path) -> str:
+    """PATH as a command line to copy takes it: relative to the current dir when under it, quoted."""
+    from shlex import quote
+
+    try:
+        text = str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        text = str(path)
+    return quote(text)
+
+
+@contextmanager
+def removed_if_left_empty_handed(path: Path, kept):
+    """PATH, when this run makes it, is removed again if the run fails before KEPT() says it holds
+    something worth keeping (a checkout): an early failure leaves nothing behind, and touches nothing
+    it did not make."""
+    existed = os.path.lexists(path)
+    try:
+        yield
+    except BaseException:
+        if not existed and Path(path).is_dir() and not Path(path).is_symlink() and not kept():
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+def check_can_build(backend: str, target_os, vulkan_include_dir=None) -> None:
+    """Backend, OS, architecture and toolchain: refused at once (33, 30), before any checkout."""
+    from .. import doctor, platforms
+
+    host = platforms.target_host(target_os)
+    doctor.require(backend, host, extra_include_dirs=[Path(vulkan_include_dir)] if vulkan_include_dir else [])
+
+
+def _backend_names() -> list[str]:
+    from .. import backends
+
+    return backends.names()
+
+
+def backend_option(default: str | None = "cpu", help: str = "Backend to build with (see `dfbuild doctor`)."):
+    """--backend: one of the backend table's names, any case, the same default (cpu) everywhere."""
+    return click.option("--backend", type=click.Choice(_backend_names(), case_sensitive=False), default=default,
+                        show_default=default is not None, help=help)
 
 
 def source_options(func):
@@ -180,7 +338,8 @@ def source_options(func):
         click.option("--pr", type=int, default=None, help="Pull request whose refs/pull/N/head must contain the base."),
         click.option("--repo", default=None, help="Repository URL or path (default: implied by a known base)."),
         click.option("--dir", "dest", type=click.Path(path_type=Path), default=None, callback=_utf8_path,
-                     help="Working tree to create or reuse (default: ./llama.cpp-BASE)."),
+                     help="Working tree to create or reuse (default: ./dfbuild-BASE/src, the tree `release` "
+                          "and `prove` use; an older ./llama.cpp-BASE needs --dir)."),
         click.option("--force", is_flag=True, help="Reuse a DIR with local changes after stashing them."),
     ]):
         func = option(func)
@@ -204,7 +363,7 @@ def _render_concerns(rows: list[dict]) -> None:
     for row in rows:
         style = STATUS_STYLE.get(row["status"], "")
         table.add_row(row["id"], f"[{style}]{row['status']}[/{style}]", row.get("detail") or row.get("commit") or "")
-    ui.console.print(table)
+    ui.result(table)
 
 
 def proof_options(func):

@@ -7,16 +7,16 @@ import sys
 import click
 
 from .. import errors, ui
-from .common import json_option, main, os_option
+from .common import backend_option, json_option_for, main, os_option
 from .exits import handle_errors
 
 
 @main.command()
-@click.option("--backend", default=None, help="Check one backend only (default: all).")
+@backend_option(default=None, help="Check one backend only (default: all).")
 @os_option
 @click.option("--fetch-vulkan-headers", "fetch_vulkan", is_flag=True,
               help="(Debian 12) Unpack Debian 13's Vulkan headers into the cache and print their include dir.")
-@json_option
+@json_option_for("the report: host, and per backend what is found and what to install")
 @handle_errors
 def doctor(backend, target_os, fetch_vulkan, as_json):
     """Say per backend what is installed here and exactly what to install for what is missing."""
@@ -30,6 +30,7 @@ def doctor(backend, target_os, fetch_vulkan, as_json):
     from .. import platforms
 
     host = platforms.target_host(target_os)  # --os macos on Linux: refused (33)
+    backend = backend.lower() if backend else None
     report = doctor_stage.doctor(backend, host=host)
     if as_json:
         ui.emit_json(report)
@@ -39,25 +40,25 @@ def doctor(backend, target_os, fetch_vulkan, as_json):
         return
     host = report["host"]
     distro = f" ({host['distro']} {host['distro_version']})" if host["distro"] else ""
-    ui.info(f"host: {host['os']} {host['arch']}{distro}")
+    ui.result(f"host: {host['os']} {host['arch']}{distro}")
     if report.get("target"):
-        ui.info(f"target: {report['target']['os']} {report['target']['arch']} (cross-built here)")
+        ui.result(f"target: {report['target']['os']} {report['target']['arch']} (cross-built here)")
     for name, entry in report["backends"].items():
         verdict = "[green]can build[/green]" if entry["can_build"] else "[red]cannot build here[/red]"
-        ui.info(f"\n[bold]{name}[/bold] - {esc(entry['summary'])}: {verdict}")
+        ui.result(f"\n[bold]{name}[/bold] - {esc(entry['summary'])}: {verdict}")
         for probe in entry["toolchain"] + entry["runtime"]:
             if probe["ok"]:
                 mark, detail = "[green]ok[/green]  ", esc(probe["version"] or probe["path"])
             else:
                 mark = "[yellow]--[/yellow]  " if probe["optional"] else "[red]!![/red]  "
                 detail = esc(probe["problem"] or "not found")
-            ui.info(f"  {mark}{esc(probe['what'])}: {detail}")
+            ui.result(f"  {mark}{esc(probe['what'])}: {detail}")
             if not probe["ok"] and probe["install"]:
-                ui.info(f"        [dim]install:[/dim] {esc(probe['install'])}")
+                ui.result(f"        [dim]install:[/dim] {esc(probe['install'])}")
         if not entry["toolchain"] and entry["reason"]:
-            ui.info(f"  {esc(entry['reason'])}")
+            ui.result(f"  {esc(entry['reason'])}")
         if entry.get("rocm_root") and entry["can_build"]:
-            ui.info(f"  [green]ok[/green]  {esc(entry['reason'])}")
+            ui.result(f"  [green]ok[/green]  {esc(entry['reason'])}")
     if backend and not report["backends"][backend]["can_build"]:
         # one backend asked for: the exit code answers "can I build it here?" (30 or 33, as `build` would)
         doctor_stage.require(backend, platforms.target_host(target_os))
@@ -69,7 +70,7 @@ def doctor(backend, target_os, fetch_vulkan, as_json):
 @click.option("--tag", default=None, help="Release tag to put in the artifact names (default: <tag>).")
 @click.option("--print-build-identifiers", "identifiers", is_flag=True,
               help="Print only the entry ids (os-backend-arch), one per line.")
-@json_option
+@json_option_for("the GitHub Actions matrix (include: one entry per os, backend, arch)")
 @handle_errors
 def matrix(tag, identifiers, as_json):
     """The release matrix (one entry per os, backend, arch), generated from the backend table."""
@@ -92,10 +93,10 @@ def matrix(tag, identifiers, as_json):
         runner = entry["runner"] + (f" ({entry['container']})" if entry["container"] else "")
         table.add_row(entry["id"], runner, "\n".join([entry["artifact"], *entry.get("extra_artifacts", [])]),
                       entry["verified"])
-    ui.console.print(table)
+    ui.result(table)
     # what each mark rests on (how, or why not), and where CI's smoke of a GPU entry runs
     for entry in data["include"]:
         line = f"{entry['id']}: {entry['verified']}: {entry['verified_note']}"
         if entry["smoke_on_cpu"]:
             line += f"; CI smokes it on the CPU backend ({entry['smoke_on_cpu']}), and its manifest says so"
-        ui.console.print(line, soft_wrap=True, markup=False)
+        ui.result(line, soft_wrap=True, markup=False)

@@ -9,9 +9,9 @@ import click
 from rich.markup import escape
 
 from .. import errors, ui
-from .common import (_cross_host, _dir_label, _locks, _smoke_options, _work_locks, base_option, json_option, main,
-                     no_wait_option, os_option, patches_option, proof_options, smoke_run_options, toolchain_options,
-                     usable_path)
+from .common import (_cross_host, _dir_label, _locks, _smoke_options, _work_locks, backend_option, base_option,
+                     check_can_build, json_option_for, main, no_wait_option, os_option, patches_option, proof_options,
+                     removed_if_left_empty_handed, smoke_run_options, toolchain_options, usable_path)
 from .exits import PROVE_EXIT, handle_errors
 
 
@@ -22,7 +22,7 @@ from .exits import PROVE_EXIT, handle_errors
               required=True,
               help="Directory to write the GGUF fixtures and test images into.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for the random weights.")
-@json_option
+@json_option_for("the fixtures section (files, sets)")
 @handle_errors
 def fixtures(out, seed, as_json):
     """Write tiny seeded GGUF fixtures (targets, mmprojs, DFlash drafts) and test images."""
@@ -33,10 +33,10 @@ def fixtures(out, seed, as_json):
     if as_json:
         ui.emit_json(section)
         return
-    ui.info(f"wrote {len(section['files'])} GGUF files and {len(section['images'])} images to {section['dir']}")
+    ui.result(f"wrote {len(section['files'])} GGUF files and {len(section['images'])} images to {section['dir']}")
     for name, entry in section["sets"].items():
-        ui.info(f"  {name}: {entry['arch']} target, {entry['projector']} projector, "
-                f"{entry['draft_rope']}-rope draft, acceptance {entry['expected_acceptance']}")
+        ui.result(f"  {name}: {entry['arch']} target, {entry['projector']} projector, "
+                  f"{entry['draft_rope']}-rope draft, acceptance {entry['expected_acceptance']}")
 
 
 @main.command()
@@ -48,12 +48,11 @@ def fixtures(out, seed, as_json):
 @click.option("--scenario", "scenarios", multiple=True, help="Scenario to run (repeatable; default: all).")
 @click.option("--log-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Where server logs go (default: FIXTURES/logs).")
-@click.option("--backend", default="cpu", show_default=True,
-              help="Run llama-server the way the backend table says for this backend (offload, device env).")
+@backend_option(help="Run llama-server the way the backend table says for this backend (offload, device env).")
 @click.option("--server-arg", "server_args", multiple=True, help="Extra llama-server argument (repeatable).")
 @click.option("--no-compare", is_flag=True, help="Skip the --spec-type none baseline runs.")
 @smoke_run_options
-@json_option
+@json_option_for("the smoke section (results, failed, passed)")
 @handle_errors
 def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, backend, server_args, no_compare, start_timeout,
           smoke_table, allow_cpu_fallback, as_json):
@@ -61,13 +60,13 @@ def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, backend, server_arg
     from .. import backends, paths
     from .. import smoke as smoke_stage
 
-    how = backends.get(backend)
+    how = backends.get(backend.lower())
 
     def progress(result):
         mark = "[green]pass[/green]" if result["passed"] else "[red]FAIL[/red]"
-        ui.info(f"  {mark} {result['scenario']:<17} {result['set']:<30} {result['wall_s']:.1f}s")
+        ui.result(f"  {mark} {result['scenario']:<17} {result['set']:<30} {result['wall_s']:.1f}s")
         for reason in result["failures"][:3]:
-            ui.info(f"        [dim]{reason[:200]}[/dim]")
+            ui.result(f"        [dim]{reason[:200]}[/dim]")
 
     plan = smoke_stage.plan(how, build_dir, table=smoke_table, start_timeout=start_timeout,
                             sets=sets or None, scenarios=scenarios or None, allow_cpu_fallback=allow_cpu_fallback)
@@ -87,8 +86,8 @@ def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, backend, server_arg
     if as_json:
         ui.emit_json(section)
     else:
-        ui.info(f"{len(section['failed'])} of {sum(len(r) for r in section['results'].values())} scenario runs failed"
-                f" ({section['wall_s']:.0f}s); logs in {section['log_dir']}")
+        ui.result(f"{len(section['failed'])} of {sum(len(r) for r in section['results'].values())} scenario runs failed"
+                  f" ({section['wall_s']:.0f}s); logs in {section['log_dir']}")
     if not section["passed"]:
         raise errors.SmokeFailedError(f"smoke failed: {', '.join(section['failed'][:6])}"
                                       + (" ..." if len(section["failed"]) > 6 else ""),
@@ -101,7 +100,7 @@ def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, backend, server_arg
 @base_option
 @click.option("--pr", type=int, default=None, help="Pull request whose refs/pull/N/head must contain the base.")
 @click.option("--repo", default=None, help="Repository URL or path (default: implied by the base).")
-@click.option("--backend", default="cpu", show_default=True, help="Backend to build and smoke both trees with.")
+@backend_option(help="Backend to build and smoke both trees with.")
 @click.option("--work", type=click.Path(path_type=Path, file_okay=False), callback=usable_path,
               default=None,
               help="Working dir (default: ./dfbuild-BASE, shared with `dfbuild release`). Reruns reuse it.")
@@ -111,7 +110,7 @@ def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, backend, server_arg
 @smoke_run_options
 @patches_option
 @no_wait_option
-@json_option
+@json_option_for("the proof (outcome, both trees' results)")
 @handle_errors
 def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, cuda_arch, gpu_targets,
           vulkan_include_dir, target_os, start_timeout, smoke_table, allow_cpu_fallback, patches_dir, no_wait,
@@ -125,10 +124,13 @@ def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, cu
 
     from .. import source
 
-    source.check_base_name(base)
+    source.check_known(base, repo)
+    backend = backend.lower()
+    check_can_build(backend, target_os, vulkan_include_dir)  # 33 or 30 now, not after the checkout
     work_dir = Path(work or release_stage.default_work_dir(base)).resolve()
     host = _cross_host(target_os)  # None: a native build (the default); a cross target for --os windows on Linux
-    with _locks(*_work_locks(work_dir, _dir_label(backend, host)), no_wait=no_wait):
+    with removed_if_left_empty_handed(work_dir, lambda: (work_dir / "src" / ".git").exists()), \
+            _locks(*_work_locks(work_dir, _dir_label(backend, host)), no_wait=no_wait):
         proof = prove_stage.prove(base, backend=backend, work=work_dir, repo=repo, pr=pr, patches_dir=patches_dir,
                                   sets=sets or None, scenarios=scenarios or None,
                                   build_options={"jobs": jobs, "cpu_variants": cpu_variants, "cuda_arch": cuda_arch,
@@ -145,9 +147,9 @@ def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, cu
 def _render_proof(proof: dict) -> None:
     outcome = proof["outcome"]
     style = {"fixed": "green", "fixed-upstream": "blue"}.get(outcome, "red")
-    ui.console.print(f"[bold]{proof['base']}[/bold]: [{style}]{outcome}[/{style}]", soft_wrap=True)
+    ui.result(f"[bold]{proof['base']}[/bold]: [{style}]{outcome}[/{style}]", soft_wrap=True)
     if proof.get("reason"):
-        ui.console.print(f"  {escape(proof['reason'])}", soft_wrap=True)
+        ui.result(f"  {escape(proof['reason'])}", soft_wrap=True)
     for label in ("unpatched", "patched"):
         summary = proof.get(label)
         if not summary:
@@ -155,15 +157,15 @@ def _render_proof(proof: dict) -> None:
         verdict = "passed" if summary["passed"] else f"{len(summary['failed'])} of {summary['runs']} failed"
         if summary.get("upstream_symptom"):
             verdict += " (the upstream symptom)"
-        ui.console.print(f"  {label}: {verdict} in {summary['wall_s']}s", soft_wrap=True)
+        ui.result(f"  {label}: {verdict} in {summary['wall_s']}s", soft_wrap=True)
         first = summary.get("first_failure")
         if first and (label == "patched" or outcome == "still-broken"):
-            ui.console.print(f"    first failure: {first['scenario']}: {escape(str(first['log_line']))}", soft_wrap=True)
+            ui.result(f"    first failure: {first['scenario']}: {escape(str(first['log_line']))}", soft_wrap=True)
     if proof.get("no_longer_needed"):
-        ui.info(f"  no longer needed: {', '.join(proof['no_longer_needed'])}")
+        ui.result(f"  no longer needed: {', '.join(proof['no_longer_needed'])}")
     for concern in proof.get("concerns", []):
         if concern.get("how"):
-            ui.info(f"  {concern['id']}: {concern.get('variant')} {concern['how']}")
+            ui.result(f"  {concern['id']}: {concern.get('variant')} {concern['how']}")
 
 
 # --- track --------------------------------------------------------------------
@@ -182,8 +184,9 @@ OUTCOME_STYLE = {"fixed": "green", "fixed-upstream": "blue", "not-applicable": "
               help="List releases after this one, bNNNNN or NNNNN (default: the newest base the series knows).")
 @click.option("--prove", "do_prove", is_flag=True,
               help="Prove every listed candidate without a recorded outcome (carry, build, smoke both trees).")
-@click.option("--limit", type=click.IntRange(min=0), default=None, help="Prove at most N candidates in this run.")
-@click.option("--backend", default="cpu", show_default=True, help="Backend to prove with.")
+@click.option("--limit", type=click.IntRange(min=0), default=None,
+              help="With --prove: prove at most N candidates in this run (refused without --prove).")
+@backend_option(help="Backend to prove with (with --prove).")
 @click.option("--work-root", type=click.Path(path_type=Path, file_okay=False), callback=usable_path,
               default=Path("dfbuild-track"),
               show_default=True, help="One work dir per candidate: WORK_ROOT/NAME (as `dfbuild prove --work`).")
@@ -192,7 +195,7 @@ OUTCOME_STYLE = {"fixed": "green", "fixed-upstream": "blue", "not-applicable": "
 @proof_options
 @patches_option
 @no_wait_option
-@json_option
+@json_option_for("the report (candidates, outcomes, newest proven)")
 @handle_errors
 def track(repo, pr, since, do_prove, limit, backend, work_root, state_file, sets, scenarios, cpu_variants, jobs,
           patches_dir, no_wait, as_json):
@@ -204,6 +207,9 @@ def track(repo, pr, since, do_prove, limit, backend, work_root, state_file, sets
     """
     from .. import track as track_stage
 
+    if limit is not None and not do_prove:
+        raise click.UsageError("--limit caps how many candidates --prove proves; without --prove nothing is proven",
+                               click.get_current_context())
     report = track_stage.track(
         repo=repo, pr=track_stage.default_pr(repo) if pr is None else (pr or None),
         since=track_stage.parse_since(since), prove=do_prove, limit=limit, backend=backend, work_root=work_root,
@@ -222,15 +228,15 @@ def _render_track(report: dict) -> None:
 
     known = report["newest_known"]
     since = f"b{report['since']}" if report["since"] is not None else "the start"
-    ui.console.print(f"newest known base: {known['base'] or 'none'}; releases after {since} from "
-                     f"{report['releases_from']}" + (f"; PR #{report['pr']} from {report['pr_repo']}" if report["pr"] else ""),
-                     soft_wrap=True, markup=False)
+    ui.result(f"newest known base: {known['base'] or 'none'}; releases after {since} from "
+              f"{report['releases_from']}" + (f"; PR #{report['pr']} from {report['pr_repo']}" if report["pr"] else ""),
+              soft_wrap=True, markup=False)
     listing = report.get("listing") or {}
     if listing.get("from") == "cache":
         ui.warn(f"the release listing is dfbuild's saved copy from {listing.get('fetched_at') or 'an earlier run'}, "
                 f"not the index ({listing.get('why')}): it may be stale, releases since then are missing")
     if not report["candidates"]:
-        ui.info("nothing new upstream" + (" (in the saved listing)" if listing.get("from") == "cache" else ""))
+        ui.result("nothing new upstream" + (" (in the saved listing)" if listing.get("from") == "cache" else ""))
         return
     table = Table(show_header=True, header_style="bold")
     for column in ("candidate", "kind", "outcome", "detail"):
@@ -240,15 +246,15 @@ def _render_track(report: dict) -> None:
         style = OUTCOME_STYLE.get(outcome, "dim")
         table.add_row(entry["name"], entry["kind"], f"[{style}]{outcome}[/{style}]"
                       + (" (now)" if entry["proven_now"] else ""), escape(entry["detail"] or ""))
-    ui.console.print(table)
+    ui.result(table)
     # where and when each outcome was proven, and which record holds it (the repo's, or this machine's)
     for entry in report["candidates"]:
         if entry.get("recorded_in") and entry["outcome"]:
-            ui.console.print(f"{entry['name']}: {entry['outcome']}, proven on {entry.get('where') or '?'}, "
-                             f"{entry.get('when') or '?'} (recorded in {entry['recorded_in']})",
-                             soft_wrap=True, markup=False)
+            ui.result(f"{entry['name']}: {entry['outcome']}, proven on {entry.get('where') or '?'}, "
+                      f"{entry.get('when') or '?'} (recorded in {entry['recorded_in']})",
+                      soft_wrap=True, markup=False)
     best = report["newest_proven"]
     if best:
-        ui.info(f"newest proven: {best['name']} ({best['outcome']})")
+        ui.result(f"newest proven: {best['name']} ({best['outcome']})")
     if report["pending"]:
         ui.info(f"{len(report['pending'])} unproven: `dfbuild track --prove` proves them")

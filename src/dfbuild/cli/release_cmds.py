@@ -7,8 +7,9 @@ from pathlib import Path
 import click
 
 from .. import errors, ui
-from .common import (_cross_host, _dir_label, _locks, _smoke_options, _work_locks, base_option, json_option, main,
-                     no_wait_option, os_option, smoke_run_options, toolchain_options, usable_path)
+from .common import (_cross_host, _dir_label, _locks, _smoke_options, _work_locks, backend_option, base_option,
+                     check_can_build, json_option_for, main, no_wait_option, os_option, removed_if_left_empty_handed,
+                     shown, smoke_run_options, toolchain_options, usable_path)
 from .exits import handle_errors
 
 
@@ -18,7 +19,7 @@ from .exits import handle_errors
 @click.option("--dir", "tree", type=click.Path(path_type=Path, file_okay=False), callback=usable_path,
               required=True,
               help="The llama.cpp tree to build (e.g. made by `dfbuild apply`).")
-@click.option("--backend", required=True, help="cpu, cuda, vulkan, hip or metal (see `dfbuild doctor`).")
+@backend_option()
 @click.option("--build-dir", type=click.Path(path_type=Path, file_okay=False), callback=usable_path,
               default=None,
               help="Build directory (default: DIR/../build-BACKEND).")
@@ -37,7 +38,7 @@ from .exits import handle_errors
 @click.option("--no-ccache", is_flag=True, help="Do not use ccache even when it is installed.")
 @os_option
 @no_wait_option
-@json_option
+@json_option_for("the build section (flags, toolchain, binaries)")
 @handle_errors
 def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_targets, vulkan_include_dir, cmake_args,
           jobs, reconfigure, fresh, no_ccache, target_os, no_wait, as_json):
@@ -50,10 +51,16 @@ def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_target
 
     from .. import platforms
 
+    backend = backend.lower()
     spec = backends.get(backend)  # resolved once, here; the stage gets the record
     host = platforms.target_host(target_os)  # --os: this host, or a cross target (windows on Linux)
+    # not a tree, or a backend, OS or toolchain this host cannot build: refused before the build dir is made
+    build_stage.check_llama_tree(Path(tree).resolve())
+    check_can_build(backend, target_os, vulkan_include_dir)
     lock_build_dir = build_dir or build_stage.default_build_dir(Path(tree), backend, host)
-    with _locks(("tree", tree), ("build", lock_build_dir), no_wait=no_wait):
+    lock_build_dir = Path(lock_build_dir).absolute()
+    with removed_if_left_empty_handed(lock_build_dir, lambda: (lock_build_dir / "CMakeCache.txt").exists()), \
+            _locks(("tree", tree), ("build", lock_build_dir), no_wait=no_wait):
         if paths.is_git_tree(Path(tree)) and journal.recover(Path(tree)):
             ui.warn(f"{tree} is back at its state before the interrupted run; "
                     "run `dfbuild apply` first if you meant to build the patched tree")
@@ -69,9 +76,11 @@ def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_target
         ui.emit_json(section)
         return
     state = "already up to date" if section["up_to_date"] else f"built in {section['wall_time_s']:.1f}s"
-    ui.info(f"{backend}: {state}, commit {section['source_commit'][:12]} (build {section['build_number']})")
+    ui.result(f"{backend}: {state}, commit {section['source_commit'][:12]} (build {section['build_number']})")
     for binary in section["binaries"]:
-        ui.info(f"  {Path(section['build_dir']) / binary}")
+        ui.result(f"  {Path(section['build_dir']) / binary}")
+    if section["binaries"] and not host.cross:  # what was built for this host can be smoked here
+        ui.next_step(f"dfbuild smoke --build-dir {shown(section['build_dir'])} --backend {backend}")
 
 
 # --- release ------------------------------------------------------------------
@@ -88,7 +97,7 @@ def _human_size(n: int) -> str:
 @base_option
 @click.option("--pr", type=int, default=None, help="Pull request whose refs/pull/N/head must contain the base.")
 @click.option("--repo", default=None, help="Repository URL or path (default: implied by a known base).")
-@click.option("--backend", required=True, help="cpu, cuda, vulkan, hip or metal (see `dfbuild doctor`).")
+@backend_option()
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), callback=usable_path,
               default=Path("dist"), show_default=True,
               help="Where the artifacts, SHA256SUMS and manifest.json go.")
@@ -96,6 +105,9 @@ def _human_size(n: int) -> str:
               default=None,
               help="Working dir: checkout, build dirs, fixtures, smoke logs (default: ./dfbuild-BASE). Reruns resume here.")
 @click.option("--skip-smoke", is_flag=True, help="Package without smoke tests (recorded in the manifest as skipped).")
+@click.option("--reprove", is_flag=True,
+              help="Prove a carried base again even when series.toml records its proof (by default the recorded "
+                   "proof stands, as `dfbuild series epochs` shows it).")
 @click.option("--target", "targets", multiple=True,
               help="CMake targets to build and ship, e.g. llama-server,llama-cli, or 'all' for every tool "
                    "(repeatable; llama-server always included).")
@@ -107,9 +119,9 @@ def _human_size(n: int) -> str:
 @click.option("-j", "--jobs", type=int, default=None, help="Parallel compile jobs (default: ninja's).")
 @smoke_run_options
 @no_wait_option
-@json_option
+@json_option_for("the release manifest (what manifest.json holds)")
 @handle_errors
-def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cpu_variants, cuda_arch, gpu_targets,
+def release_cmd(base, pr, repo, backend, out, work, skip_smoke, reprove, targets, cpu_variants, cuda_arch, gpu_targets,
                 vulkan_include_dir, target_os, cmake_args, jobs, start_timeout, smoke_table, allow_cpu_fallback, no_wait,
                 as_json):
     """Checkout, apply, build, smoke and package BASE: archive, wheel, SHA256SUMS, manifest.json."""
@@ -118,37 +130,44 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cpu_var
     from .. import release as release_stage
     from .. import source
 
+    backend = backend.lower()
     spec = backends.get(backend)  # resolved once, here; every stage gets the record
     options = {"cuda_arch": cuda_arch, "gpu_targets": gpu_targets, "vulkan_include_dir": vulkan_include_dir,
                "cpu_variants": cpu_variants, "extra_cmake_args": cmake_args, "jobs": jobs,
                "host": _cross_host(target_os)}
-    source.check_base_name(base)
+    source.check_known(base, repo)
+    # backend, OS, architecture and toolchain: refused now (33, 30), not after the checkout
+    check_can_build(backend, target_os, vulkan_include_dir)
+    release_stage.check_wheel_tools()
     work_dir = Path(work or release_stage.default_work_dir(base)).resolve()
-    # the work tree (WORK/src), its build dir and OUT, for the whole pipeline
-    with _locks(*_work_locks(work_dir, _dir_label(backend, options["host"])), ("out", Path(out)), no_wait=no_wait):
+    # the work tree (WORK/src), its build dir and OUT, for the whole pipeline; a WORK this run made goes
+    # again when it fails before the checkout
+    with removed_if_left_empty_handed(work_dir, lambda: (work_dir / "src" / ".git").exists()), \
+            _locks(*_work_locks(work_dir, _dir_label(backend, options["host"])), ("out", Path(out)), no_wait=no_wait):
         full = release_stage.release(base, backend=spec, pr=pr, repo=repo, out=out, work=work,
                                      skip_smoke=skip_smoke, targets=build_stage.parse_targets(targets),
                                      build_options=options,
-                                     smoke_options=_smoke_options(start_timeout, smoke_table, allow_cpu_fallback))
+                                     smoke_options=_smoke_options(start_timeout, smoke_table, allow_cpu_fallback),
+                                     reprove=reprove)
     if as_json:
         ui.emit_json(full)
         return
     rel = full["release"]
-    ui.info(f"\n[bold]release {rel['tag']}[/bold] ({rel['os']} {rel['arch']} {rel['backend']}), "
-            f"patched commit {full['series']['head'][:12]}")
+    ui.result(f"\n[bold]release {rel['tag']}[/bold] ({rel['os']} {rel['arch']} {rel['backend']}), "
+              f"patched commit {full['series']['head'][:12]}")
     if full["smoke"].get("skipped"):
         ui.warn("not smoke-tested (--skip-smoke)")
     elif full["smoke"].get("cpu_fallback"):
         ui.warn(f"smoke-tested on the CPU, not on a {backend} device: {full['smoke'].get('ran_on')}")
     out_dir = Path(out).resolve()
     for artifact in rel["artifacts"]:  # soft_wrap: paths stay whole, to copy and paste
-        ui.console.print(f"  {out_dir / artifact['name']}  {_human_size(artifact['size'])}  "
-                         f"sha256 {artifact['sha256'][:16]}", soft_wrap=True, markup=False)
-    ui.console.print(f"  {out_dir / release_stage.SUMS_NAME}\n  {out_dir / release_stage.MANIFEST_NAME}",
-                     soft_wrap=True, markup=False)
+        ui.result(f"  {out_dir / artifact['name']}  {_human_size(artifact['size'])}  "
+                  f"sha256 {artifact['sha256'][:16]}", soft_wrap=True, markup=False)
+    ui.result(f"  {out_dir / release_stage.SUMS_NAME}\n  {out_dir / release_stage.MANIFEST_NAME}",
+              soft_wrap=True, markup=False)
     times = ", ".join(f"{name} {s['wall_s']:.1f}s" + (" (reused)" if s["reused"] else "")
                       for name, s in rel["stages"].items())
-    ui.console.print(f"stages: {times}", soft_wrap=True)
+    ui.result(f"stages: {times}", soft_wrap=True)
 
 
 @main.command()
@@ -159,7 +178,7 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cpu_var
                    "its own are run); never from an archive that failed a check.")
 @click.option("--max-unpacked-size", "max_unpacked", default=None, metavar="SIZE",
               help="Raise the cap on an archive's unpacked size (default 4G, and 100x the archive), e.g. 16G.")
-@json_option
+@json_option_for("the report (checked, problems, ok)")
 @handle_errors
 def verify(directory, no_run, run_any, max_unpacked, as_json):
     """Check a release dir: SHA256SUMS, archives against their manifest, the wheel, and --version's commit.
@@ -181,15 +200,15 @@ def verify(directory, no_run, run_any, max_unpacked, as_json):
         from rich.markup import escape
 
         for note in report["checked"]:
-            ui.console.print(f"  [green]ok[/green]   {escape(note)}", soft_wrap=True)
+            ui.result(f"  [green]ok[/green]   {escape(note)}", soft_wrap=True)
         for problem in report["problems"]:
-            ui.console.print(f"  [red]FAIL[/red] {escape(problem)}", soft_wrap=True)
+            ui.result(f"  [red]FAIL[/red] {escape(problem)}", soft_wrap=True)
     if not report["ok"]:
         count = len(report["problems"])
         raise errors.VerifyError(f"{directory}: {count} problem(s); first: {report['problems'][0]}",
                                  "do not publish these files; rebuild them with `dfbuild release`")
     if not as_json:
-        ui.info(f"{directory}: all checks passed")
+        ui.result(f"{directory}: all checks passed")
 
 
 @main.command("release-notes")

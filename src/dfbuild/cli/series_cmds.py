@@ -9,8 +9,8 @@ import click
 from rich.markup import escape
 
 from .. import errors, ui
-from .common import (BASE_HELP, SeriesHelpOption, _locks, _render_concerns, _utf8_path, json_option, main,
-                     patches_option)
+from .common import (BASE_HELP, SeriesHelpOption, _canonical_base, _locks, _render_concerns, _utf8_path,
+                     json_option_for, main, patches_option)
 from .exits import handle_errors
 
 
@@ -21,7 +21,7 @@ def series_group():
 
 @series_group.command("list")
 @patches_option
-@json_option
+@json_option_for("the series (bug, bases, concerns and their variants)")
 @handle_errors
 def series_list(patches_dir, as_json):
     """Show the concerns and their variants per base."""
@@ -42,15 +42,16 @@ def series_list(patches_dir, as_json):
         ui.emit_json(data)
         return
     for number, concern in enumerate(data["concerns"], 1):
-        ui.info(f"[bold]{number}. {concern['id']}[/bold]: {concern['title']}")
+        ui.result(f"[bold]{number}. {concern['id']}[/bold]: {concern['title']}")
         for base, variant in concern["variants"].items():
-            ui.info(f"     {base:8} {variant['file'] or variant['status'] + ': ' + variant['note']}")
+            ui.result(f"     {base:8} {variant['file'] or variant['status'] + ': ' + variant['note']}")
 
 
 @series_group.command("check")
-@click.option("--dir", "tree", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True)
+@click.option("--dir", "tree", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True,
+              help="The llama.cpp tree to check (e.g. made by `dfbuild checkout`); nothing in it is changed.")
 @patches_option
-@json_option
+@json_option_for("the plan per concern, and the recorded epoch and proof")
 @handle_errors
 def series_check(tree, patches_dir, as_json):
     """Report per concern: clean, offset, 3-way, applied, upstream, conflict or no-variant. Changes nothing.
@@ -70,12 +71,12 @@ def series_check(tree, patches_dir, as_json):
         ui.emit_json({"dir": str(tree), "base": base, "derived": base is None, "concerns": rows, **recorded})
     else:
         if base:
-            ui.info(f"{tree}: base {base}")
+            ui.result(f"{tree}: base {base}")
         elif {row["status"] for row in rows} == {"not-applicable"}:
-            ui.info(f"{tree}: no DFlash in this tree, so the series does not apply to it")
+            ui.result(f"{tree}: no DFlash in this tree, so the series does not apply to it")
         else:
-            ui.info(f"{tree}: a base the series has no variant for: carried {series.carried_from(rows)} "
-                    "(unproven until `dfbuild prove` has run)")
+            ui.result(f"{tree}: a base the series has no variant for: carried {series.carried_from(rows)} "
+                      "(unproven until `dfbuild prove` has run)")
         _render_concerns(rows)
         _render_recorded(recorded)
     # scripts can gate on the result: the same codes apply would fail with
@@ -102,19 +103,19 @@ def _render_recorded(recorded: dict) -> None:
 
     release, epoch, proof = recorded["release"], recorded["epoch"], recorded["proof"]
     if release is None:
-        ui.info("release: unknown (not a bNNNN checkout), so no recorded epoch or proof applies")
+        ui.result("release: unknown (not a bNNNN checkout), so no recorded epoch or proof applies")
         return
     if epoch is None:
-        ui.info(f"release {release}: in no epoch series.toml records: unproven until `dfbuild prove`")
+        ui.result(f"release {release}: in no epoch series.toml records: unproven until `dfbuild prove`")
         return
-    ui.info(f"release {release}: epoch {epoch['name']}, served by {epoch['variant']}'s variant"
-            + (f" ({epoch['upstream_change']})" if epoch["upstream_change"] else ""))
+    ui.result(f"release {release}: epoch {epoch['name']}, served by {epoch['variant']}'s variant"
+              + (f" ({epoch['upstream_change']})" if epoch["upstream_change"] else ""))
     if proof:
-        ui.info(f"  proven: {series.describe_proof(proof)}")
+        ui.result(f"  proven: {series.describe_proof(proof)}")
         return
     ends = [p for p in recorded["epoch_proofs"] if p.get("release") in (epoch["first"], epoch["last"])]
-    ui.info(f"  {release} itself is not proven; its epoch was proven on "
-            + ("; ".join(series.describe_proof(p) for p in ends) if ends else "nothing yet"))
+    ui.result(f"  {release} itself is not proven; its epoch was proven on "
+              + ("; ".join(series.describe_proof(p) for p in ends) if ends else "nothing yet"))
 
 
 @series_group.command("refresh")
@@ -122,7 +123,7 @@ def _render_recorded(recorded: dict) -> None:
               help="Checkout with one commit per concern (each with a Dfbuild-Concern trailer) on top of the base.")
 @click.option("--onto", required=True, help="The base revision the concern commits sit on.")
 @patches_option
-@json_option
+@json_option_for("the variants written")
 @handle_errors
 def series_refresh(tree, onto, patches_dir, as_json):
     """(Maintainers) Regenerate a base's variants as format-patch files and update series.toml."""
@@ -133,13 +134,13 @@ def series_refresh(tree, onto, patches_dir, as_json):
         ui.emit_json(result)
         return
     for variant in result["variants"]:
-        ui.info(f"wrote {variant['file']} ({variant['sha256'][:12]})")
+        ui.result(f"wrote {variant['file']} ({variant['sha256'][:12]})")
 
 @series_group.command("adopt")
 @click.option("--dir", "tree", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True,
               help="A tree whose carried series `dfbuild prove` (or `release`) proved.")
 @patches_option
-@json_option
+@json_option_for("the adopted base and the variants written")
 @handle_errors
 def series_adopt(tree, patches_dir, as_json):
     """Record a proven carried series as the variant of its base (patch files, sha256, blob, provenance)."""
@@ -150,11 +151,11 @@ def series_adopt(tree, patches_dir, as_json):
     if as_json:
         ui.emit_json(result)
         return
-    ui.info(f"base {result['base']} (blob {result['blob'][:12]}) adopted: {result['outcome']}")
+    ui.result(f"base {result['base']} (blob {result['blob'][:12]}) adopted: {result['outcome']}")
     for variant in result["variants"]:
-        ui.info(f"  wrote {variant['file']} ({variant['sha256'][:12]})")
+        ui.result(f"  wrote {variant['file']} ({variant['sha256'][:12]})")
     for decision in result["decisions"]:
-        ui.info(f"  {decision['id']}: upstream ({decision['note']})")
+        ui.result(f"  {decision['id']}: upstream ({decision['note']})")
 
 
 # --- the curator's loop: a variant for a new epoch -----------------------------------
@@ -165,7 +166,7 @@ dir_option = click.option("--dir", "tree", type=click.Path(path_type=Path, file_
 
 def _render_curation(data: dict, tree: Path) -> None:
     for done in data["done"]:
-        ui.info(f"  {done['id']}: " + (f"committed {done['commit'][:12]} ({done['how']})" if done["commit"]
+        ui.result(f"  {done['id']}: " + (f"committed {done['commit'][:12]} ({done['how']})" if done["commit"]
                                        else done["how"]))
     if data.get("waiting"):
         concern = data["waiting"]
@@ -201,9 +202,9 @@ def _abort_curation(tree: Path, as_json: bool) -> None:
         ui.emit_json(result)
         return
     if result["saved"]:  # one line: where the bytes went, and how to get them back
-        ui.console.print(adopt.saved_words(tree, result["saved"]), soft_wrap=True, markup=False)
+        ui.result(adopt.saved_words(tree, result["saved"]), soft_wrap=True, markup=False)
     if result["head"]:
-        ui.info(f"{tree}: back on {result['head'][:12]}; the curation of {result['base']} is forgotten")
+        ui.result(f"{tree}: back on {result['head'][:12]}; the curation of {result['base']} is forgotten")
     else:
         ui.warn(f"{tree}: {result['note']}")
 
@@ -217,21 +218,22 @@ def _restore_curation(tree: Path, as_json: bool) -> None:
     if as_json:
         ui.emit_json(result)
         return
-    ui.console.print(f"{tree}: restored {result['ref']}: back on {result['head'][:12]}"
-                     + (f" ({result['branch']})" if result["branch"] else "")
-                     + (", your uncommitted changes are back" if result["stash"] else "")
-                     + ("; the curation goes on: dfbuild series continue --dir " + str(tree)
+    ui.result(f"{tree}: restored {result['ref']}: back on {result['head'][:12]}"
+              + (f" ({result['branch']})" if result["branch"] else "")
+              + (", your uncommitted changes are back" if result["stash"] else "")
+              + ("; the curation goes on: dfbuild series continue --dir " + str(tree)
                         if result["curation"] else ""), soft_wrap=True, markup=False)
 
 
 @series_group.command("start")
-@click.option("--base", default=None, cls=SeriesHelpOption,
-              help="The epoch's first release, bNNNNN (checked out into --dir). " + BASE_HELP)
+@click.option("--base", default=None, cls=SeriesHelpOption, callback=_canonical_base,
+              help="Required (except with --abort): the epoch's first release, bNNNNN (checked out into --dir). "
+                   + BASE_HELP)
 @click.option("--repo", default=None, help="Repository URL or path (default: implied by the base).")
 @dir_option
 @click.option("--abort", is_flag=True, help="Put the tree back where `series start` found it.")
 @patches_option
-@json_option
+@json_option_for("the curation state (done, waiting)")
 @handle_errors
 def series_start(base, repo, tree, abort, patches_dir, as_json):
     """(Curators) Check out BASE and commit every concern the series carries to it, one commit each.
@@ -246,7 +248,7 @@ def series_start(base, repo, tree, abort, patches_dir, as_json):
     if not base:
         raise errors.UsageError("series start needs --base (the epoch's first release)", "e.g. --base b10662")
     curated = series.load_series(patches_dir)
-    source.check_base_name(base)
+    source.check_known(base, repo)
     with _locks(("tree", tree), no_wait=False):
         # before the checkout, which would move the tree off the curation's commits
         known = adopt.read_curation(tree) if (tree / ".git").exists() else None
@@ -270,7 +272,7 @@ def series_start(base, repo, tree, abort, patches_dir, as_json):
 @click.option("--restore", is_flag=True, help="Undo the last --abort: the curation's commits, its state and your "
               "uncommitted changes come back, byte for byte.")
 @patches_option
-@json_option
+@json_option_for("the curation state (done, waiting)")
 @handle_errors
 def series_continue(tree, upstream_note, abort, restore, patches_dir, as_json):
     """(Curators) Resume after the hand-written commit: carry the remaining concerns the same way."""
@@ -307,7 +309,7 @@ def _decisions(pairs: tuple[str, ...]) -> dict[str, str]:
               help="A concern this base has upstream already (repeatable; `series start` records its own).")
 @click.option("--note", default=None, help="The base's note in series.toml (what upstream changed there).")
 @patches_option
-@json_option
+@json_option_for("the recorded base and the variants written")
 @handle_errors
 def series_record(tree, onto, upstream, note, patches_dir, as_json):
     """(Curators) Record the concern commits as ONTO's variant: patch files, sha256, blob, build, sdist."""
@@ -323,11 +325,11 @@ def series_record(tree, onto, upstream, note, patches_dir, as_json):
     if as_json:
         ui.emit_json(result)
         return
-    ui.info(f"base {result['base']} (blob {result['blob'][:12]}) recorded")
+    ui.result(f"base {result['base']} (blob {result['blob'][:12]}) recorded")
     for variant in result["variants"]:
-        ui.info(f"  wrote {variant['file']} ({variant['sha256'][:12]})")
+        ui.result(f"  wrote {variant['file']} ({variant['sha256'][:12]})")
     for decision in result["decisions"]:
-        ui.info(f"  {decision['id']}: upstream ({decision['note']})")
+        ui.result(f"  {decision['id']}: upstream ({decision['note']})")
     ui.info(f"next: dfbuild prove --base {result['base']} on the epoch's first and last release, "
             "then dfbuild series record-proof --work WORK")
 
@@ -342,7 +344,7 @@ def series_record(tree, onto, upstream, note, patches_dir, as_json):
 @click.option("--variant", default=None, metavar="BASE", help="... served by this base's variants ...")
 @click.option("--change", default=None, metavar="TEXT", help="... opened by this upstream change.")
 @patches_option
-@json_option
+@json_option_for("the proofs recorded and the epoch made")
 @handle_errors
 def series_record_proof(work, proof_files, epoch_first, epoch_last, variant, change, patches_dir, as_json):
     """(Curators) Record `dfbuild prove` results in series.toml, in the epoch holding each release.
@@ -353,9 +355,13 @@ def series_record_proof(work, proof_files, epoch_first, epoch_last, variant, cha
     from .. import adopt, series
 
     files = list(proof_files) + (sorted(Path(work).glob("proof-*.json")) if work else [])
+    if not files and work is not None:
+        raise errors.NoProofError(f"no proof record in {work}: looked for {Path(work) / 'proof-*.json'} "
+                                  "(what `dfbuild prove --work WORK` leaves) and found none",
+                                  f"prove first, e.g.:\ndfbuild prove --base BASE --work {work}")
     if not files:
-        raise errors.UsageError("no proof record: pass --work WORK or --proof FILE",
-                                "a `dfbuild prove --work WORK` run leaves WORK/proof-<backend>.json")
+        raise errors.UsageError("no proof record given: pass --work WORK (a `dfbuild prove` work dir) or "
+                                "--proof FILE", "a `dfbuild prove --work WORK` run leaves WORK/proof-<backend>.json")
     new_epoch = None
     given = [epoch_first, epoch_last, variant, change]
     if any(given):
@@ -376,15 +382,15 @@ def series_record_proof(work, proof_files, epoch_first, epoch_last, variant, cha
         ui.emit_json(result)
         return
     if result["created_epoch"]:
-        ui.info(f"new epoch {result['created_epoch']} (variant {variant})")
+        ui.result(f"new epoch {result['created_epoch']} (variant {variant})")
     for entry in result["proofs"]:
-        ui.info(f"epoch {entry['epoch']}: {'replaced' if entry['replaced'] else 'added'} "
-                + series.describe_proof(entry))
+        ui.result(f"epoch {entry['epoch']}: {'replaced' if entry['replaced'] else 'added'} "
+                  + series.describe_proof(entry))
 
 
 @series_group.command("epochs")
 @patches_option
-@json_option
+@json_option_for("the epochs and their proofs")
 @handle_errors
 def series_epochs(patches_dir, as_json):
     """The epochs series.toml records: releases, serving variant, upstream change, and their proofs."""
@@ -396,10 +402,10 @@ def series_epochs(patches_dir, as_json):
         ui.emit_json({"series": str(curated.path), "epochs": table})
         return
     for epoch in table:
-        ui.console.print(f"[bold]{epoch['name']}[/bold]  variant {epoch['variant']}: "
-                         f"{escape(epoch['upstream_change'])}", soft_wrap=True)
+        ui.result(f"[bold]{epoch['name']}[/bold]  variant {epoch['variant']}: "
+                  f"{escape(epoch['upstream_change'])}", soft_wrap=True)
         for proof in epoch["proofs"] or [{"release": "(none)", "outcome": "unproven"}]:
-            ui.console.print("    " + series.describe_proof(proof), soft_wrap=True, markup=False)
+            ui.result("    " + series.describe_proof(proof), soft_wrap=True, markup=False)
 
 
 @series_group.command("export")
@@ -416,14 +422,14 @@ def series_epochs(patches_dir, as_json):
               default=None, help="The new test's results, unpatched and patched "
               "(default: bench/upstream/upstream-test-BASE.json).")
 @patches_option
-@json_option
+@json_option_for("what was written: the files, the base and its commit")
 @handle_errors
 def series_export(upstream, base, repo, out, proof_file, measured_file, patches_dir, as_json):
     """Write the fix for BASE as upstream would take it: one `spec : ...` commit, a server test, PR.md.
 
     The commits are made in a scratch checkout of BASE (never in your tree) from
     whatever the series applies there, authored by the project; OUT is written whole
-    or not at all. A non-empty OUT that is not an earlier export is refused (exit 25).
+    or not at all. A non-empty OUT that is not an earlier export is refused (exit 26).
     """
     from .. import export, series, source
 
