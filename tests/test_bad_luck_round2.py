@@ -133,7 +133,7 @@ def test_item3_verify_runs_nothing_after_a_failed_check(inputs, fake_wheel, tmp_
     out = tmp_path / "out"
     write_full_release(inputs, out)
     ran = []
-    monkeypatch.setattr(verify, "_run_version", lambda path, *args: ran.append(path.name))
+    monkeypatch.setattr(verify, "_run_version", lambda path, *args, **kwargs: ran.append(path.name))
     top = out / "manifest.json"
     if broken == "manifest.json differs":
         full = json.loads(top.read_text())

@@ -522,7 +522,7 @@ def release_dir(inputs, fake_wheel, tmp_path, monkeypatch):
     out = tmp_path / "out"
     write_full_release(inputs, out)
     ran: list[str] = []
-    monkeypatch.setattr(verify, "_run_version", lambda path, *args: ran.append(path.name))
+    monkeypatch.setattr(verify, "_run_version", lambda path, *args, **kwargs: ran.append(path.name))
     report = verify.verify(out, run_binaries=True)
     assert report["ok"] and ran, report["problems"]  # the positive control: it passes and runs
     ran.clear()
