@@ -8,7 +8,7 @@ import click
 
 from .. import errors, ui
 from .common import (_cross_host, _dir_label, _locks, _smoke_options, _work_locks, base_option, json_option, main,
-                     no_wait_option, os_option, smoke_run_options, toolchain_options, usable_path)
+                     no_wait_option, os_option, arch_option, smoke_run_options, toolchain_options, usable_path)
 from .exits import handle_errors
 
 
@@ -36,11 +36,12 @@ from .exits import handle_errors
 @click.option("--fresh", is_flag=True, help="Delete the build dir and start over.")
 @click.option("--no-ccache", is_flag=True, help="Do not use ccache even when it is installed.")
 @os_option
+@arch_option
 @no_wait_option
 @json_option
 @handle_errors
 def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_targets, vulkan_include_dir, cmake_args,
-          jobs, reconfigure, fresh, no_ccache, target_os, no_wait, as_json):
+          jobs, reconfigure, fresh, no_ccache, target_os, target_arch, no_wait, as_json):
     """Configure and build a llama.cpp tree for one backend (checks the toolchain first)."""
     from .. import backends
     from .. import build as build_stage
@@ -51,7 +52,7 @@ def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_target
     from .. import platforms
 
     spec = backends.get(backend)  # resolved once, here; the stage gets the record
-    host = platforms.target_host(target_os)  # --os: this host, or a cross target (windows on Linux)
+    host = platforms.target_host(target_os, arch=target_arch)  # --os/--arch: this host, or a cross target
     lock_build_dir = build_dir or build_stage.default_build_dir(Path(tree), backend, host)
     with _locks(("tree", tree), ("build", lock_build_dir), no_wait=no_wait):
         if paths.is_git_tree(Path(tree)) and journal.recover(Path(tree)):
@@ -103,6 +104,7 @@ def _human_size(n: int) -> str:
               help="x64 only: the runtime-dispatched CPU variants to ship, e.g. x64,haswell (default: all).")
 @toolchain_options
 @os_option
+@arch_option
 @click.option("--cmake-arg", "cmake_args", multiple=True, help="Extra argument for CMake configure (repeatable).")
 @click.option("-j", "--jobs", type=int, default=None, help="Parallel compile jobs (default: ninja's).")
 @smoke_run_options
@@ -110,7 +112,7 @@ def _human_size(n: int) -> str:
 @json_option
 @handle_errors
 def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cpu_variants, cuda_arch, gpu_targets,
-                vulkan_include_dir, target_os, cmake_args, jobs, start_timeout, smoke_table, no_wait, as_json):
+                vulkan_include_dir, target_os, target_arch, cmake_args, jobs, start_timeout, smoke_table, no_wait, as_json):
     """Checkout, apply, build, smoke and package BASE: archive, wheel, SHA256SUMS, manifest.json."""
     from .. import backends
     from .. import build as build_stage
@@ -120,7 +122,7 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, targets, cpu_var
     spec = backends.get(backend)  # resolved once, here; every stage gets the record
     options = {"cuda_arch": cuda_arch, "gpu_targets": gpu_targets, "vulkan_include_dir": vulkan_include_dir,
                "cpu_variants": cpu_variants, "extra_cmake_args": cmake_args, "jobs": jobs,
-               "host": _cross_host(target_os)}
+               "host": _cross_host(target_os, target_arch)}
     source.check_base_name(base)
     work_dir = Path(work or release_stage.default_work_dir(base)).resolve()
     # the work tree (WORK/src), its build dir and OUT, for the whole pipeline
