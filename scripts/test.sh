@@ -12,9 +12,11 @@ mkdir -p "$DFBUILD_TEST_CACHE"
 # an old CPU), python3-venv (the second venv below), and the Windows cross
 # toolchain with Wine (`--os windows`: `dfbuild doctor --backend cpu --os windows`
 # names the same packages; targets.toml holds them; make and perl build the
-# OpenSSL the Windows build links).
+# OpenSSL the Windows build links), and the Linux arm64 cross compilers (`--arch arm64`,
+# docs/arm64.md: 56 MB to download, 207 MB on disk; qemu-user runs what they build).
 debian_packages=(ccache git libssl-dev qemu-user python3-venv
-                 g++-mingw-w64-x86-64-posix gcc-mingw-w64-x86-64-posix wine wine64 make perl)
+                 g++-mingw-w64-x86-64-posix gcc-mingw-w64-x86-64-posix wine wine64 make perl
+                 g++-aarch64-linux-gnu gcc-aarch64-linux-gnu)
 missing=()
 for pkg in "${debian_packages[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

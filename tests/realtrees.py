@@ -23,7 +23,9 @@ CACHE = Path(os.environ.get("DFBUILD_TEST_CACHE", Path.home() / ".cache" / "dfbu
 # ggml-cpu to compile. One set for every build, so they all share the ccache and
 # the release can reuse the "any head" proof's builds.
 _HAS_VARIANTS = bool(backends.cpu_variants(backends.current_host().os, backends.current_host().arch))
-TEST_CPU_VARIANTS = "x64,haswell" if _HAS_VARIANTS else None
+# (Linux arm64 has variants too, as llama.cpp's ubuntu-arm64 release: its baseline and dotprod+fp16)
+TEST_CPU_VARIANTS = (None if not _HAS_VARIANTS else
+                     "armv8.0_1,armv8.2_2" if backends.current_host().arch == "arm64" else "x64,haswell")
 RELEASE_CPU_VARIANTS = TEST_CPU_VARIANTS
 
 # The one llama.cpp release the slow tests build by default. A cold build of a

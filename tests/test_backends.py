@@ -52,7 +52,14 @@ def test_every_build_is_offline_portable_and_has_tls(backend, host_os):
         assert flags["LLAMA_BUILD_BORINGSSL"] == "ON"
     # x64: the runtime-dispatched CPU variants (the GPU backends ship the CPU backend too)
     assert flags["GGML_BACKEND_DL"] == flags["GGML_CPU_ALL_VARIANTS"] == "ON"
-    assert "GGML_CPU_ALL_VARIANTS" not in backends.cmake_flags(backend, host_os, arch="arm64")
+    # arm64: on Linux too, as llama.cpp's ubuntu-arm64 release (its armv8.x/armv9.x variants); none on Windows
+    arm64 = backends.cmake_flags(backend, host_os, arch="arm64")
+    if host_os == "linux":
+        assert arm64["GGML_BACKEND_DL"] == arm64["GGML_CPU_ALL_VARIANTS"] == "ON"
+        assert backends.cpu_variants(host_os, "arm64")[0] == "armv8.0_1"
+    else:
+        assert "GGML_CPU_ALL_VARIANTS" not in arm64 and backends.cpu_variants(host_os, "arm64") == []
+    assert "GGML_CPU_ALL_VARIANTS" not in backends.cmake_flags("cpu", "macos", arch="arm64")  # one Apple build
 
 
 def test_rpath_is_exactly_origin_in_the_built_files():

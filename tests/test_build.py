@@ -490,8 +490,12 @@ def test_cpu_variants_default_to_all_and_accept_a_subset():
     with pytest.raises(BuildError, match="unknown variant"):
         build.parse_cpu_variants("x64,pentium", x64)
     with pytest.raises(BuildError, match="no runtime-dispatched"):
-        build.parse_cpu_variants("x64", Host("linux", "arm64"))
-    assert build.parse_cpu_variants(None, Host("linux", "arm64")) == []
+        build.parse_cpu_variants("x64", Host("macos", "arm64"))
+    assert build.parse_cpu_variants(None, Host("macos", "arm64")) == []
+    # Linux arm64: ggml's armv8.x/armv9.x variants, as llama.cpp's ubuntu-arm64 release
+    arm64 = Host("linux", "arm64")
+    assert build.parse_cpu_variants(None, arm64)[:2] == ["armv8.0_1", "armv8.2_1"]
+    assert build.parse_cpu_variants("armv8.2_2,armv8.0_1", arm64) == ["armv8.0_1", "armv8.2_2"]
 
 
 @posix_only

@@ -120,6 +120,9 @@ class Host:
     # A cross build (`--os windows` on Linux): the OS of the machine that runs the build, while
     # `os` and `arch` are what the binaries are for (platforms.target_host makes these). None: native.
     build_os: str | None = None
+    # ...and the arch of that machine, for a cross build to another arch of the same OS
+    # (`--arch arm64` on Linux x64). None: the target's own arch (no arch cross).
+    build_arch: str | None = None
 
     @property
     def exe_suffix(self) -> str:
@@ -127,7 +130,8 @@ class Host:
 
     @property
     def cross(self) -> bool:
-        return bool(self.build_os) and self.build_os != self.os
+        return ((bool(self.build_os) and self.build_os != self.os)
+                or (bool(self.build_arch) and self.build_arch != self.arch))
 
     def install_keys(self) -> list[str]:
         """Keys of a probe's install table, most specific first (the machine that installs: the build OS)."""
@@ -269,11 +273,19 @@ def cpu_variants(host_os: str, arch: str, *, msvc: bool | None = None) -> list[s
     of a native Windows build, while a cross build for Windows (mingw-w64 GCC) has
     GCC's full list: pass msvc=False (or use host_cpu_variants).
     """
-    if "GGML_CPU_ALL_VARIANTS" not in table()["common"].get("arch_flags", {}).get(arch, {}):
+    if "GGML_CPU_ALL_VARIANTS" not in arch_flags(host_os, arch):
         return []
     variants = table()["common"]["cpu_variants"]
+    if arch != "x64":
+        return list(variants.get(arch, []))
     msvc = host_os == "windows" if msvc is None else msvc
     return list(variants["x64_msvc"] if msvc else variants["x64"])
+
+
+def arch_flags(host_os: str, arch: str) -> dict[str, str]:
+    """The arch's flags (common.arch_flags.<arch>), then the OS's own for it (common.arch_flags.<os>-<arch>)."""
+    table_ = table()["common"].get("arch_flags", {})
+    return {**table_.get(arch, {}), **table_.get(f"{host_os}-{arch}", {})}
 
 
 def host_cpu_variants(host: "Host") -> list[str]:
@@ -300,7 +312,7 @@ def cmake_flags(backend: "Backend | str", host_os: str, *, cuda_arch: str | Iter
     flags.update(common["flags"])
     flags.update(common.get("host_flags", {}).get(host_os, {}))
     if backend != "metal":  # Apple GPUs: one binary, no dynamic backends (as llama.cpp's macOS build)
-        flags.update(common.get("arch_flags", {}).get(arch, {}))
+        flags.update(arch_flags(host_os, arch))
     flags.update(spec.flags)
     flags.update(spec.host_flags.get(host_os, {}))
 

@@ -21,6 +21,7 @@ no-op, and an interrupted build resumes where ninja stopped.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -190,9 +191,12 @@ def check_llama_tree(source_dir: Path) -> None:
 
 
 def dir_label(backend: str, host: Host | None = None) -> str:
-    """What a work dir's build folders are named by: the backend, plus the target OS of a cross build
-    (build-cpu, build-cpu-windows), so one tree keeps its native and its cross builds apart."""
-    return f"{backend}-{host.os}" if host is not None and host.cross else backend
+    """What a work dir's build folders are named by: the backend, plus the target OS (or arch) of a cross
+    build (build-cpu, build-cpu-windows, build-cpu-arm64), so one tree keeps its native and cross builds apart."""
+    if host is None or not host.cross:
+        return backend
+    # another OS: build-cpu-windows; another arch of this OS: build-cpu-arm64
+    return f"{backend}-{host.os}" if host.build_os != host.os else f"{backend}-{host.arch}"
 
 
 def default_build_dir(source_dir: Path, backend: str, host: Host | None = None) -> Path:
@@ -537,6 +541,46 @@ def parse_cpu_variants(value: str | Iterable[str] | None, host: Host) -> list[st
     return [v for v in known if v in items]  # ggml's order: baseline first
 
 
+def _variant_compiler(entry: dict, host: Host) -> str | None:
+    """The C compiler the CPU variants are compiled with: the cross compiler of a cross build, else the probe's."""
+    if host.cross:
+        return shutil.which(platforms.cross_entry(host).get("c_compiler", "")) or None
+    return _probe_path(entry, "c-compiler")
+
+
+def unbuildable_variants(compiler: str | None, variants: Iterable[str]) -> dict[str, str]:
+    """{variant: why} for the VARIANTS whose -march (backends.toml cpu_variant_march) COMPILER rejects:
+    a test compile each (cached per compiler and -march). Variants without an -march there (x64's) pass."""
+    marches = backends.table()["common"].get("cpu_variant_march", {})
+    if not compiler:
+        return {}
+    found = {}
+    for variant in variants:
+        if variant in marches:
+            why = _march_problem(compiler, marches[variant])
+            if why:
+                found[variant] = why
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def _march_problem(compiler: str, march: str) -> str | None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="dfbuild-march-") as tmp:
+        source = Path(tmp) / "march.c"
+        source.write_text("int dfbuild_march_check(void) { return 0; }\n", encoding="utf-8")
+        try:
+            result = subprocess.run([compiler, f"-march={march}", "-c", str(source), "-o", str(Path(tmp) / "m.o")],
+                                    capture_output=True, text=True, errors="replace")
+        except OSError as exc:
+            return f"{Path(compiler).name} cannot run: {exc}"
+    if result.returncode == 0:
+        return None
+    first = next((line.strip() for line in result.stderr.splitlines() if "error" in line), result.stderr.strip())
+    return f"{Path(compiler).name} rejects -march={march}: {first[:160]}"
+
+
 def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: Path | None = None, *,
                targets: Iterable[str] = DEFAULT_TARGETS, cuda_arch: str | Iterable[str] | None = None,
                gpu_targets: str | Iterable[str] | None = None, vulkan_include_dir: Path | None = None,
@@ -577,6 +621,19 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
     else:
         entry = doctor.require(backend, host,
                                extra_include_dirs=[Path(vulkan_include_dir)] if vulkan_include_dir else [])
+    # variants whose -march the compiler does not know (GCC 12 and 11: no armv9.2-a): left out, said, recorded
+    left_out = unbuildable_variants(_variant_compiler(entry, host), variants)
+    if left_out:
+        asked = cpu_variants is not None and not (isinstance(cpu_variants, str)
+                                                  and cpu_variants.strip() in ("", ALL_TARGETS))
+        if asked:
+            name, why = next(iter(left_out.items()))
+            raise BuildError(f"--cpu-variants: {name} cannot be built with this compiler ({why})",
+                             f"leave it out: {', '.join(v for v in variants if v not in left_out) or 'all'}")
+        for name, why in left_out.items():
+            ui.warn(f"CPU variant {name} is not built: {why}")
+        variants = [v for v in variants if v not in left_out]
+        all_variants = False  # the rest are built by name (the include below drops the others)
     commit, dirty = source_commit(source_dir)
     if dirty:
         ui.warn(f"{source_dir} has uncommitted changes; the binaries will say {commit[:12]}-dirty")
@@ -700,7 +757,8 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
                                     "\"HTTPS is not supported\" to -hf", hint)
     section = {
         "backend": backend,
-        "host": {"os": host.os, "arch": host.arch, **({"build_os": host.build_os} if host.cross else {})},
+        "host": {"os": host.os, "arch": host.arch, **({"build_os": host.build_os} if host.cross else {}),
+                 **({"build_arch": host.build_arch} if host.cross and host.build_arch else {})},
         "source_dir": str(source_dir),
         "source_commit": commit,
         "source_dirty": dirty,
@@ -715,6 +773,7 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
                       "runtime_dlls": runtime}} if cross else {}),
         "targets": targets,
         "cpu_variants": variants,
+        **({"cpu_variants_left_out": left_out} if left_out else {}),
         "tls": ((setup.get("tls") or "OpenSSL (the system's libssl)") if cache.get("OPENSSL_VERSION_SUPPORTED")
                 else "BoringSSL" if flags.get("LLAMA_BUILD_BORINGSSL") == "ON" else None),
         "binaries": binaries,

@@ -341,6 +341,7 @@ def check_backend(backend: str, host: Host | None = None, *, extra_include_dirs:
 
         target = platforms.cross_entry(host)
         entry["target"] = {"os": host.os, "arch": host.arch, "build_os": host.build_os,
+                           **({"build_arch": host.build_arch} if host.build_arch else {}),
                            "toolchain": target.get("toolchain")}
         if spec.name not in target.get("backends", ("cpu",)):
             entry["reason"] = target.get("not_backends", {}).get(
@@ -370,13 +371,12 @@ def check_backend(backend: str, host: Host | None = None, *, extra_include_dirs:
     entry["missing"] = [p["name"] for p in blocking]
     entry["install"] = _dedupe(p["install"] for p in blocking)
     if host.cross:
-        from .platforms import windows
+        from . import platforms
 
         unrunnable = [p for p in entry["runtime"] if p["name"] in run_probes and not p["ok"]]
         entry["missing_to_run"] = [p["name"] for p in unrunnable]
         if blocking or unrunnable:  # one line for the whole cross toolchain, as the user types it
-            entry["install"] = _dedupe([windows.install_line(host)] + entry["install"]) \
-                if host.os == "windows" else entry["install"]
+            entry["install"] = _dedupe([platforms.cross(host).install_line(host)] + entry["install"])
     entry["can_build"] = not blocking
     if blocking:
         entry["reason"] = "missing: " + "; ".join(

@@ -29,6 +29,25 @@ def is_elf(data: bytes) -> bool:
     return len(data) >= 64 and data[:4] == ELF_MAGIC and data[4] in (1, 2) and data[5] in (1, 2)
 
 
+# e_machine values (the ELF header's machine field), named as ldconfig and `file` name them
+MACHINES = {3: "x86", 40: "ARM", 62: "x86-64", 183: "AArch64", 243: "RISC-V"}
+# dfbuild's arch names -> the machine their ELF files are for
+ARCH_MACHINES = {"x64": "x86-64", "arm64": "AArch64"}
+
+
+def machine(data: bytes) -> str | None:
+    """The machine an ELF file is for (x86-64, AArch64, ...; e_machine <n> when unnamed), or None for a non-ELF."""
+    if not is_elf(data[:64]):
+        return None
+    value = int.from_bytes(data[18:20], "little" if data[5] == 1 else "big")
+    return MACHINES.get(value, f"e_machine {value}")
+
+
+def host_machine() -> str | None:
+    """The machine this host's own programs are for."""
+    return {"x86_64": "x86-64", "aarch64": "AArch64", "arm64": "AArch64"}.get(os.uname().machine)
+
+
 @dataclass
 class ElfInfo:
     needed: list[str] = field(default_factory=list)
@@ -36,6 +55,7 @@ class ElfInfo:
     rpath: str | None = None
     soname: str | None = None
     glibc: tuple[int, ...] | None = None   # the highest GLIBC_x.y symbol version it needs; None: none
+    machine: str | None = None             # x86-64, AArch64, ... (MACHINES)
 
 
 # A symbol version glibc defines: GLIBC_2.34 (GLIBC_PRIVATE is not a version a system promises).
@@ -54,7 +74,7 @@ def read(data: bytes | Path) -> ElfInfo:
     from elftools.elf.gnuversions import GNUVerNeedSection
 
     raw = Path(data).read_bytes() if isinstance(data, (str, Path)) else data
-    info = ElfInfo()
+    info = ElfInfo(machine=machine(raw[:64]))
     for section in ELFFile(io.BytesIO(raw)).iter_sections():
         if isinstance(section, GNUVerNeedSection):
             # .gnu.version_r: per needed library, the symbol versions taken from it. The highest

@@ -273,6 +273,7 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
     proof = {"base": base, "backend": backend}
     if host is not None and host.cross:
         proof["os"] = host.os
+        proof["arch"] = host.arch
 
     @contextmanager
     def timed(name: str, title: str):

@@ -769,16 +769,18 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
 
     cross_host = _cross_host(build_section)
     extra_licenses = {}
-    if cross_host is not None and cross_host.os == "windows":
-        from .platforms import windows  # the shipped runtime DLLs' licenses
+    if cross_host is not None:
+        from . import platforms  # the shipped runtime DLLs' licenses (Windows); none for arm64
 
-        extra_licenses = windows.license_files(cross_host)
+        extra_licenses = platforms.cross(cross_host).license_files(cross_host)
     entries = collect_payload(build_section, tree, patches_root, sections["series"], extra_licenses)
     requires = runtime_requirements(entries) if os_name == "linux" else {}
     if os_name == "linux":
         entries = sorted([*entries, Entry(REQUIRES_NAME, data=_requires_text(requires))], key=lambda e: e.path)
     wheel_bin = stage_wheel_bin(entries, work_dir / "bin")
-    bundled = bundle_system_libraries(wheel_bin) if os_name == "linux" else []
+    # the wheel carries this machine's libssl/libgomp: only for a wheel of this machine's kind (none is
+    # built for a cross target, whose libraries this machine's loader does not have)
+    bundled = bundle_system_libraries(wheel_bin) if os_name == "linux" and cross_host is None else []
     packed = {
         "tag": tag,
         "os": os_name,
@@ -847,10 +849,12 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
 
 
 def _cross_host(build_section: dict) -> "backends.Host | None":
-    """The cross target a build section was made for (--os windows on Linux), or None for a native build."""
+    """The cross target a build section was made for (--os windows, --arch arm64 on Linux x64), or None for a
+    native build."""
     host = build_section.get("host") or {}
-    if not host.get("build_os") or host.get("build_os") == host.get("os"):
+    if not host.get("build_os"):
         return None
     here = backends.current_host()
-    return backends.Host(host["os"], host.get("arch") or here.arch, here.distro, here.distro_version,
-                         build_os=host["build_os"])
+    made = backends.Host(host["os"], host.get("arch") or here.arch, here.distro, here.distro_version,
+                         build_os=host["build_os"], build_arch=host.get("build_arch"))
+    return made if made.cross else None

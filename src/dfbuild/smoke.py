@@ -54,30 +54,50 @@ def server_binary(build_dir: Path) -> Path:
 def launcher_for(binary: Path) -> tuple[list[str], dict[str, str]]:
     """(command prefix, environment) that runs BINARY here: nothing for a native program; for a
     Windows .exe on Linux, Wine in a prefix of dfbuild's cache (platforms.windows); for a hip build
-    made in the Debian forky root, that root (platforms.rocm_root)."""
+    made in the Debian forky root, that root (platforms.rocm_root); for an ELF program of another
+    machine (arm64 on x64), qemu-user (platforms.linux_arm64)."""
     from .platforms import rocm_root
 
     in_root = rocm_root.launcher(Path(binary).parent.parent)
     if in_root:
         return in_root, {}
-    if Path(binary).suffix.lower() != ".exe" or sys.platform == "win32":
+    module, host = _cross_runner(binary)
+    if module is None:
         return [], {}
-    from . import platforms
-    from .platforms import windows
+    return module.launcher(host), module.run_env(host)
 
-    host = platforms.target_host("windows")  # refused (exit 33) where no cross entry says how
-    return windows.launcher(host), windows.run_env(host)
+
+def _cross_runner(binary: Path):
+    """(platform module, cross Host) whose runner starts BINARY here, or (None, None) for a native program."""
+    from . import elf, platforms
+
+    if Path(binary).suffix.lower() == ".exe":
+        if sys.platform == "win32":
+            return None, None
+        from .platforms import windows
+
+        return windows, platforms.target_host("windows")  # refused (exit 33) where no cross entry says how
+    try:
+        with open(binary, "rb") as handle:
+            head = handle.read(64)
+    except OSError:
+        return None, None
+    machine = elf.machine(head)
+    if machine is None or machine == elf.host_machine() or not sys.platform.startswith("linux"):
+        return None, None
+    host = platforms.by_elf_machine(machine)
+    if host is None:
+        raise errors.UnsupportedBackendError(f"{binary} is an ELF program for {machine}, which this "
+                                             f"{elf.host_machine()} machine has no way to run",
+                                             "run it on a machine of its kind")
+    return platforms.cross(host), host
 
 
 def exe_start_timeout(binary: Path) -> float | None:
     """The target's start timeout for a program that runs through a launcher (Wine's first start
-    makes its prefix), or None for a native one."""
-    if not launcher_for(binary)[0]:
-        return None
-    from . import platforms
-    from .platforms import windows
-
-    return windows.start_timeout(platforms.target_host("windows"))
+    makes its prefix; qemu emulates every instruction), or None for a native one."""
+    module, host = _cross_runner(binary)
+    return module.start_timeout(host) if module is not None else None
 
 
 def free_port(host: str = "127.0.0.1") -> int:

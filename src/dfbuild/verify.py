@@ -127,9 +127,14 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
         elif os.name != "nt" and f"{member.mode & 0o777:04o}" != record.get("mode"):
             problems.append(f"{path.name}: {name_} has mode {member.mode & 0o777:04o}, not {record.get('mode')}")
     needs: dict[str, tuple[int, ...]] = {}
+    # every ELF file is for the archive's machine (an x64 library in an arm64 archive would never load)
+    want_machine = elf.ARCH_MACHINES.get(packed.get("arch")) if packed.get("os") == "linux" else None
+    elf_count = 0
     for name_, member in sorted(actual.items()):
         if member.kind == "file" and member.data:
-            _elf_problems(path.name, name_, member.data, problems, needs)
+            elf_count += _elf_problems(path.name, name_, member.data, problems, needs, want_machine)
+    if want_machine and elf_count:
+        notes.append(f"{path.name}: {elf_count} ELF files checked: machine {want_machine}, RUNPATH $ORIGIN or none")
     third_party = [n for n in packed.get("runtime_dlls", []) if isinstance(n, str)]
     pe_count = _pe_problems(path.name, actual, packed.get("arch"), problems, third_party)
     if pe_count:
@@ -270,15 +275,23 @@ RUN_TIMEOUT_S = 300  # Wine's first start makes its prefix
 
 
 def _runs_here(packed: dict, host: backends.Host) -> bool:
-    """A Windows x64 archive runs on a Linux x64 host through Wine (targets.toml: the cross entry's runner)."""
-    if packed.get("os") != "windows" or host.os != "linux" or packed.get("arch") != host.arch:
-        return False
+    """A Windows x64 archive runs on a Linux x64 host through Wine, a Linux arm64 one through qemu-aarch64
+    (targets.toml: the cross entry's runner). No runner installed: the stamp is checked instead."""
     import shutil
 
     from . import platforms
 
-    runner = platforms.table()["targets"]["windows"].get("cross", {}).get(host.os, {}).get("runner")
-    return bool(runner) and shutil.which(runner[0]) is not None  # no Wine here: the stamp is checked instead
+    if host.os != "linux":
+        return False
+    if packed.get("os") == "windows" and packed.get("arch") == host.arch:
+        runner = platforms.table()["targets"]["windows"].get("cross", {}).get(host.os, {}).get("runner")
+    elif packed.get("os") == "linux" and packed.get("arch") != host.arch:
+        cross_ = (platforms.table()["targets"]["linux"].get("arch", {}).get(packed.get("arch"), {})
+                  .get("cross", {}).get(host.os, {}))
+        runner = cross_.get("runner") if cross_.get("build_arch", host.arch) == host.arch else None
+    else:
+        return False
+    return bool(runner) and shutil.which(runner[0]) is not None
 
 
 def _pe_problems(label: str, actual: dict[str, Member], arch: str | None, problems: list[str],
@@ -382,21 +395,27 @@ def wheel_platform(platform_tag: str) -> tuple[str | None, str | None]:
 
 
 def _elf_problems(label: str, name: str, data: bytes, problems: list[str],
-                  glibc: dict[str, tuple[int, ...]] | None = None) -> None:
+                  glibc: dict[str, tuple[int, ...]] | None = None, machine: str | None = None) -> int:
     """RUNPATH must be exactly $ORIGIN (or absent): an empty entry would load libraries from the current dir.
+    With MACHINE (x86-64, AArch64), the file must be an ELF file for it.
 
     GLIBC, when given, gets NAME's highest GLIBC_ symbol version (the oldest glibc it starts on).
+    Returns 1 for an ELF file, 0 otherwise.
     """
-    if elf.is_elf(data):
-        try:
-            info = elf.read(data)
-            problem = elf.search_path_problem(info)
-        except Exception as exc:  # noqa: BLE001 - a damaged ELF is a finding, not a crash
-            info, problem = None, f"cannot be read as ELF ({exc})"
-        if problem:
-            problems.append(f"{label}: {name} {problem}")
-        if glibc is not None and info is not None and info.glibc:
-            glibc[name] = info.glibc
+    if not elf.is_elf(data):
+        return 0
+    try:
+        info = elf.read(data)
+        problem = elf.search_path_problem(info)
+    except Exception as exc:  # noqa: BLE001 - a damaged ELF is a finding, not a crash
+        info, problem = None, f"cannot be read as ELF ({exc})"
+    if problem:
+        problems.append(f"{label}: {name} {problem}")
+    if machine and info is not None and info.machine != machine:
+        problems.append(f"{label}: {name} is an ELF file for {info.machine}, not {machine}")
+    if glibc is not None and info is not None and info.glibc:
+        glibc[name] = info.glibc
+    return 1
 
 
 _MANYLINUX = re.compile(r"manylinux_(\d+)_(\d+)_\w+")

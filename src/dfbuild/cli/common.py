@@ -79,6 +79,11 @@ os_option = click.option("--os", "target_os", type=click.Choice(["linux", "macos
                          help="Build for this OS (default: this host's). windows on Linux: cross-built with "
                               "mingw-w64, run under Wine; see `dfbuild doctor --os windows`.")
 
+arch_option = click.option("--arch", "target_arch", type=click.Choice(["x64", "arm64"]), default=None,
+                           help="Build for this CPU architecture (default: this host's). arm64 on Linux x64: "
+                                "cross-built with aarch64-linux-gnu GCC, run under qemu-aarch64; see "
+                                "`dfbuild doctor --arch arm64` and docs/arm64.md.")
+
 
 def smoke_run_options(func):
     """--start-timeout / --smoke-table: how patient the smoke is, and how much of the table it runs."""
@@ -311,11 +316,11 @@ def removed_if_left_empty_handed(path: Path, kept):
         raise
 
 
-def check_can_build(backend: str, target_os, vulkan_include_dir=None) -> None:
+def check_can_build(backend: str, target_os, vulkan_include_dir=None, target_arch=None) -> None:
     """Backend, OS, architecture and toolchain: refused at once (33, 30), before any checkout."""
     from .. import doctor, platforms
 
-    host = platforms.target_host(target_os)
+    host = platforms.target_host(target_os, arch=target_arch)
     doctor.require(backend, host, extra_include_dirs=[Path(vulkan_include_dir)] if vulkan_include_dir else [])
 
 
@@ -391,12 +396,12 @@ def toolchain_options(func):
     return func
 
 
-def _cross_host(target_os):
-    """--os as the stages take it: None for this host (so native work dirs and records stay as they were),
-    the cross target's Host otherwise; --os macos on Linux is refused (exit 33)."""
+def _cross_host(target_os, target_arch=None):
+    """--os/--arch as the stages take them: None for this host (so native work dirs and records stay as they
+    were), the cross target's Host otherwise; --os macos on Linux is refused (exit 33)."""
     from .. import platforms
 
-    host = platforms.target_host(target_os)
+    host = platforms.target_host(target_os, arch=target_arch)
     return host if host.cross else None
 
 

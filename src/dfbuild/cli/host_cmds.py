@@ -7,18 +7,19 @@ import sys
 import click
 
 from .. import errors, ui
-from .common import backend_option, json_option_for, main, os_option
+from .common import arch_option, backend_option, json_option_for, main, os_option
 from .exits import handle_errors
 
 
 @main.command()
 @backend_option(default=None, help="Check one backend only (default: all).")
 @os_option
+@arch_option
 @click.option("--fetch-vulkan-headers", "fetch_vulkan", is_flag=True,
               help="(Debian 12) Unpack Debian 13's Vulkan headers into the cache and print their include dir.")
 @json_option_for("the report: host, and per backend what is found and what to install")
 @handle_errors
-def doctor(backend, target_os, fetch_vulkan, as_json):
+def doctor(backend, target_os, target_arch, fetch_vulkan, as_json):
     """Say per backend what is installed here and exactly what to install for what is missing."""
     from rich.markup import escape as esc
 
@@ -29,7 +30,7 @@ def doctor(backend, target_os, fetch_vulkan, as_json):
         return
     from .. import platforms
 
-    host = platforms.target_host(target_os)  # --os macos on Linux: refused (33)
+    host = platforms.target_host(target_os, arch=target_arch)  # --os macos on Linux: refused (33)
     backend = backend.lower() if backend else None
     report = doctor_stage.doctor(backend, host=host)
     if as_json:
@@ -61,7 +62,7 @@ def doctor(backend, target_os, fetch_vulkan, as_json):
             ui.result(f"  [green]ok[/green]  {esc(entry['reason'])}")
     if backend and not report["backends"][backend]["can_build"]:
         # one backend asked for: the exit code answers "can I build it here?" (30 or 33, as `build` would)
-        doctor_stage.require(backend, platforms.target_host(target_os))
+        doctor_stage.require(backend, platforms.target_host(target_os, arch=target_arch))
 
 
 # --- matrix -------------------------------------------------------------------

@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from .. import errors, ui
 from .common import (_cross_host, _dir_label, _locks, _smoke_options, _work_locks, backend_option, base_option,
-                     check_can_build, json_option_for, main, no_wait_option, os_option, patches_option, proof_options,
+                     check_can_build, json_option_for, arch_option, main, no_wait_option, os_option, patches_option, proof_options,
                      removed_if_left_empty_handed, smoke_run_options, toolchain_options, usable_path)
 from .exits import PROVE_EXIT, handle_errors
 
@@ -107,14 +107,15 @@ def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, backend, server_arg
 @proof_options
 @toolchain_options
 @os_option
+@arch_option
 @smoke_run_options
 @patches_option
 @no_wait_option
 @json_option_for("the proof (outcome, both trees' results)")
 @handle_errors
 def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, cuda_arch, gpu_targets,
-          vulkan_include_dir, target_os, start_timeout, smoke_table, allow_cpu_fallback, patches_dir, no_wait,
-          as_json):
+          vulkan_include_dir, target_os, target_arch, start_timeout, smoke_table, allow_cpu_fallback, patches_dir,
+          no_wait, as_json):
     """Build BASE unpatched and patched, smoke both, and say what the series does for it.
 
     Exit codes: 0 fixed, 44 fixed upstream, 43 still broken, 24 not applicable, 21 conflict.
@@ -126,9 +127,9 @@ def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, cu
 
     source.check_known(base, repo)
     backend = backend.lower()
-    check_can_build(backend, target_os, vulkan_include_dir)  # 33 or 30 now, not after the checkout
+    check_can_build(backend, target_os, vulkan_include_dir, target_arch)  # 33 or 30 now, not after the checkout
     work_dir = Path(work or release_stage.default_work_dir(base)).resolve()
-    host = _cross_host(target_os)  # None: a native build (the default); a cross target for --os windows on Linux
+    host = _cross_host(target_os, target_arch)  # None: a native build (the default); a cross target otherwise
     with removed_if_left_empty_handed(work_dir, lambda: (work_dir / "src" / ".git").exists()), \
             _locks(*_work_locks(work_dir, _dir_label(backend, host)), no_wait=no_wait):
         proof = prove_stage.prove(base, backend=backend, work=work_dir, repo=repo, pr=pr, patches_dir=patches_dir,

@@ -8,7 +8,7 @@ import click
 
 from .. import errors, ui
 from .common import (_cross_host, _dir_label, _locks, _smoke_options, _work_locks, backend_option, base_option,
-                     check_can_build, json_option_for, main, no_wait_option, os_option, removed_if_left_empty_handed,
+                     check_can_build, json_option_for, arch_option, main, no_wait_option, os_option, removed_if_left_empty_handed,
                      shown, smoke_run_options, toolchain_options, usable_path)
 from .exits import handle_errors
 
@@ -37,11 +37,12 @@ from .exits import handle_errors
 @click.option("--fresh", is_flag=True, help="Delete the build dir and start over.")
 @click.option("--no-ccache", is_flag=True, help="Do not use ccache even when it is installed.")
 @os_option
+@arch_option
 @no_wait_option
 @json_option_for("the build section (flags, toolchain, binaries)")
 @handle_errors
 def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_targets, vulkan_include_dir, cmake_args,
-          jobs, reconfigure, fresh, no_ccache, target_os, no_wait, as_json):
+          jobs, reconfigure, fresh, no_ccache, target_os, target_arch, no_wait, as_json):
     """Configure and build a llama.cpp tree for one backend (checks the toolchain first)."""
     from .. import backends
     from .. import build as build_stage
@@ -53,10 +54,10 @@ def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_target
 
     backend = backend.lower()
     spec = backends.get(backend)  # resolved once, here; the stage gets the record
-    host = platforms.target_host(target_os)  # --os: this host, or a cross target (windows on Linux)
+    host = platforms.target_host(target_os, arch=target_arch)  # --os/--arch: this host, or a cross target
     # not a tree, or a backend, OS or toolchain this host cannot build: refused before the build dir is made
     build_stage.check_llama_tree(Path(tree).resolve())
-    check_can_build(backend, target_os, vulkan_include_dir)
+    check_can_build(backend, target_os, vulkan_include_dir, target_arch)
     lock_build_dir = build_dir or build_stage.default_build_dir(Path(tree), backend, host)
     lock_build_dir = Path(lock_build_dir).absolute()
     with removed_if_left_empty_handed(lock_build_dir, lambda: (lock_build_dir / "CMakeCache.txt").exists()), \
@@ -115,6 +116,7 @@ def _human_size(n: int) -> str:
               help="x64 only: the runtime-dispatched CPU variants to ship, e.g. x64,haswell (default: all).")
 @toolchain_options
 @os_option
+@arch_option
 @click.option("--cmake-arg", "cmake_args", multiple=True, help="Extra argument for CMake configure (repeatable).")
 @click.option("-j", "--jobs", type=int, default=None, help="Parallel compile jobs (default: ninja's).")
 @smoke_run_options
@@ -122,8 +124,8 @@ def _human_size(n: int) -> str:
 @json_option_for("the release manifest (what manifest.json holds)")
 @handle_errors
 def release_cmd(base, pr, repo, backend, out, work, skip_smoke, reprove, targets, cpu_variants, cuda_arch, gpu_targets,
-                vulkan_include_dir, target_os, cmake_args, jobs, start_timeout, smoke_table, allow_cpu_fallback, no_wait,
-                as_json):
+                vulkan_include_dir, target_os, target_arch, cmake_args, jobs, start_timeout, smoke_table,
+                allow_cpu_fallback, no_wait, as_json):
     """Checkout, apply, build, smoke and package BASE: archive, wheel, SHA256SUMS, manifest.json."""
     from .. import backends
     from .. import build as build_stage
@@ -134,10 +136,10 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, reprove, targets
     spec = backends.get(backend)  # resolved once, here; every stage gets the record
     options = {"cuda_arch": cuda_arch, "gpu_targets": gpu_targets, "vulkan_include_dir": vulkan_include_dir,
                "cpu_variants": cpu_variants, "extra_cmake_args": cmake_args, "jobs": jobs,
-               "host": _cross_host(target_os)}
+               "host": _cross_host(target_os, target_arch)}
     source.check_known(base, repo)
     # backend, OS, architecture and toolchain: refused now (33, 30), not after the checkout
-    check_can_build(backend, target_os, vulkan_include_dir)
+    check_can_build(backend, target_os, vulkan_include_dir, target_arch)
     release_stage.check_wheel_tools()
     work_dir = Path(work or release_stage.default_work_dir(base)).resolve()
     # the work tree (WORK/src), its build dir and OUT, for the whole pipeline; a WORK this run made goes
