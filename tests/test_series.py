@@ -270,7 +270,7 @@ def own_cache(tmp_path, monkeypatch) -> Path:
 # --- clean apply -------------------------------------------------------------------------------
 
 
-def test_clean_apply_makes_one_fixed_identity_commit_per_concern(syn, tree):
+def test_clean_apply_makes_one_commit_per_concern_with_the_patch_author_and_date(syn, tree):
     section = series.apply_series(syn.load(), tree)
 
     assert section["base"] == "base1"
@@ -283,7 +283,12 @@ def test_clean_apply_makes_one_fixed_identity_commit_per_concern(syn, tree):
     assert section["head"] == commits[-1] == head(tree)
     for entry, commit in zip(section["concerns"], commits):
         who = run_git(tree, "log", "-1", "--format=%an <%ae>|%ad|%cn <%ce>|%cd", "--date=iso-strict", commit)
-        assert who == "dfbuild <dfbuild@localhost>|2000-01-01T00:00:00+00:00|dfbuild <dfbuild@localhost>|2000-01-01T00:00:00+00:00"
+        # the patch's own author and Date (the synthetic patches are the maintainer's commits), committed
+        # by the project at that date: reproducible, and never the import's placeholder identity or 2000
+        author, date = series.patch_author(syn.patch(entry["id"]))
+        assert (author, date) == (("Upstream Dev", "dev@example.org"), "Thu, 1 Jan 2026 00:00:00 +0000")
+        project = f"{source.PROJECT_NAME} <{source.PROJECT_EMAIL}>"
+        assert who == f"Upstream Dev <dev@example.org>|2026-01-01T00:00:00+00:00|{project}|2026-01-01T00:00:00+00:00"
         assert entry["file"] == f"base1/{syn.patch(entry['id']).name}"
         assert entry["sha256"] == sha256(syn.patch(entry["id"]))
         # the commit message is the patch's, trailer included, as `git am` would make it
@@ -883,7 +888,7 @@ def test_shipped_series_loads_and_every_patch_matches_its_sha256():
     patch_count = 0
     for number, concern in enumerate(curated.concerns, 1):
         assert concern.title and concern.rationale
-        assert {"Origin", "Bug", "Forwarded", "Applied-Upstream"} <= set(concern.dep3), concern.id
+        assert {"Origin", "Bug", "Forwarded"} <= set(concern.dep3), concern.id  # Applied-Upstream: where upstream has it
         for base, variant in concern.variants.items():
             assert base in curated.bases, f"{concern.id}: variant for undeclared base {base}"
             if variant.file is None:

@@ -371,7 +371,7 @@ def _carry_one(series: Series, tree: Path, concern, order: list[str], onto: str,
 def _advance(series: Series, tree: Path, data: dict) -> dict:
     """Carry the concerns still to do, in series order, one commit each; stop at the first conflict."""
     from . import carry as carrying
-    from .series import CARRIED, commit_message, patch_path
+    from .series import CARRIED, commit_message, patch_author, patch_path
 
     repo = git.Repo(tree)
     order = carrying.nearest_bases(series, tree, data["onto"])
@@ -384,7 +384,8 @@ def _advance(series: Series, tree: Path, data: dict) -> dict:
                 patch = patch_path(series, variant)
                 _git(tree, "apply", "--index", *(["--3way"] if status == "3-way" else []), str(patch))
                 state.fault_point(f"curate: {concern.id} staged")
-                commit = source.commit_fixed(repo, _with_trailer(commit_message(patch), concern.id))
+                commit = source.commit_patch(repo, _with_trailer(commit_message(patch), concern.id),
+                                             *patch_author(patch))
                 state.fault_point(f"curate: {concern.id} committed")
                 data["done"].append({"id": concern.id, "how": detail, "commit": commit})
             elif status in ("upstream", "present", "applied"):
