@@ -65,7 +65,18 @@ def test_series_applies_once_and_reapplying_changes_nothing(base):
     assert again["changed"] is False and again["head"] == head
     assert {c["status"] for c in again["concerns"]} <= {"already-present", "upstream"}
     text = (tree / "common" / "speculative.cpp").read_text()
-    assert "zero-filling draft positions" in text or "mirroring them as zero rows" in text  # zero-fill's debug line
+    assert "zero-filling draft positions" in text  # zero-fill's debug line, one wording in every variant
+    # the patched file reads true: no upstream comment the series contradicts is left standing
+    assert "the draft can jump over the gap" not in text
+    assert "skipping the embedding batches leaves a hole" not in text
+    if "#define SPC_DBG" in text:  # llama.cpp's own macros where the base has them
+        assert 'SPC_DBG("seq_id=%d: zero-filling draft positions' in text
+    width = max(len(line) for line in subprocess.run(
+        ["git", "-C", str(tree), "show", f"{series.series_start(tree)}:common/speculative.cpp"],
+        capture_output=True, text=True, check=True).stdout.splitlines())
+    diff = subprocess.run(["git", "-C", str(tree), "diff", series.series_start(tree), "HEAD"],
+                          capture_output=True, text=True, check=True).stdout
+    assert all(len(line) - 1 <= width for line in diff.splitlines() if line.startswith("+"))
 
 
 @pytest.mark.slow
