@@ -361,6 +361,29 @@ def test_concern_recorded_upstream_is_reported_not_applied(syn, tmp_path):
     assert (other / SPEC).read_text() == text_of(with_concerns(BASE_LINES, IDS))
 
 
+def test_concern_recorded_not_needed_is_a_decision_with_its_reason(syn, tree, capsys):
+    """warning-downgrade at a base where no scenario needs it: nothing is applied, and apply says why."""
+    variants = {cid: [patch_variant("base1", syn.patch(cid), syn.patches)] for cid in IDS[:3]}
+    variants["warning-downgrade"] = ['base1 = {status = "not-needed", note = "measured: the warning never fired"}']
+    write_series(syn.patches, syn.blob, variants)
+
+    base, steps = series.plan(syn.load(), tree)
+    assert [s.status for s in steps] == ["clean", "clean", "clean", "not-needed"]
+    section = series.apply_series(syn.load(), tree)
+    decision = section["concerns"][3]
+    assert decision["status"] == "not-needed" and decision["detail"] == "measured: the warning never fired"
+    assert "commit" not in decision
+    assert len(run_git(tree, "rev-list", f"{syn.base_commit}..HEAD").split()) == 3
+    from dfbuild import release
+
+    assert release.series_hash(section) != release.series_hash(
+        {"concerns": section["concerns"][:3] + [{**decision, "status": "upstream"}]})
+    # a decision without its reason is refused
+    write_series(syn.patches, syn.blob, {**variants, "warning-downgrade": ['base1 = {status = "not-needed"}']})
+    with pytest.raises(SeriesFileError, match="not-needed: its note must say why"):
+        syn.load()
+
+
 def test_partial_upstream_variant_applies_what_is_missing(syn, tmp_path):
     """noise-block-base is half upstream on this base: its variant adds the other half."""
     half = with_concerns(BASE_LINES, ["noise-block-base"])

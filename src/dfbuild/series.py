@@ -72,9 +72,11 @@ def default_patches_dir() -> Path:
 
 
 # A variant's status: "patch" (apply FILE), "upstream" (the base already has the
-# change: nothing to apply) or "partial-upstream" (the base has part of it: FILE,
-# when given, adds what is still missing).
-VARIANT_STATUSES = ("patch", "upstream", "partial-upstream")
+# change: nothing to apply), "partial-upstream" (the base has part of it: FILE,
+# when given, adds what is still missing) or "not-needed" (a recorded decision:
+# no scenario fails without the change at this base; the note says what was measured).
+VARIANT_STATUSES = ("patch", "upstream", "partial-upstream", "not-needed")
+DECISIONS = ("upstream", "not-needed")  # a variant without a file: nothing to apply, the note says why
 
 
 @dataclass
@@ -233,8 +235,10 @@ def _variant(concern_id: str, base: str, raw) -> Variant:
         raise _Malformed(f"{where} has status '{variant.status}' (use one of {', '.join(VARIANT_STATUSES)})")
     if variant.status == "patch" and not variant.file:
         raise _Malformed(f"{where} needs a file")
-    if variant.status == "upstream" and variant.file:
-        raise _Malformed(f"{where} is upstream and so has no file")
+    if variant.status in DECISIONS and variant.file:
+        raise _Malformed(f"{where} is {variant.status} and so has no file")
+    if variant.status == "not-needed" and not variant.note:
+        raise _Malformed(f"{where} is not-needed: its note must say why (what was measured)")
     if variant.file and not variant.sha256:
         raise _Malformed(f"{where} needs the sha256 of {variant.file}")
     return variant
@@ -512,7 +516,8 @@ def _plan_known(series: Series, tree: Path, base: str, skip: tuple[str, ...]) ->
         elif variant is None:
             steps.append(Step(concern, None, "no-variant", f"no variant for base {base}"))
         elif variant.file is None:
-            steps.append(Step(concern, variant, "upstream", variant.note))
+            steps.append(Step(concern, variant, "not-needed" if variant.status == "not-needed" else "upstream",
+                              variant.note))
         else:
             patches[concern.id] = verify_patch(series, concern, variant)
             steps.append(Step(concern, variant, "pending"))
