@@ -61,7 +61,8 @@ REPO = benchlib.BENCH_DIR.parent
 WANTED = ("llama.cpp/common/speculative.cpp", "llama.cpp/CMakeLists.txt")
 WORKERS = 8
 # every outcome the report counts, in the order it lists them
-OUTCOMES = ("known", "exact", "offset", "3-way", "upstream", "inherited upstream", "not applicable", "conflict")
+OUTCOMES = ("known", "exact", "offset", "3-way", "upstream", "inherited upstream", "inherited not-needed",
+            "not applicable", "conflict")
 GIT_ENV = {"GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@localhost", "GIT_COMMITTER_NAME": "bench",
            "GIT_COMMITTER_EMAIL": "bench@localhost", "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
            "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000"}
@@ -77,8 +78,11 @@ def decision(step: series.Step) -> str:
         return "upstream"
     if step.how and step.how.startswith("upstream (as in"):
         return "inherited upstream"
+    if step.how and step.how.startswith("not-needed (as in"):
+        return "inherited not-needed"
     if step.variant is not None and step.how is None:  # a known base's own variant
-        return {"clean": "known", "applied": "known", "upstream": "inherited upstream"}.get(step.status, step.status)
+        return {"clean": "known", "applied": "known", "upstream": "inherited upstream",
+                "not-needed": "inherited not-needed"}.get(step.status, step.status)
     return step.how or step.status
 
 

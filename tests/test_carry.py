@@ -208,3 +208,23 @@ def test_carried_from_names_the_epoch_or_says_nearest():
     epoch = [{"rule": "epoch b11236..b11434", "variant": "b11312"}] * 4
     assert series_stage.carried_from(epoch) == "from the variant of its epoch b11236..b11434 (b11312)"
     assert series_stage.carried_from([{"rule": "nearest", "variant": "b11312"}]) == "from the nearest known variants"
+
+
+def test_a_not_needed_decision_is_carried_as_that_decision_with_its_reason(syn, tmp_path):
+    """A newer release, nearest to b110 that records warning-downgrade as not needed: apply --json says
+    not-needed with b110's measured reason, and no patch is committed for it."""
+    lines = list(BASE_LINES)
+    lines[lines.index('        LOG_WRN("pos_max < N-1");')] = '        LOG_WRN("pos_max < N-1, newer wording");'
+    newer = tmp_path / "newer"
+    new_repo(newer, text_of(lines))
+    run_git(newer, "tag", "b130")
+    variants = {cid: [patch_variant("base1", syn.patch(cid), syn.patches)] for cid in IDS}
+    variants["warning-downgrade"].append('b110 = {status = "not-needed", note = "measured: never fired"}')
+    bases = '\n[bases.b110]\nblob = "' + "1" * 40 + '"\n'
+    write_series(syn.patches, syn.blob, variants, extra_bases=f'build = 100\n{bases}')
+    report = check(newer, syn.patches)
+    assert carried(report)[3] == ("warning-downgrade", "not-needed", "b110", "not-needed (as in b110)")
+    assert report["concerns"][3]["detail"] == "not needed, as recorded for b110: measured: never fired"
+    section = series.apply_series(syn.load(), newer)
+    assert section["concerns"][3]["status"] == "not-needed" and "commit" not in section["concerns"][3]
+    assert len(run_git(newer, "rev-list", "HEAD").split()) == 1 + 3

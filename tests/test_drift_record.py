@@ -16,7 +16,7 @@ from dfbuild import series
 
 REPO = Path(__file__).resolve().parents[1]
 CURATED = series.load_series(REPO / "patches")
-DECISIONS = ("known", "exact", "offset", "3-way", "upstream", "inherited upstream")
+DECISIONS = ("known", "exact", "offset", "3-way", "upstream", "inherited upstream", "inherited not-needed")
 
 
 def _load(path: Path = REPO / "bench" / "drift.json") -> dict:

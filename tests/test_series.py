@@ -270,7 +270,7 @@ def own_cache(tmp_path, monkeypatch) -> Path:
 # --- clean apply -------------------------------------------------------------------------------
 
 
-def test_clean_apply_makes_one_fixed_identity_commit_per_concern(syn, tree):
+def test_clean_apply_makes_one_commit_per_concern_with_the_patch_author_and_date(syn, tree):
     section = series.apply_series(syn.load(), tree)
 
     assert section["base"] == "base1"
@@ -283,7 +283,12 @@ def test_clean_apply_makes_one_fixed_identity_commit_per_concern(syn, tree):
     assert section["head"] == commits[-1] == head(tree)
     for entry, commit in zip(section["concerns"], commits):
         who = run_git(tree, "log", "-1", "--format=%an <%ae>|%ad|%cn <%ce>|%cd", "--date=iso-strict", commit)
-        assert who == "dfbuild <dfbuild@localhost>|2000-01-01T00:00:00+00:00|dfbuild <dfbuild@localhost>|2000-01-01T00:00:00+00:00"
+        # the patch's own author and Date (the synthetic patches are the maintainer's commits), committed
+        # by the project at that date: reproducible, and never the import's placeholder identity or 2000
+        author, date = series.patch_author(syn.patch(entry["id"]))
+        assert (author, date) == (("Upstream Dev", "dev@example.org"), "Thu, 1 Jan 2026 00:00:00 +0000")
+        project = f"{source.PROJECT_NAME} <{source.PROJECT_EMAIL}>"
+        assert who == f"Upstream Dev <dev@example.org>|2026-01-01T00:00:00+00:00|{project}|2026-01-01T00:00:00+00:00"
         assert entry["file"] == f"base1/{syn.patch(entry['id']).name}"
         assert entry["sha256"] == sha256(syn.patch(entry["id"]))
         # the commit message is the patch's, trailer included, as `git am` would make it
@@ -354,6 +359,29 @@ def test_concern_recorded_upstream_is_reported_not_applied(syn, tmp_path):
     assert "commit" not in section["concerns"][3]
     assert len(run_git(other, "rev-list", "HEAD").split()) == 1 + 3
     assert (other / SPEC).read_text() == text_of(with_concerns(BASE_LINES, IDS))
+
+
+def test_concern_recorded_not_needed_is_a_decision_with_its_reason(syn, tree, capsys):
+    """warning-downgrade at a base where no scenario needs it: nothing is applied, and apply says why."""
+    variants = {cid: [patch_variant("base1", syn.patch(cid), syn.patches)] for cid in IDS[:3]}
+    variants["warning-downgrade"] = ['base1 = {status = "not-needed", note = "measured: the warning never fired"}']
+    write_series(syn.patches, syn.blob, variants)
+
+    base, steps = series.plan(syn.load(), tree)
+    assert [s.status for s in steps] == ["clean", "clean", "clean", "not-needed"]
+    section = series.apply_series(syn.load(), tree)
+    decision = section["concerns"][3]
+    assert decision["status"] == "not-needed" and decision["detail"] == "measured: the warning never fired"
+    assert "commit" not in decision
+    assert len(run_git(tree, "rev-list", f"{syn.base_commit}..HEAD").split()) == 3
+    from dfbuild import release
+
+    assert release.series_hash(section) != release.series_hash(
+        {"concerns": section["concerns"][:3] + [{**decision, "status": "upstream"}]})
+    # a decision without its reason is refused
+    write_series(syn.patches, syn.blob, {**variants, "warning-downgrade": ['base1 = {status = "not-needed"}']})
+    with pytest.raises(SeriesFileError, match="not-needed: its note must say why"):
+        syn.load()
 
 
 def test_partial_upstream_variant_applies_what_is_missing(syn, tmp_path):
@@ -883,7 +911,7 @@ def test_shipped_series_loads_and_every_patch_matches_its_sha256():
     patch_count = 0
     for number, concern in enumerate(curated.concerns, 1):
         assert concern.title and concern.rationale
-        assert {"Origin", "Bug", "Forwarded", "Applied-Upstream"} <= set(concern.dep3), concern.id
+        assert {"Origin", "Bug", "Forwarded"} <= set(concern.dep3), concern.id  # Applied-Upstream: where upstream has it
         for base, variant in concern.variants.items():
             assert base in curated.bases, f"{concern.id}: variant for undeclared base {base}"
             if variant.file is None:

@@ -34,19 +34,21 @@ from .series import (
 
 
 def refresh(series: Series, tree: Path, onto: str, *, name: str | None = None, base_info: dict | None = None,
-            decisions: dict[str, str] | None = None) -> dict:
+            decisions: dict[str, str] | None = None, not_needed: dict[str, str] | None = None) -> dict:
     """Regenerate the variants for base ONTO from the concern commits on top of it in TREE.
 
     Each commit in ONTO..HEAD must carry a `Dfbuild-Concern: <id>` trailer, one
     commit per concern. The new patch files are checked on ONTO, in the order of
     series.toml (the order `apply` uses), with zero fuzz and no offset, before
-    anything is written.
+    anything is written. DECISIONS (concern -> note) are recorded as upstream at ONTO,
+    NOT_NEEDED (concern -> what was measured) as not needed there; either replaces a patch.
     """
     tree = Path(tree)
     repo = git.Repo(tree)
     onto_commit = source.resolve_commit(repo, onto)
     commits = _git(tree, "rev-list", "--reverse", f"{onto_commit}..HEAD").stdout.split()
-    decisions = decisions or {}
+    decisions = {cid: ("upstream", note) for cid, note in (decisions or {}).items()}
+    decisions.update({cid: ("not-needed", note) for cid, note in (not_needed or {}).items()})
     if not commits and not decisions:
         raise SeriesFileError(f"no commits between {onto} and HEAD in {tree}",
                               "commit one change per concern on top of the base first")
@@ -104,9 +106,10 @@ def refresh(series: Series, tree: Path, onto: str, *, name: str | None = None, b
         for key, value in (base_info or {}).items():
             doc["bases"][base][key] = value
         for table in doc["concern"]:
-            if table["id"] in decisions:  # a decision, not a patch: e.g. the change is upstream in this base
+            if table["id"] in decisions:  # a decision, not a patch: upstream has it, or it is not needed here
+                status, note = decisions[table["id"]]
                 entry = tomlkit.inline_table()
-                entry.update({"status": "upstream", "note": decisions[table["id"]]})
+                entry.update({"status": status, "note": note})
                 table.setdefault("variants", tomlkit.table())[base] = entry
         written = []
         for concern, path in generated:
@@ -123,7 +126,7 @@ def refresh(series: Series, tree: Path, onto: str, *, name: str | None = None, b
         state.atomic_write_text(series.path, tomlkit.dumps(doc))  # a crash leaves the old file or the new
         state.fault_point("record: series.toml written")
     return {"base": base, "blob": blob, "onto": onto_commit, "variants": written,
-            "decisions": [{"id": cid, "status": "upstream", "note": note} for cid, note in decisions.items()]}
+            "decisions": [{"id": cid, "status": status, "note": note} for cid, (status, note) in decisions.items()]}
 
 
 def adopt(series: Series, tree: Path) -> dict:
@@ -161,13 +164,15 @@ def adopt(series: Series, tree: Path) -> dict:
                               "a still-broken or conflicting base needs a maintainer: see `dfbuild series refresh`")
     start, base = applied["start"], applied["base"]
     proven = f"proven {proof.get('proven_at', '?')[:10]} on {proof.get('backend')}"
-    decisions, carried_from = {}, {}
+    decisions, not_needed, carried_from = {}, {}, {}
     for concern in applied.get("concerns", []):
         carried_from[concern["id"]] = f"{concern.get('variant')} {concern.get('how')}"
         if outcome == "fixed-upstream":
             decisions[concern["id"]] = f"fixed upstream: the unpatched tree passes every scenario ({proven})"
         elif concern.get("how", "").startswith("upstream"):
             decisions[concern["id"]] = f"{concern.get('detail')} ({proven})"
+        elif concern.get("how", "").startswith("not-needed"):
+            not_needed[concern["id"]] = f"{concern.get('detail')} ({proven})"
     if outcome == "fixed-upstream":
         onto = head  # no patch files: every concern is a decision
         if head != start:
@@ -194,7 +199,7 @@ def adopt(series: Series, tree: Path) -> dict:
         info["sdist"] = src["repo"][len("pypi:"):]
     elif src.get("kind") == "git" and src.get("commit") == start:
         info["commit"] = start
-    result = refresh(series, tree, onto, name=base, base_info=info, decisions=decisions)
+    result = refresh(series, tree, onto, name=base, base_info=info, decisions=decisions, not_needed=not_needed)
     # the one record of what was proved: the epoch that holds the base gets its proof too
     epoch_proof = None
     curated = load_series(series.root)
@@ -213,6 +218,7 @@ def adopt(series: Series, tree: Path) -> dict:
 #   dfbuild prove --base bN; series record-proof --work WORK   on the epoch's first and last release
 
 CURATE_STATE = "curate.json"
+NOT_NEEDED_MARK = "not needed: "  # a carried not-needed decision, in the curation's decisions
 SAVED_REFS = "refs/dfbuild/saved"  # refs/dfbuild/saved/STAMP: what a reset of the tree would have thrown away
 SAVED_DIR = "saved"  # .git/dfbuild/saved/STAMP.json: where it was (branch, HEAD, the curation state)
 _KEYS = {"base": str, "onto": str, "orig_head": str, "head": str, "todo": list, "done": list, "decisions": dict,
@@ -377,7 +383,7 @@ def _carry_one(series: Series, tree: Path, concern, order: list[str], onto: str,
 def _advance(series: Series, tree: Path, data: dict) -> dict:
     """Carry the concerns still to do, in series order, one commit each; stop at the first conflict."""
     from . import carry as carrying
-    from .series import CARRIED, commit_message, patch_path
+    from .series import CARRIED, commit_message, patch_author, patch_path
 
     repo = git.Repo(tree)
     order = carrying.nearest_bases(series, tree, data["onto"])
@@ -390,12 +396,13 @@ def _advance(series: Series, tree: Path, data: dict) -> dict:
                 patch = patch_path(series, variant)
                 _git(tree, "apply", "--index", *(["--3way"] if status == "3-way" else []), str(patch))
                 state.fault_point(f"curate: {concern.id} staged")
-                commit = source.commit_fixed(repo, _with_trailer(commit_message(patch), concern.id))
+                commit = source.commit_patch(repo, _with_trailer(commit_message(patch), concern.id),
+                                             *patch_author(patch))
                 state.fault_point(f"curate: {concern.id} committed")
                 data["done"].append({"id": concern.id, "how": detail, "commit": commit})
-            elif status in ("upstream", "present", "applied"):
+            elif status in ("upstream", "present", "applied", "not-needed"):
                 # nothing to commit: the decision goes to `series record`, which writes it as the variant
-                data["decisions"][concern.id] = detail
+                data["decisions"][concern.id] = (NOT_NEEDED_MARK if status == "not-needed" else "") + detail
                 data["done"].append({"id": concern.id, "how": f"upstream, no commit: {detail}", "commit": None})
             else:
                 data.update({"waiting": concern.id, "waiting_detail": detail, "head": repo.head.commit.hexsha})
@@ -603,7 +610,7 @@ def curate_restore(tree: Path) -> dict:
 
 
 def record(series: Series, tree: Path, onto: str, *, decisions: dict[str, str] | None = None,
-           note: str | None = None) -> dict:
+           note: str | None = None, not_needed: dict[str, str] | None = None) -> dict:
     """The concern commits on top of ONTO become ONTO's variant; with the base's build and sdist.
 
     Decisions made by `series start` (concerns upstream already) are recorded too; DECISIONS adds
@@ -619,6 +626,9 @@ def record(series: Series, tree: Path, onto: str, *, decisions: dict[str, str] |
         curation = {}  # a damaged state: its decisions are not trusted; --upstream gives them
     rev = curation.get("onto") if curation.get("base") == onto else onto
     all_decisions = {**curation.get("decisions", {}), **(decisions or {})}
+    not_needed = {**{cid: note[len(NOT_NEEDED_MARK):] for cid, note in all_decisions.items()
+                     if note.startswith(NOT_NEEDED_MARK)}, **(not_needed or {})}
+    all_decisions = {cid: note for cid, note in all_decisions.items() if cid not in not_needed}
     info: dict = {"note": note or f"llama.cpp {onto}, the first release of its epoch (dfbuild series start)"}
     build = source.release_build(onto)
     if build is not None:
@@ -626,7 +636,7 @@ def record(series: Series, tree: Path, onto: str, *, decisions: dict[str, str] |
     src = manifest.load(manifest.tree_manifest_path(tree)).get("source") or {}
     if src.get("kind") == "sdist" and src.get("base") == onto and str(src.get("repo", "")).startswith("pypi:"):
         info["sdist"] = src["repo"][len("pypi:"):]  # where the base's tree comes from, offline
-    return refresh(series, tree, rev, name=onto, base_info=info, decisions=all_decisions)
+    return refresh(series, tree, rev, name=onto, base_info=info, decisions=all_decisions, not_needed=not_needed)
 
 
 # --- the record of what was proved: series.toml's epochs ----------------------------------------------

@@ -196,6 +196,9 @@ def _carry_concern(series: Series, tree: Path, concern: Concern, order: list[str
                              "needed a patch")
                 continue
             note = f": {variant.note}" if variant.note else ""
+            if variant.status == "not-needed":  # a decision, carried like upstream's: nothing to apply
+                return Step(concern, variant, "not-needed", f"not needed, as recorded for {variant.base}{note}",
+                            how=f"not-needed (as in {variant.base})")
             return Step(concern, variant, "upstream", f"upstream as recorded for {variant.base}{note}",
                         how=f"upstream (as in {variant.base})")
         patch = patches[variant.base]

@@ -7,8 +7,9 @@ an sdist import and a tarball of the same code all pick the same variant.
 
 Applying follows ollama's apply-git-patches loop: reverse-check means already
 applied, forward-check then apply, and a failure says what to regenerate. On
-top of that the whole series is atomic, and every patch becomes a commit with a
-fixed identity and date, so one base always yields one patched commit id.
+top of that the whole series is atomic, and every patch becomes a commit with the
+patch's own author and date (committed by the project at that date), so one base
+always yields one patched commit id.
 
 Two jobs live beside it and build on its types: carry.py carries the series to
 a base no variant was made for, and adopt.py turns commits and proofs back into
@@ -22,6 +23,7 @@ from __future__ import annotations
 import email
 import errno
 import email.policy
+import email.utils
 import os
 import re
 import subprocess
@@ -50,7 +52,9 @@ SERIES_ENV = "DFBUILD_PATCHES_DIR"
 # How many concern commits `series_start` looks through to find the commit the series went on.
 MAX_HISTORY = 64
 CONCERN_TRAILER = "Dfbuild-Concern"
-DFBUILD_EMAIL = source.FIXED_IDENTITY["GIT_AUTHOR_EMAIL"]
+# Who commits the concern commits `apply` makes: the project (and, in trees patched before patch
+# commits took their patch's author and date, the import identity).
+CONCERN_COMMITTERS = (source.PROJECT_EMAIL, source.FIXED_IDENTITY["GIT_COMMITTER_EMAIL"])
 
 
 def default_patches_dir() -> Path:
@@ -68,9 +72,11 @@ def default_patches_dir() -> Path:
 
 
 # A variant's status: "patch" (apply FILE), "upstream" (the base already has the
-# change: nothing to apply) or "partial-upstream" (the base has part of it: FILE,
-# when given, adds what is still missing).
-VARIANT_STATUSES = ("patch", "upstream", "partial-upstream")
+# change: nothing to apply), "partial-upstream" (the base has part of it: FILE,
+# when given, adds what is still missing) or "not-needed" (a recorded decision:
+# no scenario fails without the change at this base; the note says what was measured).
+VARIANT_STATUSES = ("patch", "upstream", "partial-upstream", "not-needed")
+DECISIONS = ("upstream", "not-needed")  # a variant without a file: nothing to apply, the note says why
 
 
 @dataclass
@@ -229,8 +235,10 @@ def _variant(concern_id: str, base: str, raw) -> Variant:
         raise _Malformed(f"{where} has status '{variant.status}' (use one of {', '.join(VARIANT_STATUSES)})")
     if variant.status == "patch" and not variant.file:
         raise _Malformed(f"{where} needs a file")
-    if variant.status == "upstream" and variant.file:
-        raise _Malformed(f"{where} is upstream and so has no file")
+    if variant.status in DECISIONS and variant.file:
+        raise _Malformed(f"{where} is {variant.status} and so has no file")
+    if variant.status == "not-needed" and not variant.note:
+        raise _Malformed(f"{where} is not-needed: its note must say why (what was measured)")
     if variant.file and not variant.sha256:
         raise _Malformed(f"{where} needs the sha256 of {variant.file}")
     return variant
@@ -318,13 +326,13 @@ def _git(tree: Path, *args: str, check: bool = True, env: dict | None = None) ->
 def series_start(tree: Path) -> str:
     """The commit the series goes on: HEAD, below the concern commits dfbuild itself put on top."""
     log = _git(tree, "log", "--first-parent", f"-n{MAX_HISTORY}",
-               f"--format=%H%x09%ae%x09%(trailers:key={CONCERN_TRAILER},valueonly,separator=%x2C)", "HEAD",
+               f"--format=%H%x09%ce%x09%(trailers:key={CONCERN_TRAILER},valueonly,separator=%x2C)", "HEAD",
                check=False).stdout
     start = None
     for line in log.splitlines():
         commit, email, concern = (line.split("\t") + ["", ""])[:3]
         start = commit
-        if email != DFBUILD_EMAIL or not concern.strip():
+        if email not in CONCERN_COMMITTERS or not concern.strip():
             return commit
     return start or _git(tree, "rev-parse", "HEAD").stdout.strip()
 
@@ -364,6 +372,17 @@ def verify_patch(series: Series, concern: Concern, variant: Variant) -> Path:
             "restore the file from git, or run `dfbuild series refresh` if you changed it on purpose",
         )
     return path
+
+
+def patch_author(patch: Path) -> tuple[tuple[str, str], str]:
+    """A format-patch file's author (name, email) and Date, which the commit it becomes carries."""
+    msg = email.message_from_bytes(patch.read_bytes(), policy=email.policy.compat32)
+    name, address = email.utils.parseaddr(str(msg["From"] or ""))
+    date = str(msg["Date"] or "").strip()
+    if not address or "@" not in address or email.utils.parsedate_tz(date) is None:
+        raise SeriesFileError(f"{patch.name} has no author or no Date: it is not git format-patch output",
+                              "regenerate it with `dfbuild series refresh`")
+    return (name or address, address), date
 
 
 def commit_message(patch: Path) -> str:
@@ -497,7 +516,8 @@ def _plan_known(series: Series, tree: Path, base: str, skip: tuple[str, ...]) ->
         elif variant is None:
             steps.append(Step(concern, None, "no-variant", f"no variant for base {base}"))
         elif variant.file is None:
-            steps.append(Step(concern, variant, "upstream", variant.note))
+            steps.append(Step(concern, variant, "not-needed" if variant.status == "not-needed" else "upstream",
+                              variant.note))
         else:
             patches[concern.id] = verify_patch(series, concern, variant)
             steps.append(Step(concern, variant, "pending"))
@@ -597,7 +617,7 @@ def patch_post_images(patch: Path) -> dict[str, list[str]]:
 
 
 def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: tuple[str, ...] = ()) -> dict:
-    """Apply every needed concern as one fixed-identity commit each; all or nothing.
+    """Apply every needed concern as one commit each, with its patch's author and date; all or nothing.
 
     A known base gets its variants; any other tree gets the series carried
     from the nearest known ones, and its section says `derived` and
@@ -664,7 +684,7 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
                 state.fault_point(f"apply: {step.concern.id} staged")
                 entry["status"] = "applied"
                 try:
-                    entry["commit"] = source.commit_fixed(repo, commit_message(patch))
+                    entry["commit"] = source.commit_patch(repo, commit_message(patch), *patch_author(patch))
                 except git.GitCommandError:
                     if journal.git_locks(tree, branch):
                         raise journal.held_by_another(tree, journal.git_locks(tree, branch)[0]) from None

@@ -333,9 +333,9 @@ FAILURE_PATTERNS = {
 }
 
 
-# the draft's zero-fill debug line, in each variant's wording ("zero-filling draft positions [a, b)",
-# "draft positions [a, b) are missing, mirroring them as zero rows")
-ZERO_FILL = re.compile(r"draft positions \[(\d+), (\d+)\)")
+# the draft's zero-fill debug line, one wording in every variant ("zero-filling draft positions [a, b)",
+# after the SPC_DBG prefix where the base has the macro, or after the function name)
+ZERO_FILL = re.compile(r"zero-filling draft positions \[(\d+), (\d+)\)")
 
 
 def zero_filled_spans(text: str) -> list[tuple[int, int]]:

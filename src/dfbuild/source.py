@@ -71,8 +71,8 @@ from .unpack import (  # noqa: F401 - re-exported
 
 GITHUB_LLAMA = "https://github.com/ggml-org/llama.cpp"
 
-# Commits dfbuild writes itself (imports, applied patches) use one identity and
-# one date, so the same input always gives the same commit id.
+# Commits dfbuild writes itself when it imports a tree use one identity and one
+# date, so the same input always gives the same commit id.
 FIXED_IDENTITY = {
     "GIT_AUTHOR_NAME": "dfbuild",
     "GIT_AUTHOR_EMAIL": "dfbuild@localhost",
@@ -80,6 +80,12 @@ FIXED_IDENTITY = {
     "GIT_COMMITTER_EMAIL": "dfbuild@localhost",
 }
 FIXED_DATE = "2000-01-01T00:00:00+0000"
+
+# The project, as the author of the patches it curates and the committer of the commits they
+# become in a tree (pyproject.toml's `authors`; tests/test_dep3.py keeps the two equal). A patch
+# commit carries its patch's own author and Date, so it is as reproducible as an import.
+PROJECT_NAME = "dfbuild maintainers"
+PROJECT_EMAIL = "maintainers@users.noreply.a-seed-1169d44c.example"
 
 # Repos dfbuild creates keep files byte for byte on every OS (no CRLF conversion
 # on Windows), so blob ids, patches and imported commit ids match everywhere.
@@ -235,9 +241,22 @@ def check_known(base: str, repo: str | None) -> None:
 
 
 def commit_fixed(repo: git.Repo, message: str, date: str = FIXED_DATE) -> str:
+    return _commit(repo, message, dict(FIXED_IDENTITY, GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date))
+
+
+def commit_patch(repo: git.Repo, message: str, author: tuple[str, str], date: str) -> str:
+    """Commit the index as a patch's own commit: its AUTHOR (name, email) and DATE, committed by the
+    project at that same date (as `git am --committer-date-is-author-date` would), so one base and
+    one series always give one commit id."""
+    name, email = author
+    return _commit(repo, message, {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": date,
+                                   "GIT_COMMITTER_NAME": PROJECT_NAME, "GIT_COMMITTER_EMAIL": PROJECT_EMAIL,
+                                   "GIT_COMMITTER_DATE": date})
+
+
+def _commit(repo: git.Repo, message: str, who: dict) -> str:
     # no hooks at all (--no-verify leaves prepare-commit-msg on): they could change the commit id
-    env = dict(FIXED_IDENTITY, GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date,
-               GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="core.hooksPath", GIT_CONFIG_VALUE_0=os.devnull)
+    env = dict(who, GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="core.hooksPath", GIT_CONFIG_VALUE_0=os.devnull)
     repo.git.commit("--no-verify", "--no-gpg-sign", "-q", "-m", message, env=env)
     return repo.head.commit.hexsha
 

@@ -355,7 +355,7 @@ patches_option = click.option("--patches", "patches_dir", type=click.Path(path_t
                               help="Patches directory holding series.toml (default: the shipped series).")
 
 STATUS_STYLE = {"clean": "green", "offset": "green", "3-way": "green", "applied": "cyan", "already-present": "cyan",
-                "upstream": "blue", "skipped": "yellow", "conflict": "red", "no-variant": "red",
+                "upstream": "blue", "not-needed": "blue", "skipped": "yellow", "conflict": "red", "no-variant": "red",
                 "not-applicable": "yellow"}
 
 

@@ -155,7 +155,7 @@ def series_adopt(tree, patches_dir, as_json):
     for variant in result["variants"]:
         ui.result(f"  wrote {variant['file']} ({variant['sha256'][:12]})")
     for decision in result["decisions"]:
-        ui.result(f"  {decision['id']}: upstream ({decision['note']})")
+        ui.result(f"  {decision['id']}: {decision['status']} ({decision['note']})")
 
 
 # --- the curator's loop: a variant for a new epoch -----------------------------------
@@ -291,12 +291,12 @@ def series_continue(tree, upstream_note, abort, restore, patches_dir, as_json):
     _finish_curation(data, tree, as_json)
 
 
-def _decisions(pairs: tuple[str, ...]) -> dict[str, str]:
+def _decisions(pairs: tuple[str, ...], option: str = "--upstream") -> dict[str, str]:
     found = {}
     for pair in pairs:
         concern, sep, note = pair.partition("=")
         if not sep or not concern.strip() or not note.strip():
-            raise errors.UsageError(f"--upstream {pair!r}: write CONCERN=NOTE", "e.g. --upstream 'embedding-skip=b9837 "
+            raise errors.UsageError(f"{option} {pair!r}: write CONCERN=NOTE", "e.g. --upstream 'embedding-skip=b9837 "
                                     "skips embedding batches itself'")
         found[concern.strip()] = note.strip()
     return found
@@ -307,21 +307,23 @@ def _decisions(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--onto", required=True, help="The base (the epoch's first release) the concern commits sit on.")
 @click.option("--upstream", "upstream", multiple=True, metavar="CONCERN=NOTE",
               help="A concern this base has upstream already (repeatable; `series start` records its own).")
+@click.option("--not-needed", "not_needed", multiple=True, metavar="CONCERN=WHY",
+              help="A concern no scenario needs at this base: record WHY (what was measured) instead of a patch.")
 @click.option("--note", default=None, help="The base's note in series.toml (what upstream changed there).")
 @patches_option
 @json_option_for("the recorded base and the variants written")
 @handle_errors
-def series_record(tree, onto, upstream, note, patches_dir, as_json):
+def series_record(tree, onto, upstream, not_needed, note, patches_dir, as_json):
     """(Curators) Record the concern commits as ONTO's variant: patch files, sha256, blob, build, sdist."""
     from .. import adopt, series
 
     curated = series.load_series(patches_dir)
-    decisions = _decisions(upstream)
-    for concern in decisions:
+    decisions, unneeded = _decisions(upstream), _decisions(not_needed, "--not-needed")
+    for concern in (*decisions, *unneeded):
         curated.concern(concern)  # a typo is an error, not a silent new decision
     adopt.require_git_tree(tree, "series record")
     with _locks(("tree", tree), no_wait=False):
-        result = adopt.record(curated, tree, onto, decisions=decisions, note=note)
+        result = adopt.record(curated, tree, onto, decisions=decisions, note=note, not_needed=unneeded)
     if as_json:
         ui.emit_json(result)
         return
@@ -329,7 +331,7 @@ def series_record(tree, onto, upstream, note, patches_dir, as_json):
     for variant in result["variants"]:
         ui.result(f"  wrote {variant['file']} ({variant['sha256'][:12]})")
     for decision in result["decisions"]:
-        ui.result(f"  {decision['id']}: upstream ({decision['note']})")
+        ui.result(f"  {decision['id']}: {decision['status']} ({decision['note']})")
     ui.info(f"next: dfbuild prove --base {result['base']} on the epoch's first and last release, "
             "then dfbuild series record-proof --work WORK")
 
