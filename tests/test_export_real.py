@@ -28,7 +28,11 @@ from helpers import dfbuild, run_git, said
 from realtrees import CACHE, REAL_BASE, TEST_CPU_VARIANTS, server_binary, server_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
-              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="built and run on Linux")]
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="built and run on Linux"),
+              # not yet run to completion: on the shared 2-core machine it was written on, a cold build of
+              # b11434 took over an hour; the lead decides whether CI runs it (docs/export.md, its cost)
+              pytest.mark.skipif(os.environ.get("DFBUILD_TEST_EXPORT_REAL") != "1",
+                                 reason="opt-in until it has run once: set DFBUILD_TEST_EXPORT_REAL=1")]
 
 SYMPTOM = "inconsistent sequence positions"
 

@@ -26,10 +26,12 @@ import re
 import shutil
 import subprocess
 import tempfile
-import tomllib
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
+
+import tomlkit
+from tomlkit.exceptions import TOMLKitError
 
 from . import series as series_mod
 from . import source, state, ui
@@ -63,8 +65,8 @@ def project_author(repo_root: Path | None = None) -> tuple[str, str]:
         candidates.append(Path(repo_root) / "pyproject.toml")
     for path in candidates:
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+            data = tomlkit.parse(path.read_text(encoding="utf-8")).unwrap()
+        except (OSError, TOMLKitError, UnicodeDecodeError):
             continue
         for author in data.get("project", {}).get("authors", []) or []:
             if isinstance(author, dict) and author.get("email"):
