@@ -731,6 +731,7 @@ def record_proofs(series: Series, proofs: list[dict], *, record_name: str, new_e
             raise UsageError(f"no epoch in series.toml holds {proof['base']}; nothing was written",
                              "make one: --epoch-first bN --epoch-last bM --variant BASE --change TEXT")
         entry = proof_entry(proof, record_name=record_name)
+        entry["code"] = series.variant_code(str(holder["variant"]))  # what it proved (Series.variant_code)
         table = tomlkit.table()
         table.update(entry)
         table.add(tomlkit.nl())
@@ -747,4 +748,5 @@ def record_proofs(series: Series, proofs: list[dict], *, record_name: str, new_e
 
 def epochs_table(series: Series) -> list[dict]:
     return [{"name": e.name, "first": f"b{e.first}", "last": f"b{e.last}", "variant": e.variant,
-             "upstream_change": e.upstream_change, "proofs": e.proofs} for e in series.epochs]
+             "upstream_change": e.upstream_change,
+             "proofs": [{**p, "current": series.proof_is_current(e, p)} for p in e.proofs]} for e in series.epochs]

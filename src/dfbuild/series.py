@@ -24,6 +24,7 @@ import email
 import errno
 import email.policy
 import email.utils
+import hashlib
 import os
 import re
 import subprocess
@@ -133,11 +134,32 @@ class Series:
     def epoch_of(self, build: int | None) -> Epoch | None:
         return next((e for e in self.epochs if e.holds(build)), None)
 
-    def recorded_proof(self, build: int | None) -> dict | None:
-        """The proof of release bBUILD that series.toml records, if any."""
+    def variant_code(self, variant: str) -> str:
+        """A digest of the code VARIANT's files put in a tree: each concern's status and its patch's diff,
+        header left out (a DEP-3 or authorship edit changes no code). A recorded proof names the digest
+        it ran, so a proof of an earlier form of the variant proves nothing about this one."""
+        digest = hashlib.sha256()
+        for concern in self.concerns:
+            chosen = concern.variants.get(variant)
+            digest.update(f"{concern.id}\0{chosen.status if chosen else '-'}\0".encode())
+            if chosen is not None and chosen.file:
+                path = self.root / chosen.file
+                data = path.read_bytes() if path.is_file() else b""
+                at = data.find(b"\ndiff --git ")
+                digest.update(hashlib.sha256(data[at + 1:] if at >= 0 else data).digest())
+        return digest.hexdigest()[:16]
+
+    def proof_is_current(self, epoch: Epoch, proof: dict) -> bool:
+        """Did PROOF run the code EPOCH's variant holds now (see variant_code)?"""
+        return proof.get("code") == self.variant_code(epoch.variant)
+
+    def recorded_proof(self, build: int | None, *, stale: bool = False) -> dict | None:
+        """The proof of release bBUILD that series.toml records for the variant as it is now, if any
+        (STALE: one that ran an earlier form of the variant, which proves nothing about this one)."""
         for epoch in self.epochs:
             for proof in epoch.proofs:
-                if build is not None and proof.get("release") == f"b{build}":
+                if build is not None and proof.get("release") == f"b{build}" \
+                        and self.proof_is_current(epoch, proof) != stale:
                     return {**proof, "epoch": epoch.name, "variant": epoch.variant,
                             "recorded_in": self.record_name}
         return None
@@ -196,6 +218,9 @@ def describe_proof(proof: dict, *, where: bool = True) -> str:
     counts = "; ".join(f"{label}: {proof[label]}" for label in ("unpatched", "patched") if proof.get(label))
     fixtures = f"; fixtures: {proof['fixtures']}" if proof.get("fixtures") else ""
     text = f"{proof.get('release')} {proof.get('outcome')}: {counts}{fixtures}"
+    if proof.get("current") is False:
+        text = f"{proof.get('release')} unproven: its recorded proof ({proof.get('outcome')}: {counts}) ran an " \
+               "earlier form of this variant's code; prove it again"
     if where:
         at = ", ".join(str(proof[k]) for k in ("where", "when") if proof.get(k)) or "where and when unrecorded"
         text += f"; proven on {at}" + (f" (recorded in {proof['recorded_in']})" if proof.get("recorded_in") else "")
@@ -716,9 +741,12 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
         # a proof series.toml records for this very release makes it proven here as in `series epochs`
         from . import carry
 
-        recorded = series.recorded_proof(carry.tree_build(tree, start))
+        build = carry.tree_build(tree, start)
+        recorded = series.recorded_proof(build)
         if recorded and recorded.get("outcome") == "fixed":
             section.update({"proven": True, "outcome": "fixed", "recorded_proof": recorded})
+        elif series.recorded_proof(build, stale=True):
+            section["stale_proof"] = series.recorded_proof(build, stale=True)
     return section
 
 

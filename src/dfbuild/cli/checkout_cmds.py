@@ -100,6 +100,10 @@ def apply(base, pr, repo, dest, force, patches_dir, skip, no_wait, as_json):
         recorded = section.get("recorded_proof") or {}
         ui.result(f"{section['base']}: carried {series.carried_from(section['concerns'])}; proven "
                   f"{recorded.get('outcome')} ({recorded.get('recorded_in')} records its proof)")
+    elif section.get("derived") and section.get("stale_proof"):
+        ui.warn(f"{section['base']}: carried {series.carried_from(section['concerns'])}; the proof "
+                f"{section['stale_proof'].get('recorded_in')} records for it ran an earlier form of the "
+                "variant's code, so it is unproven until `dfbuild prove` (or `dfbuild release`) has smoked both trees")
     elif section.get("derived"):
         ui.warn(f"{section['base']} is a base the series has no variant for: it was carried "
                 f"{series.carried_from(section['concerns'])} and is unproven until `dfbuild prove` "
