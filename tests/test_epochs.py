@@ -55,3 +55,38 @@ def test_the_readme_quick_start_releases_the_newest_proven_release():
     quick = re.search(r"dfbuild release --base (\S+) --backend cpu", (REPO / "README.md").read_text())
     assert quick, "the README's quick start has no `dfbuild release --base ...`"
     assert quick.group(1) == f"b{max(proven)}"
+
+
+def test_a_recorded_proof_stands_only_for_the_code_it_ran(tmp_path):
+    """A proof series.toml records names the code of its epoch's variant: a DEP-3 or authorship edit of a
+    patch keeps it, a changed line of code makes the release unproven again (prove it again)."""
+    import json
+    import shutil
+
+    from dfbuild import adopt, series
+
+    patches = tmp_path / "patches"
+    shutil.copytree(series.default_patches_dir(), patches)
+    curated = series.load_series(patches)
+    epoch = curated.epochs[-1]
+    proof = json.loads((Path(__file__).parents[1] / "bench" / "proofs" / "proof-b11434.json").read_text())
+    proof["base"] = f"b{epoch.first}"
+    adopt.record_proofs(curated, [proof], record_name="series.toml")
+    curated = series.load_series(patches)
+    assert curated.recorded_proof(epoch.first)["outcome"] == "fixed"
+
+    concern = next(c for c in curated.concerns if c.variants.get(epoch.variant) and c.variants[epoch.variant].file)
+    patch = patches / concern.variants[epoch.variant].file
+    text = patch.read_text()
+    patch.write_text(text.replace("Subject: [PATCH] ", "Subject: [PATCH] reworded: ", 1))  # header only
+    assert series.load_series(patches).recorded_proof(epoch.first) is not None
+
+    head, diff = text.split("\ndiff --git ", 1)
+    changed = diff.replace("\n+", "\n+ ", 1)  # one added line of code changes
+    patch.write_text(head + "\ndiff --git " + changed)
+    curated = series.load_series(patches)
+    assert curated.recorded_proof(epoch.first) is None
+    assert curated.recorded_proof(epoch.first, stale=True)["outcome"] == "fixed"
+    listed = [p for e in adopt.epochs_table(curated) if e["name"] == epoch.name for p in e["proofs"]]
+    assert any(p["release"] == f"b{epoch.first}" and p["current"] is False for p in listed)
+    assert "prove it again" in series.describe_proof(next(p for p in listed if p["release"] == f"b{epoch.first}"))
