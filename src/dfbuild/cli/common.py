@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from .. import __version__, errors, ui
+from .. import errors, ui
 
 
 no_wait_option = click.option("--no-wait", is_flag=True,

@@ -14,6 +14,7 @@ flags), and asks `cross(host)` how to build and run them here.
 from __future__ import annotations
 
 import functools
+import subprocess
 from dataclasses import replace
 
 from .. import backends
@@ -102,3 +103,18 @@ def by_elf_machine(machine: str, host: Host | None = None) -> Host | None:
         if cross_ and cross_.get("elf_machine") == machine and cross_.get("build_arch", host.arch) == host.arch:
             return replace(host, arch=arch, build_os=host.os, build_arch=host.arch)
     return None
+
+
+@functools.lru_cache(maxsize=None)  # asked by configure and by the manifest: run once per compiler
+def compiler_facts(compiler: str, header: str, macros: tuple[str, ...]) -> tuple[str | None, dict[str, str]]:
+    """A cross compiler's version, and the values of MACROS once HEADER is included (the C library's
+    or the runtime's version, which the compiler's own version does not say)."""
+    version = subprocess.run([compiler, "-dumpfullversion"], capture_output=True, text=True).stdout.strip()
+    defined = subprocess.run([compiler, "-E", "-dM", "-x", "c", "-"], input=f"#include <{header}>\n",
+                             capture_output=True, text=True).stdout
+    found = {}
+    for line in defined.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] in macros:
+            found[parts[1]] = parts[2]
+    return version or None, found

@@ -18,16 +18,14 @@ libgomp, which every arm64 Linux has: nothing is staged beside them.
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
 from ..backends import Host
 from ..errors import ToolchainMissingError
-from . import cross_entry
+from . import compiler_facts, cross_entry
 
 TOOLCHAIN_NAME = "dfbuild-toolchain-linux-arm64.cmake"
 
@@ -124,18 +122,11 @@ def toolchain_versions(host: Host) -> dict[str, str | None]:
     return dict(_compiler_versions(_compiler(host)))
 
 
-@functools.lru_cache(maxsize=None)
 def _compiler_versions(compiler: str) -> tuple[tuple[str, str | None], ...]:
-    out = subprocess.run([compiler, "-dumpfullversion"], capture_output=True, text=True).stdout.strip()
-    macros = subprocess.run([compiler, "-E", "-dM", "-x", "c", "-"], input="#include <features.h>\n",
-                            capture_output=True, text=True).stdout
-    found = {}
-    for line in macros.splitlines():
-        parts = line.split()
-        if len(parts) == 3 and parts[1] in ("__GLIBC__", "__GLIBC_MINOR__"):
-            found[parts[1]] = parts[2]
-    glibc = ".".join(found[k] for k in ("__GLIBC__", "__GLIBC_MINOR__")) if len(found) == 2 else None
-    return (("aarch64-gcc", out or None), ("arm64-glibc-headers", glibc))
+    names = ("__GLIBC__", "__GLIBC_MINOR__")
+    version, found = compiler_facts(compiler, "features.h", names)
+    glibc = ".".join(found[k] for k in names) if len(found) == 2 else None
+    return (("aarch64-gcc", version), ("arm64-glibc-headers", glibc))
 
 
 # --- what a release ships beside the binaries: nothing ----------------------------------------

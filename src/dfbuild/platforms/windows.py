@@ -20,7 +20,6 @@ arguments:
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import subprocess
@@ -30,7 +29,7 @@ from pathlib import Path
 from .. import paths
 from ..backends import Host
 from ..errors import BuildError, ToolchainMissingError
-from . import cross_entry, openssl
+from . import compiler_facts, cross_entry, openssl
 
 TOOLCHAIN_NAME = "dfbuild-toolchain-windows.cmake"
 RULES_NAME = "dfbuild-rules-windows.cmake"
@@ -271,19 +270,10 @@ def toolchain_versions(host: Host) -> dict[str, str]:
     return dict(_compiler_versions(_compiler(host)))
 
 
-@functools.lru_cache(maxsize=None)  # asked by configure (the OpenSSL key) and by the manifest: run once
 def _compiler_versions(compiler: str) -> tuple[tuple[str, str | None], ...]:
-    out = subprocess.run([compiler, "-dumpfullversion"], capture_output=True, text=True).stdout.strip()
-    headers = subprocess.run([compiler, "-E", "-dM", "-x", "c", "-"], input="#include <_mingw.h>\n",
-                             capture_output=True, text=True).stdout
-    version = {}
-    for line in headers.splitlines():
-        parts = line.split()
-        if len(parts) == 3 and parts[1] in ("__MINGW64_VERSION_MAJOR", "__MINGW64_VERSION_MINOR"):
-            version[parts[1]] = parts[2]
-    return (("mingw-gcc", out or None),
-            ("mingw-w64-headers", ".".join(version.get(k, "?") for k in ("__MINGW64_VERSION_MAJOR",
-                                                                           "__MINGW64_VERSION_MINOR"))))
+    names = ("__MINGW64_VERSION_MAJOR", "__MINGW64_VERSION_MINOR")
+    version, found = compiler_facts(compiler, "_mingw.h", names)  # cached: configure and manifest ask
+    return (("mingw-gcc", version), ("mingw-w64-headers", ".".join(found.get(k, "?") for k in names)))
 
 
 # --- the runtime DLLs -----------------------------------------------------------------------
