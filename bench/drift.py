@@ -292,7 +292,7 @@ def legacy_measurements(old: dict) -> dict:
 
 
 def series_sha256(curated: series.Series) -> str:
-    return hashlib.sha256(curated.path.read_bytes()).hexdigest()
+    return series.digest_without_proofs(curated.path)  # a new proof record needs --report-only, not a sweep
 
 
 # --- the report ---------------------------------------------------------------------------------

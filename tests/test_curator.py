@@ -31,14 +31,16 @@ WHERE = "lent machine: 16 x86-64 cores; cpu, x64 variant"
 
 
 def record_epoch(patches, first: str, last: str, variant: str, proofs: list[str], when: str = "2026-12-01") -> None:
-    """Append an epoch with a fixed proof of each release in PROOFS to series.toml, as the curator wrote them."""
+    """Append an epoch with a fixed proof of each release in PROOFS to series.toml, as the curator wrote them
+    (each naming the code of VARIANT it ran, as `series record-proof` does)."""
+    code = series.load_series(patches).variant_code(variant)
     text = (f'\n[[epoch]]\nfirst = "{first}"\nlast = "{last}"\nvariant = "{variant}"\n'
             f'upstream_change = "the synthetic upstream moved on"\n')
     for release in proofs:
         text += (f'\n[[epoch.proof]]\nrelease = "{release}"\noutcome = "fixed"\n'
                  f'unpatched = "21 of 40 scenario runs failed with the upstream symptom"\n'
                  f'patched = "all 40 passed"\nfixtures = "all 11 sets load"\nwhere = "{WHERE}"\nwhen = "{when}"\n'
-                 f'record = "dfbuild prove --base {release} --json"\n')
+                 f'record = "dfbuild prove --base {release} --json"\ncode = "{code}"\n')
     with open(patches / "series.toml", "a") as out:
         out.write(text)
 

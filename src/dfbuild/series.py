@@ -212,6 +212,15 @@ def carried_from(concerns: list[dict]) -> str:
     return "from the nearest known variants"
 
 
+def digest_without_proofs(path: Path) -> str:
+    """sha256 of series.toml with its epochs' proof records left out: what a sweep of the releases
+    (bench/drift.py) depends on. Recording a proof changes what was proved, not what applies where."""
+    doc = tomlkit.parse(Path(path).read_bytes().decode("utf-8"))
+    for epoch in doc.get("epoch", []):
+        epoch.pop("proof", None)
+    return hashlib.sha256(tomlkit.dumps(doc).encode("utf-8")).hexdigest()
+
+
 def describe_proof(proof: dict, *, where: bool = True) -> str:
     """One line of a recorded proof: release, outcome, counts, fixtures and (WHERE) where, when,
     and in which file it is recorded."""
