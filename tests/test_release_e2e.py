@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import archive, elf, fixtures, release, smoke, verify
+from dfbuild import archive, elf, fixtures, release, series, smoke, verify
 
 from realtrees import CACHE, REAL_BASE, RELEASE_CPU_VARIANTS
 
@@ -103,8 +103,11 @@ def test_release_writes_the_artifacts_and_a_full_manifest(released):
     assert full["build"]["toolchain"]
     assert full["smoke"]["passed"] is True and not full["smoke"].get("skipped")
     assert "image" in full["smoke"]["scenarios"]
-    # a carried tree is proven before it is released: the proof the any-head test made of these commits
-    assert set(rel["stages"]) == set(release.STAGES) | {"prove"}
+    # a carried tree is proven before it is released: series.toml records the proof of this code (the
+    # any-head test's, with its code digest), so the release reuses it and says so (--reprove proves again)
+    assert set(rel["stages"]) == set(release.STAGES)
+    assert full["series"]["proven"] and full["series"]["recorded_proof"]["outcome"] == "fixed"
+    assert full["series"]["recorded_proof"]["code"] == series.load_series().variant_code("b11312")
     assert not rel["stages"]["package"]["reused"]
     check = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=out, capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
