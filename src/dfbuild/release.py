@@ -566,7 +566,9 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
             curated = series.load_series(patches_dir)
             applied = series.apply_series(curated, tree)
             record["reused"] = not applied.get("changed", True)
-            ser, _ = state.reuse("series", applied["head"], applied)
+            # what series.toml records of this code's proof is part of the record: a new proof is not a no-op
+            ser, _ = state.reuse("series", _digest([applied["head"], applied.get("recorded_proof"),
+                                                    applied.get("stale_proof")]), applied)
             manifest.update_tree_manifest(tree, "series", ser)
 
         proof = None
