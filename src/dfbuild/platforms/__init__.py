@@ -14,7 +14,10 @@ flags), and asks `cross(host)` how to build and run them here.
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
+import tempfile
+from pathlib import Path
 from dataclasses import replace
 
 from .. import backends
@@ -118,3 +121,16 @@ def compiler_facts(compiler: str, header: str, macros: tuple[str, ...]) -> tuple
         if len(parts) == 3 and parts[1] in macros:
             found[parts[1]] = parts[2]
     return version or None, found
+
+
+def write_if_changed(path: Path, text: str) -> None:
+    """Same bytes: keep the file (and its time: ninja rebuilds nothing). Atomic otherwise."""
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return
+    except OSError:
+        pass
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(tmp, path)

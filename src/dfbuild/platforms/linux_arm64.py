@@ -18,14 +18,12 @@ libgomp, which every arm64 Linux has: nothing is staged beside them.
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from ..backends import Host
 from ..errors import ToolchainMissingError
-from . import compiler_facts, cross_entry
+from . import compiler_facts, cross_entry, write_if_changed
 
 TOOLCHAIN_NAME = "dfbuild-toolchain-linux-arm64.cmake"
 
@@ -95,23 +93,11 @@ def configure(host: Host, build_dir: Path) -> dict:
     build_dir.mkdir(parents=True, exist_ok=True)
     _compiler(host), _compiler(host, "cxx_compiler")  # missing: the toolchain-missing code and the apt line
     toolchain = build_dir / TOOLCHAIN_NAME
-    _write_if_changed(toolchain, toolchain_text(host))
+    write_if_changed(toolchain, toolchain_text(host))
     return {"cmake_args": [f"-DCMAKE_TOOLCHAIN_FILE={toolchain}", *tls_args(host)], "c_flags": [], "compat": [],
             "flags": dict(entry(host).get("flags", {})),
             "tls": f"OpenSSL (the system's libssl, arm64: {entry(host)['tls_libdir']})"}
 
-
-def _write_if_changed(path: Path, text: str) -> None:
-    """Same bytes: keep the file (and its time: ninja rebuilds nothing). Atomic otherwise."""
-    try:
-        if path.read_text(encoding="utf-8") == text:
-            return
-    except OSError:
-        pass
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
 
 
 # --- versions -------------------------------------------------------------------------------

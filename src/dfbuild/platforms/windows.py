@@ -29,7 +29,7 @@ from pathlib import Path
 from .. import paths
 from ..backends import Host
 from ..errors import BuildError, ToolchainMissingError
-from . import compiler_facts, cross_entry, openssl
+from . import compiler_facts, cross_entry, write_if_changed, openssl
 
 TOOLCHAIN_NAME = "dfbuild-toolchain-windows.cmake"
 RULES_NAME = "dfbuild-rules-windows.cmake"
@@ -184,14 +184,14 @@ def configure(host: Host, build_dir: Path) -> dict:
     c_flags = []
     if missing:
         header = build_dir / COMPAT_NAME
-        _write_if_changed(header, compat_header(missing))
+        write_if_changed(header, compat_header(missing))
         c_flags = ["-include", str(header)]
     rules = build_dir / RULES_NAME
-    _write_if_changed(rules, RULES_TEXT)
+    write_if_changed(rules, RULES_TEXT)
     exit_object = exit_wrapper(host, build_dir)
     tls = tls_prefix(host)
     toolchain = build_dir / TOOLCHAIN_NAME
-    _write_if_changed(toolchain, toolchain_text(host, rules, exit_object, [tls] if tls else []))
+    write_if_changed(toolchain, toolchain_text(host, rules, exit_object, [tls] if tls else []))
     tls_args = openssl_cmake_args(tls) if tls else []
     return {"cmake_args": [f"-DCMAKE_TOOLCHAIN_FILE={toolchain}", *tls_args], "c_flags": c_flags,
             "compat": missing, "flags": dict(entry(host).get("flags", {})),
@@ -243,7 +243,7 @@ def exit_wrapper(host: Host, build_dir: Path) -> Path:
     """Compile EXIT_SOURCE into BUILD_DIR (again only when it changed); the object every link gets."""
     source = Path(build_dir) / f"{EXIT_NAME}.c"
     obj = Path(build_dir) / f"{EXIT_NAME}.obj"
-    _write_if_changed(source, EXIT_SOURCE)
+    write_if_changed(source, EXIT_SOURCE)
     if not obj.is_file() or obj.stat().st_mtime_ns < source.stat().st_mtime_ns:
         result = subprocess.run([_compiler(host), "-O2", "-c", str(source), "-o", str(obj)],
                                 capture_output=True, text=True)
@@ -252,17 +252,6 @@ def exit_wrapper(host: Host, build_dir: Path) -> Path:
                              install_line(host))
     return obj
 
-
-def _write_if_changed(path: Path, text: str) -> None:
-    """Same bytes: keep the file (and its time: ninja rebuilds nothing)."""
-    try:
-        if path.read_text(encoding="utf-8") == text:
-            return
-    except OSError:
-        pass
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def toolchain_versions(host: Host) -> dict[str, str]:
