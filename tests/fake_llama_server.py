@@ -16,6 +16,12 @@ behaviour:
   diverge         the same difference, but at a decisive token (5 nats apart): a real divergence
   zero-fill-images like ok, but with a draft each image's span is logged as zero-filled (at -v),
                   as a series that skips every image batch logs it
+  restore-unused  like ok, but a restored slot's prompt is never reused (the hybrid target's
+                  full re-processing): the completion after a restore logs "cached n_tokens = 0"
+  begin-warning   like ok, but with a draft each completion logs begin()'s warning (a real miss)
+The slot actions (POST /slots/0?action=save|erase|restore, with --slot-save-path) answer as
+llama-server's do; the first completion after a restore reuses the restored prompt ("cached
+n_tokens = 709" at -v, and under "bug" the draft's hole fails it as unpatched b11434 does).
 `--list-devices` prints FAKE_DEVICES (";"-separated device lines) as llama-server does.
 With n_probs in a request, each generated token carries completion_probabilities.
 """
@@ -63,6 +69,7 @@ def probabilities(content: str) -> list[dict]:
 
 class State:
     speculative = False
+    restored = False  # a slot restore happened and no completion has reused it yet
     health_polls = 0
     drafted = 0
     accepted = 0
@@ -98,7 +105,10 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(404, {"error": {"code": 404, "message": "not found"}})
 
     def do_POST(self):
-        payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        payload = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if self.path.startswith("/slots/"):
+            self.slot_action(self.path.partition("action=")[2], payload)
+            return
         prompt = payload["prompt"] if self.path == "/completion" else payload["input"]
         has_image = isinstance(prompt, dict) and bool(prompt.get("multimodal_data"))
         if has_image:
@@ -118,6 +128,19 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/v1/embeddings":
             self.reply(200, {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.5] * 8}]})
             return
+        restored, State.restored = State.restored, False
+        if restored and "-v" in sys.argv:
+            log(f"slot   operator(): id  0 | task 9 | cached n_tokens = {0 if MODE == 'restore-unused' else 709}, "
+                "memory_seq_rm [709, end)")
+        if restored and MODE == "bug" and State.speculative:
+            log("init: the tokens of sequence 0 in the input batch have inconsistent sequence positions:")
+            log("process: llama_process(ctx_dft) failed rc=-1 (n_tokens=27, offset=0)")
+            self.reply(500, {"error": {"code": 500, "message": "decode() failed: failed to process speculative batch",
+                                       "type": "server_error"}})
+            return
+        if MODE == "begin-warning" and State.speculative:
+            log("0.00.135.687 W begin: ctx_dft pos_max=111 < N-1=114 - process() did not run on every prefill "
+                "ubatch. Drafts may degrade.")
         if MODE == "zero-fill-images" and State.speculative and has_image and "-v" in sys.argv:
             log("process: seq_id=0: zero-filling draft positions [16, 32)")
         n_predict = payload.get("n_predict", 16)
@@ -143,6 +166,28 @@ class Handler(BaseHTTPRequestHandler):
             if n_probs:
                 body["completion_probabilities"] = probabilities(content)
             self.reply(200, body)
+
+
+    def slot_action(self, action: str, payload: dict) -> None:
+        folder = arg_value(sys.argv, "--slot-save-path")
+        if folder is None:
+            self.reply(501, {"error": {"code": 501, "message": "This server does not support slots action.",
+                                       "type": "not_supported_error"}})
+        elif action == "erase":
+            self.reply(200, {"id_slot": 0, "n_erased": 724})
+        elif action in ("save", "restore") and payload.get("filename"):
+            path = os.path.join(folder, payload["filename"])
+            if action == "save":
+                with open(path, "wb") as handle:
+                    handle.write(b"fake slot")
+                self.reply(200, {"id_slot": 0, "filename": payload["filename"], "n_saved": 724})
+            elif os.path.isfile(path):
+                State.restored = True
+                self.reply(200, {"id_slot": 0, "filename": payload["filename"], "n_restored": 724})
+            else:
+                self.reply(400, {"error": {"code": 400, "message": "Unable to restore slot", "type": "invalid_request_error"}})
+        else:
+            self.reply(400, {"error": {"code": 400, "message": "Invalid action", "type": "invalid_request_error"}})
 
 
 def main(argv: list[str]) -> int:

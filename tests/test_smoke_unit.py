@@ -400,3 +400,58 @@ def test_mixed_batch_sends_an_image_to_the_embeddings_endpoint_and_asks_no_draft
     verdict = smoke.judge({"agree": True}, [step(drafted=0, accepted=0, generates=True)], None,
                           alive=True, log_findings=[])
     assert not verdict["passed"]
+
+
+# --- slot-restore: a prefix the draft never processed, and begin()'s warning (issue 29) ----------
+
+
+def test_slot_restore_runs_on_llama_sets_and_reuses_the_restored_prompt(build_dir, tmp_path):
+    sets = ["llama-mlp-agree", "qwen35-grid-plain-agree"]
+    section = smoke.run_smoke(build_dir, tmp_path / "fx", sets=sets, scenarios=["slot-restore"],
+                              env=fake_env("ok"), log_dir=tmp_path / "ok")
+    results = section["results"]["slot-restore"]
+    assert list(results) == ["llama-mlp-agree"]  # the hybrid qwen35 target re-processes a restored prompt
+    result = results["llama-mlp-agree"]
+    assert result["passed"], result["failures"]
+    labels = [r["label"] for r in result["requests"]]
+    assert labels == ["restore-long", "slot-save", "slot-erase", "restore-other", "slot-restore", "restored-prefix"]
+    assert result["statuses"] == [200] * 6
+    args = result["server_args"]
+    assert "-v" in args and Path(args[args.index("--slot-save-path") + 1]).is_dir()
+    assert (Path(args[args.index("--slot-save-path") + 1]) / smoke.SLOT_FILE).is_file()  # the save wrote it there
+    assert result["begin_warnings"] == []
+    assert "slot-restore" in smoke.EDGE_SCENARIOS and "slot-restore" not in smoke.DEFAULT_SCENARIOS
+
+
+def test_slot_restore_fails_like_the_upstream_bug_and_when_the_prefix_is_not_reused(build_dir, tmp_path):
+    bug = smoke.run_smoke(build_dir, tmp_path / "fx", sets=["llama-mlp-agree"], scenarios=["slot-restore"],
+                          env=fake_env("bug"), log_dir=tmp_path / "bug")["results"]["slot-restore"]["llama-mlp-agree"]
+    assert not bug["passed"] and bug["upstream_symptom"]
+    assert bug["statuses"][-1] == 500 and bug["failures"][0].startswith("restored-prefix: HTTP 500")
+    unused = smoke.run_smoke(build_dir, tmp_path / "fx", sets=["llama-mlp-agree"], scenarios=["slot-restore"],
+                             env=fake_env("restore-unused"), log_dir=tmp_path / "unused")
+    result = unused["results"]["slot-restore"]["llama-mlp-agree"]
+    assert not result["passed"] and "did not reach its case" in result["failures"][-1]
+
+
+def test_begin_warnings_are_recorded_and_not_judged(build_dir, tmp_path):
+    section = smoke.run_smoke(build_dir, tmp_path / "fx", sets=["llama-mlp-agree"], scenarios=["text"],
+                              env=fake_env("begin-warning"), log_dir=tmp_path / "warn")
+    result = section["results"]["text"]["llama-mlp-agree"]
+    assert result["passed"], result["failures"]
+    assert result["begin_warnings"] == [[111, 114], [111, 114]]  # the two requests
+
+
+def test_begin_warning_matches_upstreams_warning_line_only():
+    line = "begin: ctx_dft pos_max=111 < N-1=114 - process() did not run on every prefill ubatch. Drafts may degrade."
+    assert smoke.begin_warnings(f"0.00.135.687 W {line}\n") == [(111, 114)]
+    assert smoke.begin_warnings(f"W {line}") == [(111, 114)]
+    assert smoke.begin_warnings(line) == [(111, 114)]  # a log without levels
+    assert smoke.begin_warnings(f"x\n0.00.1 W begin: ctx_dft pos_max=-1 < N-1=5 - process() did not run on every "
+                                "prefill ubatch.\n") == [(-1, 5)]
+    # the same words demoted to debug (what the old warning-downgrade patch did), printed at -v: not a warning
+    assert smoke.begin_warnings(f"0.00.113.964 D {line}") == []
+    assert smoke.begin_warnings(f"D {line}") == []
+    # another implementation's line (N-2), and a log without the line
+    assert smoke.begin_warnings("0.1 W spec        begin: ctx_dft pos_max=3 < N-2=9 — process() did not run") == []
+    assert smoke.begin_warnings("0.1 D spec      process: seq_id=0: zero-filling draft positions [33, 709)") == []
