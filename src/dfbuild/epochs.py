@@ -78,7 +78,7 @@ def pure_offset(found: Fit) -> bool:
 
 
 def fits_by_variant(series: Series, speculative: bytes) -> dict[str, Fit]:
-    return {base: fit(series, base, speculative) for base in series.bases}
+    return {base: fit(series, base, speculative) for base in series.variant_bases}
 
 
 def derive(releases: list[tuple[int, dict[str, bool]]]) -> list[dict]:

