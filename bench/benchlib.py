@@ -135,7 +135,7 @@ def expected_series_hash(base: str, patches_dir: Path | None = None) -> str | No
         if variant is None:
             return None
         concerns.append({"id": concern.id, "sha256": variant.sha256,
-                         "status": "applied" if variant.file else "upstream"})
+                         "status": "applied" if variant.file else variant.status})
     return release.series_hash({"concerns": concerns})
 
 
