@@ -49,6 +49,7 @@ REQUIREMENTS = "tools/server/tests/requirements.txt"
 # gguf-py imports yaml (gguf/metadata.py), which the server tests' requirements do not bring
 YAML_REQUIREMENT = "PyYAML~=6.0"
 TEMPLATE = ".github/pull_request_template.md"
+SPECULATIVE = "common/speculative.cpp"
 # the DEP-3 fields and dfbuild's own trailers: a patch file's bookkeeping, not upstream's commit message
 _BOOKKEEPING = re.compile(r"^(Origin|Bug(-[\w-]+)?|Forwarded|Applied-Upstream|Last-Update|Author|From|Description|"
                           r"Reviewed-by|Acked-by|Dfbuild-[\w-]+):", re.IGNORECASE)
@@ -509,20 +510,20 @@ def build_commits_without_tree(curated, base: str, tree: Path, *, author: tuple[
             raise ExportError(f"{entry['file']} does not apply after the variant's earlier patches: "
                               + (result.stderr.strip().splitlines() or ["(no message)"])[-1],
                               "pass --repo with the base's tree")
-    fix = _commit(tree, fix_message(applied, curated.bug), author, date)
+    _commit(tree, fix_message(applied, curated.bug), author, date)
     test_file = tree / TEST_PATH
     test_file.parent.mkdir(parents=True, exist_ok=True)
     test_file.write_text(test_source(), encoding="utf-8")
     _git(tree, "add", "--", TEST_PATH)
-    test = _commit(tree, test_message(requirements=False), author, date)
+    _commit(tree, test_message(requirements=False), author, date)
     info = curated.bases.get(base, {})
     known = source.known_base(base)
-    section = {"base": base, "concerns": [{**d} for d in decided]}
-    return {"start": start, "base": base, "section": section, "applied": applied, "fix_commit": None,
-            "test_commit": None, "date": date, "requirements": False, "sparse": sparse,
+    # the blob the fix's index line names as its preimage: what the variant was made on
+    made_on_blob = sparse.get(SPECULATIVE, next(iter(sparse.values())))[0]
+    return {"start": start, "base": base, "section": {"base": base, "concerns": decided}, "applied": applied,
+            "date": date, "requirements": False, "sparse": sparse,
             "base_commit": info.get("commit") or (known.commit if known else None),
-            "made_on": {"blob": info.get("made_on") or info.get("blob"), "note": info.get("made_on_note"),
-                        "note_base": info.get("note")}}
+            "made_on": {"blob": made_on_blob, "note": info.get("made_on_note")}}
 
 
 def _load_json(path: Path | None) -> dict | None:
