@@ -14,6 +14,7 @@ import email.policy
 import json
 import py_compile
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,8 @@ import pytest
 from dfbuild import export
 
 from helpers import dfbuild, private_cache, run_git, said
-from test_series import BASE_LINES, IDS, SPEC, snapshot, syn, template, text_of, with_concerns  # noqa: F401
+from test_series import (BASE_LINES, FORMAT_PATCH, IDS, SPEC, patch_variant, snapshot, syn, template,  # noqa: F401
+                         text_of, with_concerns)
 
 PROJECT = "maintainers@users.noreply.a-seed-1169d44c.example"
 
@@ -268,3 +270,81 @@ def test_every_shipped_patch_reads_as_an_upstream_message():
         assert not re.search(r"^(Origin|Bug|Forwarded|Applied-Upstream|Last-Update|Dfbuild-[\w-]+):", body,
                              re.MULTILINE), name
         assert export._patch_date(curated.root / name) is not None, name
+
+
+# --- a base whose tree only a git host has: the export from its variants alone ---------------
+
+
+def a_pr_head(syn, tmp_path, monkeypatch) -> None:
+    """base1 as a PR head is to dfbuild: a known base whose tree only a git host has (here: one that is gone)."""
+    from dfbuild import source
+
+    monkeypatch.setitem(source.KNOWN_BASES, "base1", source.KnownBase(
+        name="base1", commit=syn.base_commit, repo=str(tmp_path / "gone"), note="a PR head"))
+
+
+def test_a_base_only_a_git_host_has_is_exported_from_its_variants_without_a_tree(syn, tmp_path, monkeypatch):
+    a_pr_head(syn, tmp_path, monkeypatch)
+    out = tmp_path / "export"
+    result = dfbuild("series", "export", "--upstream", "--base", "base1", "--patches", syn.patches, "--out", out,
+                     "--json")
+    assert result.exit_code == 0, said(result)
+    data = json.loads(result.stdout)
+    assert data["applied_to_tree"] is False and data["commits"] is None
+    assert data["base_commit"] == syn.base_commit
+    assert "NOT applied to a base1 tree" in result.stderr
+    assert (out / "PR.md").read_text().split("## Additional information\n\n", 1)[1].startswith(
+        "**Not applied to a base1 tree where this was prepared.**")
+
+    # a reviewer's git am on the real base gives exactly the series' result
+    tree = am(syn, out, tmp_path / "reviewer")
+    assert (tree / SPEC).read_text() == text_of(with_concerns(BASE_LINES, IDS))
+    assert (tree / export.TEST_PATH).read_text() == export.test_source()
+    # and the patches are the bytes the export made in a tree of that base
+    made_in_a_tree = tmp_path / "tree-export"
+    assert run_export(syn, made_in_a_tree).exit_code == 0
+    for patch in sorted(made_in_a_tree.glob("*.patch")):
+        assert (out / patch.name).read_bytes() == patch.read_bytes(), patch.name
+
+
+def test_the_pr_head_exports_offline_as_users_type_it(tmp_path):
+    out = tmp_path / "export"
+    result = dfbuild("series", "export", "--upstream", "--base", "5ecbe1a", "--out", out, "--json")
+    assert result.exit_code == 0, said(result)
+    data = json.loads(result.stdout)
+    assert data["applied_to_tree"] is False
+    assert [c["id"] for c in data["concerns"]] == ["embedding-skip", "zero-fill", "noise-block-base"]
+    assert [c["id"] for c in data["decided"]] == ["warning-downgrade"]
+    assert data["base_commit"].startswith("5ecbe1a")
+    found = mails(out)
+    assert [subject(m).split(" : ")[0] for m in found] == ["spec", "server"]
+    assert all(PROJECT in str(m["From"]) for m in found)
+    # the index line names the blob the variant was made on and the blob its last patch leaves
+    from dfbuild import series
+
+    curated = series.load_series()
+    last = (curated.root / curated.concern("noise-block-base").variants["5ecbe1a"].file).read_text()
+    want = f"index {curated.bases['5ecbe1a']['made_on']}..{re.search(r'index [0-9a-f]+[.][.]([0-9a-f]{40})', last)[1]}"
+    fix = sorted(out.glob("*.patch"))[0].read_text()
+    assert want in fix and "dfbuild: line" not in fix
+    assert "requirements.txt" not in sorted(out.glob("*.patch"))[1].read_text()
+    assert "could not be read" in (out / "PR.md").read_text()
+
+
+def test_a_variant_that_shows_too_little_of_the_base_is_refused_without_a_tree(syn, tmp_path, monkeypatch):
+    # patches with one line of context say too little of the base to show the squashed diff's context
+    a_pr_head(syn, tmp_path, monkeypatch)
+    toml = syn.patches / "series.toml"
+    text = toml.read_text()
+    for number, (concern_id, commit) in enumerate(zip(IDS, syn.concern_commits), 1):
+        patch = syn.patch(concern_id)
+        old_line = patch_variant("base1", patch, syn.patches)
+        patch.write_bytes(subprocess.run(["git", *FORMAT_PATCH, "-U1", "-1", commit], cwd=syn.work,
+                                         capture_output=True, check=True).stdout)
+        text = text.replace(old_line, patch_variant("base1", patch, syn.patches))
+    toml.write_text(text)
+    out = tmp_path / "export"
+    result = dfbuild("series", "export", "--upstream", "--base", "base1", "--patches", syn.patches, "--out", out)
+    assert result.exit_code == 26, said(result)
+    assert "cannot be made without the base's tree" in said(result)
+    assert not out.exists() and list(tmp_path.glob(".export.export-*")) == []

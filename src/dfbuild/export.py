@@ -34,7 +34,7 @@ import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
 from . import series as series_mod
-from . import source, state, ui
+from . import source, squash, state, ui
 from .errors import DfbuildError, ExportError
 from .paths import sha256_file
 
@@ -49,6 +49,7 @@ REQUIREMENTS = "tools/server/tests/requirements.txt"
 # gguf-py imports yaml (gguf/metadata.py), which the server tests' requirements do not bring
 YAML_REQUIREMENT = "PyYAML~=6.0"
 TEMPLATE = ".github/pull_request_template.md"
+SPECULATIVE = "common/speculative.cpp"
 # the DEP-3 fields and dfbuild's own trailers: a patch file's bookkeeping, not upstream's commit message
 _BOOKKEEPING = re.compile(r"^(Origin|Bug(-[\w-]+)?|Forwarded|Applied-Upstream|Last-Update|Author|From|Description|"
                           r"Reviewed-by|Acked-by|Dfbuild-[\w-]+):", re.IGNORECASE)
@@ -141,14 +142,15 @@ def fix_message(applied: list[dict], bug: str) -> str:
     return "\n".join(parts).strip() + "\n"
 
 
-def test_message() -> str:
+def test_message(requirements: bool = True) -> str:
+    """The test commit's message; REQUIREMENTS: whether it adds PyYAML to the test requirements."""
     return (f"{TEST_SUBJECT}\n\n"
             "A tiny qwen35 target (M-RoPE), its qwen2vl_merger projector and a DFlash\n"
             "draft are written by the tree's gguf-py at test time, so nothing is\n"
             "downloaded. An image completion with text after the image must answer\n"
             "200 with accepted drafts and the output of the same request without\n"
-            "the draft, for a plain-rope draft and for an M-RoPE draft.\n\n"
-            "gguf-py imports yaml, so the test requirements gain PyYAML.\n")
+            "the draft, for a plain-rope draft and for an M-RoPE draft.\n"
+            + ("\ngguf-py imports yaml, so the test requirements gain PyYAML.\n" if requirements else ""))
 
 
 # --- the test file ---------------------------------------------------------------------------
@@ -213,8 +215,13 @@ def _measured_rows(measured: dict | None) -> list[tuple[str, str, str]]:
 
 
 def pr_text(template: str | None, *, base: str, base_commit: str, applied: list[dict], bug: str,
-            proof: dict | None, recorded: dict | None, measured: dict | None, proof_note: str) -> str:
-    """PR.md: the tree's template with Overview and Additional information filled, Requirements left to the submitter."""
+            proof: dict | None, recorded: dict | None, measured: dict | None, proof_note: str,
+            requirements: bool = True, made_on: dict | None = None) -> str:
+    """PR.md: the tree's template with Overview and Additional information filled, Requirements left to the submitter.
+
+    REQUIREMENTS: whether the test commit adds PyYAML to the test requirements. MADE_ON: for an export made
+    without BASE's tree, what its variant was made on; PR.md then says first that nothing was applied to
+    a BASE tree where it was prepared."""
     overview = [
         "DFlash speculative decoding fails after an image when the target uses M-RoPE "
         f"({bug}). mtmd gives every row of an image one temporal position (a qwen2vl-style merger puts "
@@ -230,20 +237,24 @@ def pr_text(template: str | None, *, base: str, base_commit: str, applied: list[
         f"- adds `tools/server/tests/unit/{TEST_NAME}`: a tiny qwen35 target (M-RoPE), a qwen2vl_merger "
         "projector and a DFlash draft, written by the tree's `gguf-py` at test time (no download); an image "
         "request with text after the image must answer 200, accept drafts and match the output without the "
-        "draft. It fails without the fix and passes with it. `PyYAML` joins the test requirements, because "
-        "`gguf-py` imports it.",
+        "draft. It fails without the fix and passes with it."
+        + (" `PyYAML` joins the test requirements, because `gguf-py` imports it." if requirements else ""),
     ]
     rows = _proof_rows(proof, recorded) + _measured_rows(measured)
-    info = [f"Measured with dfbuild on llama.cpp {base}, {proof_note}:", ""]
+    info = [] if made_on is None else _without_tree_note(base, base_commit, made_on) + [""]
     if rows:
+        info += [f"Measured with dfbuild on llama.cpp {base}, {proof_note}:", ""]
         info += ["| | without this PR | with this PR |", "| --- | --- | --- |"]
         info += [f"| {what} | {before} | {after} |" for what, before, after in rows]
         proven = [c.get("id") for c in (proof or {}).get("concerns", []) if c.get("status") == "applied"]
         if proof and proven != [e["id"] for e in applied]:
             info += ["", f"(the smoke proof patched {', '.join(proven) or 'nothing'}; this PR carries "
                      f"{', '.join(e['id'] for e in applied)}: the series changed since it ran)"]
+    elif made_on is not None:
+        info += [f"Nothing was measured on {base} with dfbuild: its tree could not be fetched."]
     else:
-        info += ["(no measurement is recorded for this base yet: run `dfbuild prove --base "
+        info += [f"Measured with dfbuild on llama.cpp {base}, {proof_note}:", "",
+                 "(no measurement is recorded for this base yet: run `dfbuild prove --base "
                  f"{base}` and export again)"]
     info += [
         "",
@@ -270,6 +281,27 @@ def pr_text(template: str | None, *, base: str, base_commit: str, applied: list[
                     "(https://github.com/ggml-org/llama.cpp/blob/master/CONTRIBUTING.md)\n"
                     "- AI usage disclosure: <!-- mention: YES / NO - if yes, describe how AI was used -->\n")
     return _fill_template(template, sections)
+
+
+def _without_tree_note(base: str, base_commit: str, made_on: dict) -> list[str]:
+    """What a reader must know first about an export made without BASE's tree."""
+    lines = [
+        f"**Not applied to a {base} tree where this was prepared.** {base}'s tree"
+        + (f" ({base_commit[:12]})" if base_commit else "") + " could not be fetched there (no network). "
+        f"The fix commit is dfbuild's {base} variant squashed without the tree: the lines it changes and "
+        "their context come from the variant's own patches",
+    ]
+    if made_on.get("blob"):
+        lines[0] += (f", which were made on `common/speculative.cpp` blob {made_on['blob'][:12]} "
+                     "(the index line names that blob)")
+    lines[0] += (f". Nothing was built or run at {base} for this PR: `git am` on a clean {base} checkout "
+                 "is expected to apply it, and the new test to fail before the fix commit and pass after "
+                 f"it; neither was tried at {base}.")
+    if made_on.get("note"):
+        lines += ["", f"How the variant was made (dfbuild's series.toml): {made_on['note']}."]
+    lines += ["", f"`{REQUIREMENTS}` is not changed: its text at {base} could not be read. `gguf-py` imports "
+              f"`yaml`; if the file lacks it, add `{YAML_REQUIREMENT}` before running the new test."]
+    return lines
 
 
 def _fill_template(template: str, sections: dict[str, str]) -> str:
@@ -415,9 +447,83 @@ def build_commits(curated, tree: Path, *, author: tuple[str, str]) -> dict:
             requirements.write_text(updated, encoding="utf-8")
             paths.append(REQUIREMENTS)
     _git(tree, "add", "--", *paths)
-    test = _commit(tree, test_message(), author, date)
+    test = _commit(tree, test_message(REQUIREMENTS in paths), author, date)
     return {"start": start, "base": section["base"], "section": section, "applied": applied,
-            "fix_commit": fix, "test_commit": test, "date": date}
+            "fix_commit": fix, "test_commit": test, "date": date, "requirements": REQUIREMENTS in paths}
+
+
+# --- without a tree --------------------------------------------------------------------------
+
+
+def without_tree(curated, base: str, repo: str | None) -> bool:
+    """Whether BASE's export is made from its variants alone: a base whose tree only a git host has (a PR
+    head such as 5ecbe1a: no sdist, not a release), which series.toml serves with a variant of its own in
+    every concern, and no --repo to fetch it from. Same inputs, same answer: the network is never asked."""
+    if repo is not None or base not in curated.bases:
+        return False
+    known = source.known_base(base)
+    if known is None or known.sdist or source.release_build(base) is not None:
+        return False
+    return all(base in concern.variants for concern in curated.concerns)
+
+
+def build_commits_without_tree(curated, base: str, tree: Path, *, author: tuple[str, str]) -> dict:
+    """In TREE (a new scratch repo), the fix and test commits made from BASE's variants alone.
+
+    The files the variants change are rebuilt sparsely from the patches' own lines (dfbuild.squash), the
+    patches are applied to them as `apply` would (zero fuzz, in order), and the result is squashed into
+    one commit; `sparse` holds the real blob ids that format-patch's index lines must name."""
+    applied, decided = [], []
+    for concern in curated.concerns:
+        variant = concern.variants[base]
+        if not variant.file:
+            decided.append({"id": concern.id, "status": variant.status, "detail": variant.note})
+            continue
+        patch = series_mod.verify_patch(curated, concern, variant)
+        subject, body = upstream_message(patch)
+        applied.append({"id": concern.id, "file": variant.file,
+                        "how": f"variant {base}, not applied to a tree here", "subject": subject, "body": body,
+                        "origin_urls": origin_urls(patch), "patch": patch})
+    if not applied:
+        raise ExportError(f"the series applies no patch at {base}: every concern is upstream or decided "
+                          "there, so there is nothing to send", "pick a base the series patches")
+    chains: dict[str, list] = {}
+    for entry in applied:
+        for diff in squash.parse(entry["patch"].read_text(encoding="utf-8"), entry["patch"].name):
+            chains.setdefault(diff.path, []).append((entry["patch"].name, diff))
+    date = export_date([a["patch"] for a in applied])
+
+    tree.mkdir(parents=True)
+    _git(tree, "init", "-q")
+    sparse = {}
+    for path, chain in chains.items():
+        text, old, new, _mode = squash.sparse_base(chain)
+        (tree / path).parent.mkdir(parents=True, exist_ok=True)
+        (tree / path).write_text(text, encoding="utf-8")
+        sparse[path] = (old, new)
+    _git(tree, "add", "-A")
+    start = _commit(tree, f"the lines of {base} that its variants show\n", author, date)
+    for entry in applied:
+        result = subprocess.run(["git", "-C", str(tree), "apply", "--index", "--whitespace=nowarn",
+                                 str(entry["patch"])], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise ExportError(f"{entry['file']} does not apply after the variant's earlier patches: "
+                              + (result.stderr.strip().splitlines() or ["(no message)"])[-1],
+                              "pass --repo with the base's tree")
+    _commit(tree, fix_message(applied, curated.bug), author, date)
+    test_file = tree / TEST_PATH
+    test_file.parent.mkdir(parents=True, exist_ok=True)
+    test_file.write_text(test_source(), encoding="utf-8")
+    _git(tree, "add", "--", TEST_PATH)
+    _commit(tree, test_message(requirements=False), author, date)
+    info = curated.bases.get(base, {})
+    known = source.known_base(base)
+    # the blob the fix's index line names as its preimage: what the variant was made on
+    made_on_blob = sparse.get(SPECULATIVE, next(iter(sparse.values())))[0]
+    return {"start": start, "base": base, "section": {"base": base, "concerns": decided}, "applied": applied,
+            "date": date, "requirements": False, "sparse": sparse,
+            "base_commit": info.get("commit") or (known.commit if known else None),
+            "made_on": {"blob": made_on_blob, "note": info.get("made_on_note")}}
 
 
 def _load_json(path: Path | None) -> dict | None:
@@ -433,7 +539,10 @@ def _load_json(path: Path | None) -> dict | None:
 
 def export_upstream(curated, base: str, out: Path, *, repo: str | None = None, proof_file: Path | None = None,
                     measured_file: Path | None = None) -> dict:
-    """Write BASE's upstream export into OUT (atomically); return what was written."""
+    """Write BASE's upstream export into OUT (atomically); return what was written.
+
+    Made in a scratch checkout of BASE, or, for a base whose tree only a git host has and no --repo
+    (without_tree), from BASE's variants alone: then PR.md and stderr say it was not applied to a tree."""
     out = Path(out).absolute()
     replace = check_out_dir(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -442,20 +551,35 @@ def export_upstream(curated, base: str, out: Path, *, repo: str | None = None, p
     author = project_author(repo_root)
     proof_file = proof_file or repo_root / "bench" / "proofs" / f"proof-{base}.json"
     measured_file = measured_file or repo_root / "bench" / "upstream" / f"upstream-test-{base}.json"
+    treeless = without_tree(curated, base, repo)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
     try:
         os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's 0700 is for scratch, not for a result
         with state.temp_dir("export") as scratch:
             tree = scratch / "llama.cpp"
-            with ui.step(f"checkout {base} (a scratch tree)"):
-                checked = source.checkout(base, repo=repo, dest=tree)
-            with ui.step("apply the series, squash it, add the server test"):
-                made = build_commits(curated, tree, author=author)
+            if treeless:
+                ui.warn(f"{base}'s tree is not here (no --repo): the export is made from series.toml's "
+                        f"{base} variant alone and was NOT applied to a {base} tree; PR.md says so")
+                with ui.step(f"squash the {base} variant, add the server test (no tree)"):
+                    made = build_commits_without_tree(curated, base, tree, author=author)
+                checked = {"kind": "series-variant", "repo": None, "commit": made["base_commit"]}
+                base_commit = made["base_commit"]
+            else:
+                with ui.step(f"checkout {base} (a scratch tree)"):
+                    checked = source.checkout(base, repo=repo, dest=tree)
+                with ui.step("apply the series, squash it, add the server test"):
+                    made = build_commits(curated, tree, author=author)
+                base_commit = made["start"]
             patches_dir = staging
             with ui.step("git format-patch"):
                 listed = _git(tree, "format-patch", "--zero-commit", "--no-signature", "--full-index",
                               "-o", str(patches_dir), f"{made['start']}..HEAD").split()
             names = [Path(p).name for p in listed]
+            if treeless:  # the index lines name the real blobs, not the sparse files'
+                for name in names:
+                    path = staging / name
+                    path.write_text(squash.real_index_lines(path.read_text(encoding="utf-8"), made["sparse"]),
+                                    encoding="utf-8")
             template_path = tree / TEMPLATE
             template = template_path.read_text(encoding="utf-8") if template_path.is_file() else None
             proof = _load_json(proof_file)
@@ -465,19 +589,22 @@ def export_upstream(curated, base: str, out: Path, *, repo: str | None = None, p
             recorded = curated.recorded_proof(build) if build is not None else None
             measured = _load_json(measured_file)
             note = ("CPU, " + describe_where(proof)) if proof else "as series.toml records"
-            text = pr_text(template, base=base, base_commit=made["start"], applied=made["applied"], bug=curated.bug,
-                           proof=proof, recorded=recorded, measured=measured, proof_note=note)
+            text = pr_text(template, base=base, base_commit=base_commit or "", applied=made["applied"],
+                           bug=curated.bug, proof=proof, recorded=recorded, measured=measured, proof_note=note,
+                           requirements=made["requirements"], made_on=made.get("made_on") if treeless else None)
             (staging / "PR.md").write_text(text, encoding="utf-8")
             names.append("PR.md")
         files = {name: sha256_file(staging / name) for name in names}
         data = {
-            "written_by": "dfbuild", "schema": EXPORT_SCHEMA, "base": base, "base_commit": made["start"],
+            "written_by": "dfbuild", "schema": EXPORT_SCHEMA, "base": base, "base_commit": base_commit,
+            "applied_to_tree": not treeless,
             "source": {k: checked.get(k) for k in ("kind", "repo", "commit")},
             "author": f"{author[0]} <{author[1]}>", "date": made["date"],
             "concerns": [{"id": a["id"], "file": a["file"], "how": a["how"]} for a in made["applied"]],
             "decided": [{"id": c["id"], "status": c["status"], "detail": c.get("detail")}
                         for c in made["section"]["concerns"] if c.get("status") != "applied"],
-            "commits": [made["fix_commit"], made["test_commit"]],
+            # the commits a tree-based export made on the base; none without a tree
+            "commits": None if treeless else [made["fix_commit"], made["test_commit"]],
             "files": files,
         }
         state.atomic_write_text(staging / MARKER_NAME, json.dumps(data, indent=2, sort_keys=True) + "\n")
