@@ -204,6 +204,15 @@ def test_cli_unknown_arch_is_a_usage_error_before_any_work(tmp_path):
     assert not (tmp_path / "w").exists() and not (tmp_path / "o").exists()
 
 
+def test_cpu_variants_help_names_the_arm64_variants_not_x64_only():
+    # --cpu-variants takes the arm64 names with --arch arm64 (the fewer-variants build of docs/arm64.md)
+    for command in ("build", "release", "prove"):
+        result = _cli(command, "--help")
+        text = " ".join(result.output.split())
+        assert result.exit_code == 0 and "x64 only" not in text and "x64 CPU variants" not in text, command
+        assert "armv8.0_1,armv8.2_2" in text and "--arch arm64" in text, command
+
+
 # --- ELF machine, and qemu as the runner ----------------------------------------------------------
 
 

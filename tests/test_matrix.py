@@ -206,6 +206,7 @@ VERIFIED = {
     "linux-cpu-x64": "built and run here",        # dfbuild's own integration tests
     "linux-vulkan-x64": "built and run here",     # lavapipe
     "linux-cuda-13.0-x64": "built and run here",  # the lent H200 (nvcc 13)
+    "linux-cpu-arm64": "built and run here",      # cross-built with aarch64 GCC, run under qemu-aarch64
     "windows-cpu-x64": "built and run here",      # mingw-w64, Wine
     "windows-cpu-x64-msvc": "runner only", "windows-cuda-12.4-x64": "runner only",
     "windows-cuda-13.0-x64": "runner only", "macos-metal-arm64": "runner only",

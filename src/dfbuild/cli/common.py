@@ -377,7 +377,8 @@ def proof_options(func):
         click.option("--set", "sets", multiple=True, help="Fixture set to smoke (repeatable; default: the standard ones)."),
         click.option("--scenario", "scenarios", multiple=True, help="Scenario to run (repeatable; default: all)."),
         click.option("--cpu-variants", default=None,
-                     help="x64 CPU variants to build (default: all, as a release; e.g. x64,haswell to save time)."),
+                     help="CPU variants to build (default: all, as a release; e.g. x64,haswell or, with --arch arm64, "
+                          "armv8.0_1,armv8.2_2 to save time)."),
         click.option("-j", "--jobs", type=int, default=None, help="Parallel compile jobs (default: ninja's)."),
     ]):
         func = option(func)

@@ -26,7 +26,8 @@ from .exits import handle_errors
 @click.option("--target", "targets", multiple=True,
               help="CMake targets to build, e.g. llama-server,llama-cli, or 'all' (repeatable; default: llama-server).")
 @click.option("--cpu-variants", default=None,
-              help="x64 only: the runtime-dispatched CPU variants to build, e.g. x64,haswell (default: all).")
+              help="The runtime-dispatched CPU variants to build, e.g. x64,haswell, or armv8.0_1,armv8.2_2 "
+                   "with --arch arm64 (default: all).")
 @click.option("--cuda-arch", default=None, help="CUDA architectures, e.g. 86 or '86;90' (cuda only).")
 @click.option("--gpu-targets", default=None, help="AMD GPU targets or families, e.g. rdna4 or gfx1201 (hip only).")
 @click.option("--vulkan-include-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
@@ -113,7 +114,8 @@ def _human_size(n: int) -> str:
               help="CMake targets to build and ship, e.g. llama-server,llama-cli, or 'all' for every tool "
                    "(repeatable; llama-server always included).")
 @click.option("--cpu-variants", default=None,
-              help="x64 only: the runtime-dispatched CPU variants to ship, e.g. x64,haswell (default: all).")
+              help="The runtime-dispatched CPU variants to ship, e.g. x64,haswell, or armv8.0_1,armv8.2_2 "
+                   "with --arch arm64 (default: all).")
 @toolchain_options
 @os_option
 @arch_option
