@@ -365,6 +365,29 @@ def test_verify_states_that_a_root_builds_glibc_floor_is_forkys():
     assert verify._root_launcher({"path": "debian-forky-rocm-6.4-000000000000"}) is None
 
 
+def test_verify_runs_the_archive_in_the_root_the_manifest_names_when_made_in_another_cache(monkeypatch, tmp_path):
+    from dfbuild import verify
+
+    monkeypatch.setenv("DFBUILD_CACHE_DIR", str(tmp_path / "this-cache"))   # no root made in this one
+    name = rocm_root.root_path().name
+
+    def made(path):
+        (path / "usr" / "bin").mkdir(parents=True)
+        (path / "usr" / "bin" / "hipconfig").write_text("")
+        (path / rocm_root.RECORD_NAME).write_text("{}")
+        return path
+
+    other = made(tmp_path / "other-cache" / "roots" / name)
+    assert verify._root_launcher({"path": str(other)}) == rocm_root.launcher_for_root(other)
+    # a root of another recipe, or a folder that is no made root, is never chrooted into
+    stale = made(tmp_path / "old-cache" / "roots" / "debian-forky-rocm-6.4-000000000000")
+    assert verify._root_launcher({"path": str(stale)}) is None
+    assert verify._root_launcher({"path": str(tmp_path / "nothing" / name)}) is None
+    # this cache's own root comes first
+    mine = made(rocm_root.root_path())
+    assert verify._root_launcher({"path": str(other)}) == rocm_root.launcher_for_root(mine)
+
+
 def test_doctor_says_hip_builds_in_the_root_here_or_which_apt_line_makes_it_possible(monkeypatch, tmp_path):
     from helpers import isolate_probes
 
