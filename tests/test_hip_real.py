@@ -1,6 +1,8 @@
 """ROCm/HIP for real, in dfbuild's Debian forky root: the root made, llama.cpp built with GGML_HIP=ON, released.
 
-Opt-in (a release or benchmark run, never `.ci/run`): set DFBUILD_HIP_TESTS=1.
+Opt-in (a release or benchmark run, never `.ci/run`): set DFBUILD_HIP_TESTS=1, and
+DFBUILD_HIP_TEST_CACHE_DIR to a dfbuild cache dir whose root is made already (else the
+test cache gets its own).
 Making the root downloads 553 MB and takes 5.3 GB of disk (docs/hip.md
 has the measured figures), and ggml-hip compiles more than a hundred HIP files
 for each GPU target: well over an hour on two cores. Needs root (the build runs
@@ -59,8 +61,25 @@ def dfbuild(*args) -> subprocess.CompletedProcess:
                           env=env)
 
 
+# The tests' conftest points DFBUILD_CACHE_DIR at the test cache, where a second 5.3 GB root would be made:
+# DFBUILD_HIP_TEST_CACHE_DIR names the dfbuild cache that holds (or is to hold) the root instead.
+ROOT_CACHE = os.environ.get("DFBUILD_HIP_TEST_CACHE_DIR")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def root_cache():
+    before = os.environ.get("DFBUILD_CACHE_DIR")
+    if ROOT_CACHE:
+        os.environ["DFBUILD_CACHE_DIR"] = ROOT_CACHE
+    yield
+    if before is None:
+        os.environ.pop("DFBUILD_CACHE_DIR", None)
+    else:
+        os.environ["DFBUILD_CACHE_DIR"] = before
+
+
 @pytest.fixture(scope="module")
-def root() -> Path:
+def root(root_cache) -> Path:
     return rocm_root.ensure()
 
 
