@@ -192,6 +192,8 @@ class Handler(BaseHTTPRequestHandler):
 
 def main(argv: list[str]) -> int:
     if "--list-devices" in argv:
+        for line in filter(None, os.environ.get("FAKE_DEVICES_STDERR", "").split(";")):
+            print(line, file=sys.stderr)   # what a GPU backend says at start when it finds no device
         print("Available devices:")
         for line in filter(None, os.environ.get("FAKE_DEVICES", "").split(";")):
             print(f"  {line}")

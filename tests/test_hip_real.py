@@ -1,6 +1,8 @@
 """ROCm/HIP for real, in dfbuild's Debian forky root: the root made, llama.cpp built with GGML_HIP=ON, released.
 
-Opt-in (a release or benchmark run, never `.ci/run`): set DFBUILD_HIP_TESTS=1.
+Opt-in (a release or benchmark run, never `.ci/run`): set DFBUILD_HIP_TESTS=1, and
+DFBUILD_HIP_TEST_CACHE_DIR to a dfbuild cache dir whose root is made already (else the
+test cache gets its own).
 Making the root downloads 553 MB and takes 5.3 GB of disk (docs/hip.md
 has the measured figures), and ggml-hip compiles more than a hundred HIP files
 for each GPU target: well over an hour on two cores. Needs root (the build runs
@@ -10,10 +12,12 @@ On a release no issue names (DFBUILD_HIP_TEST_BASE, default b11393), for one
 GPU target (gfx1100) and the x86-64 baseline CPU variant, the way a user runs it:
 
 - the root holds ROCm 6.4 (hipcc 7.0, libamdhip64-dev/libhipblas-dev/librocblas-dev 6.4);
-- `dfbuild release --backend hip`: there is no AMD GPU here, so the smoke runs on
-  the HIP build's CPU backend, and the server's log says that no ROCm device was found;
+- `dfbuild release --backend hip --allow-cpu-fallback`: there is no AMD GPU here, so
+  the smoke runs on the HIP build's CPU backend (without the flag it stops, exit 45),
+  the server's log says that no ROCm device was found, and the manifest records it
+  (device none, ran_on "no AMD device here, ran on the CPU backend", cpu_fallback true);
 - the archive is named as llama.cpp names its ROCm build (`-bin-ubuntu-rocm-6.4-x64`);
-- `dfbuild verify` passes and says the glibc floor is forky's;
+- `dfbuild verify` passes, says the glibc floor is forky's and where the smoke ran;
 - its `llama-server --version`, run inside the root, names the patched commit.
 """
 
@@ -46,7 +50,9 @@ pytestmark = [
 
 BASE = os.environ.get("DFBUILD_HIP_TEST_BASE", "b11393")
 TARGET = "gfx1100"
-WORK = CACHE / "work-hip" / BASE
+# DFBUILD_HIP_TEST_WORK: a release's --work dir to resume (its builds and remembered smoke passes are reused)
+WORK = Path(os.environ.get("DFBUILD_HIP_TEST_WORK") or CACHE / "work-hip" / BASE)
+FALLBACK = "no AMD device here, ran on the CPU backend"
 
 
 def dfbuild(*args) -> subprocess.CompletedProcess:
@@ -55,8 +61,25 @@ def dfbuild(*args) -> subprocess.CompletedProcess:
                           env=env)
 
 
+# The tests' conftest points DFBUILD_CACHE_DIR at the test cache, where a second 5.3 GB root would be made:
+# DFBUILD_HIP_TEST_CACHE_DIR names the dfbuild cache that holds (or is to hold) the root instead.
+ROOT_CACHE = os.environ.get("DFBUILD_HIP_TEST_CACHE_DIR")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def root_cache():
+    before = os.environ.get("DFBUILD_CACHE_DIR")
+    if ROOT_CACHE:
+        os.environ["DFBUILD_CACHE_DIR"] = ROOT_CACHE
+    yield
+    if before is None:
+        os.environ.pop("DFBUILD_CACHE_DIR", None)
+    else:
+        os.environ["DFBUILD_CACHE_DIR"] = before
+
+
 @pytest.fixture(scope="module")
-def root() -> Path:
+def root(root_cache) -> Path:
     return rocm_root.ensure()
 
 
@@ -64,7 +87,7 @@ def root() -> Path:
 def released(root, tmp_path_factory):
     out = tmp_path_factory.mktemp("hip-out")
     result = dfbuild("release", "--base", BASE, "--backend", "hip", "--gpu-targets", TARGET, "--cpu-variants",
-                     "x64", "--work", WORK, "--out", out, "--json")
+                     "x64", "--allow-cpu-fallback", "--work", WORK, "--out", out, "--json")
     assert result.returncode == 0, result.stderr[-4000:]
     return out, json.loads(result.stdout)
 
@@ -90,6 +113,15 @@ def test_the_smoke_ran_on_the_cpu_backend_saying_no_rocm_device_was_found(releas
     assert "no ROCm-capable device is detected" in logs or "no HIP device" in logs.lower()
 
 
+def test_the_manifest_says_the_smoke_ran_on_the_cpu_backend_with_no_amd_device(released):
+    out, manifest = released
+    smoke = manifest["smoke"]
+    assert smoke["passed"] is True
+    assert smoke["device"] is None and smoke["cpu_fallback"] is True and smoke["ran_on"] == FALLBACK, smoke
+    on_disk = json.loads((out / "manifest.json").read_text())
+    assert on_disk["smoke"]["ran_on"] == FALLBACK and on_disk["smoke"]["cpu_fallback"] is True
+
+
 def test_verify_passes_and_states_the_forky_glibc_floor(released):
     out, _ = released
     result = dfbuild("verify", out, "--json")
@@ -97,6 +129,7 @@ def test_verify_passes_and_states_the_forky_glibc_floor(released):
     report = json.loads(result.stdout)
     assert any("glibc floor is forky's" in line for line in report["checked"]), report["checked"]
     assert any("names the patched commit" in line for line in report["checked"]), report["checked"]
+    assert any(f"not on a hip device ({FALLBACK})" in line for line in report["checked"]), report["checked"]
 
 
 def test_the_unpacked_server_names_the_patched_commit_inside_the_root(released, root, tmp_path):

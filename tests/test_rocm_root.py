@@ -16,6 +16,7 @@ import functools
 import http.server
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -344,6 +345,27 @@ def test_a_build_dir_made_in_the_root_runs_its_binaries_there(tmp_path):
     assert smoke.launcher_for(build / "bin" / "llama-server") == (rocm_root.launcher(build), {})
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs Linux, root and unshare (a private mount namespace and chroot)")
+def test_a_program_in_the_root_sees_sysfs_where_rocm_finds_the_gpus(tmp_path):
+    # ROCm's runtime finds AMD GPUs through /dev/kfd and the KFD topology in sysfs
+    # (/sys/class/kfd, /sys/devices/virtual/kfd): a root without /sys lists no device on a machine that has one
+    root = tmp_path / "root"
+    for folder in ("dev", "proc", "sys", "usr/bin", "bin", "lib64", "lib/x86_64-linux-gnu"):
+        (root / folder).mkdir(parents=True)
+    for program in ("/usr/bin/env", "/bin/sh"):
+        shutil.copy2(os.path.realpath(program), root / program.lstrip("/"))
+    for library in ("/lib64/ld-linux-x86-64.so.2", "/lib/x86_64-linux-gnu/libc.so.6"):
+        if not os.path.exists(library):
+            pytest.skip(f"no {library} on this host")
+        shutil.copy2(os.path.realpath(library), root / library.lstrip("/"))
+    done = subprocess.run(rocm_root.command(root, ["/bin/sh", "-c", "test -d /sys/kernel && echo sysfs; "
+                                                   "test -d /proc/self && echo proc"], cwd="/"),
+                          capture_output=True, text=True, env=rocm_root.env(dict(os.environ)), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["sysfs", "proc"]
+
+
 def test_build_runs_each_step_through_the_roots_command_when_given(tmp_path):
     from dfbuild import build
 
@@ -363,6 +385,29 @@ def test_verify_states_that_a_root_builds_glibc_floor_is_forkys():
     assert "Ubuntu 22.04 image (glibc 2.35)" in note
     # a root that is not on this machine: the binaries are not run, the stamp is checked instead
     assert verify._root_launcher({"path": "debian-forky-rocm-6.4-000000000000"}) is None
+
+
+def test_verify_runs_the_archive_in_the_root_the_manifest_names_when_made_in_another_cache(monkeypatch, tmp_path):
+    from dfbuild import verify
+
+    monkeypatch.setenv("DFBUILD_CACHE_DIR", str(tmp_path / "this-cache"))   # no root made in this one
+    name = rocm_root.root_path().name
+
+    def made(path):
+        (path / "usr" / "bin").mkdir(parents=True)
+        (path / "usr" / "bin" / "hipconfig").write_text("")
+        (path / rocm_root.RECORD_NAME).write_text("{}")
+        return path
+
+    other = made(tmp_path / "other-cache" / "roots" / name)
+    assert verify._root_launcher({"path": str(other)}) == rocm_root.launcher_for_root(other)
+    # a root of another recipe, or a folder that is no made root, is never chrooted into
+    stale = made(tmp_path / "old-cache" / "roots" / "debian-forky-rocm-6.4-000000000000")
+    assert verify._root_launcher({"path": str(stale)}) is None
+    assert verify._root_launcher({"path": str(tmp_path / "nothing" / name)}) is None
+    # this cache's own root comes first
+    mine = made(rocm_root.root_path())
+    assert verify._root_launcher({"path": str(other)}) == rocm_root.launcher_for_root(mine)
 
 
 def test_doctor_says_hip_builds_in_the_root_here_or_which_apt_line_makes_it_possible(monkeypatch, tmp_path):

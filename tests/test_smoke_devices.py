@@ -50,7 +50,8 @@ def fixtures_dir(tmp_path_factory) -> Path:
 @pytest.fixture(autouse=True)
 def private_env(monkeypatch, tmp_path):
     monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path / "cache"))
-    for name in ("DFBUILD_START_TIMEOUT", "DFBUILD_SMOKE_TABLE", "MESA_SHADER_CACHE_DIR", "FAKE_DEVICES"):
+    for name in ("DFBUILD_START_TIMEOUT", "DFBUILD_SMOKE_TABLE", "MESA_SHADER_CACHE_DIR", "FAKE_DEVICES",
+                 "FAKE_DEVICES_STDERR"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -248,6 +249,23 @@ def test_a_gpu_backend_with_no_device_stops_with_45_and_names_what_is_missing(bu
     assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").iterdir())  # no scenario ran
     as_json = smoke_cli(build_dir, fixtures_dir, tmp_path, backend, "--json")
     assert as_json.exit_code == 45, as_json.output
+
+
+@pytest.mark.parametrize("backend, said", [
+    ("hip", "ggml_cuda_init: failed to initialize ROCm: no ROCm-capable device is detected"),
+    ("cuda", "ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected"),
+    ("vulkan", "ggml_vulkan: No devices found.")])
+def test_with_no_device_the_servers_own_words_are_quoted(build_dir, fixtures_dir, tmp_path, monkeypatch, backend,
+                                                         said):
+    """The HIP build with no AMD GPU says plainly why it has no device: the error and the fallback quote it."""
+    monkeypatch.setenv("FAKE_DEVICES", "(none)")
+    monkeypatch.setenv("FAKE_DEVICES_STDERR", f"load_backend: loaded CPU backend;{said};main: unrelated line")
+    result = smoke_cli(build_dir, fixtures_dir, tmp_path, backend)
+    assert result.exit_code == 45, result.output
+    assert f"it said: {said}" in " ".join(result.stderr.split()), result.stderr
+    assert "unrelated line" not in result.stderr and "loaded CPU backend" not in result.stderr
+    fallback = smoke.plan(backends.get(backend), build_dir, allow_cpu_fallback=True)
+    assert f"it said: {said}" in fallback.note and fallback.cpu_fallback
 
 
 def test_a_vulkan_driver_file_that_is_missing_is_named(build_dir, fixtures_dir, tmp_path, monkeypatch):

@@ -1063,8 +1063,26 @@ def smoke_env_for(how) -> dict:
     return env
 
 
+class DeviceLines(list):
+    """list_devices' answer: the device lines, and (said) the server's own stderr lines about its backends."""
+
+    said: tuple[str, ...] = ()
+
+
+# e.g. "ggml_cuda_init: failed to initialize ROCm: no ROCm-capable device is detected",
+# "ggml_vulkan: No devices found.": a line that names a backend and says what failed
+_SAID = re.compile(r"\b(?:fail\w*|no\b|not found|cannot|unable)", re.IGNORECASE)
+
+
+def backend_said(how, said) -> list[str]:
+    """The lines of SAID (list_devices' stderr lines) in which HOW's backend says why it found no device."""
+    names = [n.lower() for n in (*how.smoke_device.get("names", ()), how.name)]
+    return [line for line in said if any(n in line.lower() for n in names) and _SAID.search(line)][:3]
+
+
 def list_devices(binary: Path, env: dict | None = None, timeout: float = LIST_DEVICES_TIMEOUT) -> list[str]:
-    """The device lines of `llama-server --list-devices` (e.g. "Vulkan0: llvmpipe (LLVM 19.1.7, 256 bits) ...").
+    """The device lines of `llama-server --list-devices` (e.g. "Vulkan0: llvmpipe (LLVM 19.1.7, 256 bits) ..."),
+    as a DeviceLines whose `said` holds the server's stderr lines (a backend says there why it has no device).
 
     Raises OSError or subprocess errors when the binary cannot say.
     """
@@ -1078,8 +1096,10 @@ def list_devices(binary: Path, env: dict | None = None, timeout: float = LIST_DE
     if start is None:
         raise OSError("no 'Available devices:' in its output")
     # "(none)" is how llama-server says the list is empty
-    return [line.strip() for line in lines[start + 1:]
-            if line.startswith(" ") and line.strip() and line.strip() != "(none)"]
+    found = DeviceLines(line.strip() for line in lines[start + 1:]
+                        if line.startswith(" ") and line.strip() and line.strip() != "(none)")
+    found.said = tuple(line.strip() for line in (done.stderr or "").splitlines() if line.strip())
+    return found
 
 
 _MEMORY = re.compile(r"\s*\(\d+ MiB, \d+ MiB free\)\s*$")
@@ -1159,6 +1179,8 @@ def plan(how, build_dir: Path, *, table: str | None = None, start_timeout: float
             note = f"could not list devices ({exc})"
             lines, why = [], f"`llama-server --list-devices` could not say ({exc})"
         mine = backend_devices(how, lines) if how.smoke_device else lines
+        if how.smoke_device and not mine and backend_said(how, getattr(lines, "said", ())):
+            why += "; it said: " + " / ".join(backend_said(how, lines.said))  # e.g. no ROCm-capable device
         if mine:
             names = [n.lower() for n in software.get("devices", ())]
             device = next((line for line in mine if any(n in line.lower() for n in names)), None)

@@ -338,16 +338,22 @@ def _root_note(label: str, in_root: dict, needs: dict[str, tuple[int, ...]]) -> 
 
 
 def _root_launcher(in_root: dict) -> list[str] | None:
-    """The prefix that runs an archive built in the ROCm root inside that root, when it is on this machine."""
+    """The prefix that runs an archive built in the ROCm root inside that root, when it is on this machine:
+    the root of this cache, or the one the manifest names (made by dfbuild in another cache, e.g. another
+    DFBUILD_CACHE_DIR) when it is a made root of today's recipe."""
     from .platforms import rocm_root
 
     try:
         made = rocm_root.root_path()
     except Exception:  # noqa: BLE001 - no recipe, no root: the stamp is checked instead
         return None
-    if made.name != PurePosixPath(str(in_root.get("path", ""))).name or not rocm_root.is_made(made):
+    recorded = str(in_root.get("path", ""))
+    if made.name != PurePosixPath(recorded).name:
         return None
-    return rocm_root.launcher_for_root(made)
+    for candidate in (made, Path(recorded)):
+        if candidate.is_absolute() and rocm_root.is_made(candidate):
+            return rocm_root.launcher_for_root(candidate)
+    return None
 
 
 def _run_version(path: Path, members: list[Member], root: str, exe: str, patched: str,

@@ -49,8 +49,9 @@ TENSILE_FILE = re.compile(r"TensileLibrary_lazy_(gfx[0-9a-f]+)\.dat")
 BUILT_IN_ROOT = "dfbuild-rocm-root.json"  # in a build dir: its binaries run inside this root (smoke, verify)
 
 # Runs in the new mount namespace (`unshare --mount`, private propagation): binds each folder
-# given before `--` at its own path inside the root, then /dev and a fresh /proc, and becomes the
-# command in the root, in the given working folder. A constant: every value is an argument.
+# given before `--` at its own path inside the root, then /dev and /sys (ROCm's runtime finds AMD GPUs
+# through /dev/kfd and the KFD topology in sysfs) and a fresh /proc, and becomes the command in the
+# root, in the given working folder. A constant: every value is an argument.
 _ENTER = r"""set -e
 root=$1; cwd=$2; shift 2
 while [ "$1" != "--" ]; do
@@ -60,6 +61,7 @@ while [ "$1" != "--" ]; do
 done
 shift
 mount --rbind /dev "$root/dev"
+mount --rbind /sys "$root/sys"
 mount -t proc proc "$root/proc"
 exec chroot "$root" /usr/bin/env --chdir="$cwd" "$@"
 """
