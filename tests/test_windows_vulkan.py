@@ -86,13 +86,29 @@ REAL_CORE = next((p for p in (Path("/usr/include/vulkan/vulkan_core.h"),) if p.i
 def test_the_exports_from_real_headers_are_what_every_loader_exports():
     names = windows.vulkan_exports(REAL_CORE.read_text(encoding="utf-8", errors="replace"),
                                    windows.entry(WINDOWS_ON_LINUX)["vulkan"]["export_versions"])
-    assert len(names) == len(set(names)) > 180   # 1.0: 137, 1.1: 28, 1.2: 13, 1.3: 37 entry points
+    assert len(names) == len(set(names)) == 215   # 1.0: 137, 1.1: 28, 1.2: 13, 1.3: 37 entry points
     for core in ("vkGetInstanceProcAddr", "vkCreateInstance", "vkEnumerateInstanceVersion", "vkGetBufferDeviceAddress",
                  "vkCmdPipelineBarrier2", "vkQueueSubmit2"):
         assert core in names
     for extension in ("vkCreateWin32SurfaceKHR", "vkDestroySurfaceKHR", "vkCmdDrawMeshTasksEXT",
                       "vkCreateDebugUtilsMessengerEXT"):
         assert extension not in names
+
+
+WINE_VULKAN = Path("/usr/lib/x86_64-linux-gnu/wine/x86_64-windows/vulkan-1.dll")
+
+
+@pytest.mark.skipif(REAL_CORE is None or not WINE_VULKAN.is_file(),
+                    reason="needs Vulkan headers and Wine's vulkan-1.dll (apt-get install libvulkan-dev wine64)")
+def test_every_export_of_the_import_library_is_one_that_a_real_loader_exports():
+    import pefile
+
+    loader = pefile.PE(str(WINE_VULKAN), fast_load=True)
+    loader.parse_data_directories(directories=[pefile.DIRECTORY_ENTRY["IMAGE_DIRECTORY_ENTRY_EXPORT"]])
+    exported = {s.name.decode() for s in loader.DIRECTORY_ENTRY_EXPORT.symbols if s.name}
+    names = windows.vulkan_exports(REAL_CORE.read_text(encoding="utf-8", errors="replace"),
+                                   windows.entry(WINDOWS_ON_LINUX)["vulkan"]["export_versions"])
+    assert [n for n in names if n not in exported] == []
 
 
 def fake_headers(root: Path) -> dict:
@@ -313,6 +329,26 @@ def test_dfbuild_starts_one_xvfb_and_stops_it(monkeypatch):
     finally:
         windows._stop_display()
     assert process.poll() is not None and "process" not in windows._display
+
+
+@pytest.mark.skipif(shutil.which("Xvfb") is None or not Path("/proc/self/stat").exists(),
+                    reason="Xvfb is not installed (apt-get install xvfb), or no /proc")
+def test_the_xvfb_ends_with_dfbuild_even_when_dfbuild_is_killed():
+    import time
+
+    code = ("import os\nfrom dfbuild import platforms\nfrom dfbuild.platforms import windows\n"
+            "windows.start_display(platforms.target_host('windows'))\n"
+            "print(windows._display['process'].pid, flush=True)\nos.kill(os.getpid(), 9)\n")
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    pid = int(ran.stdout.strip())
+    stat = Path(f"/proc/{pid}/stat")
+    deadline = time.monotonic() + 10
+    while stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
+    if alive:
+        os.kill(pid, 15)
+    assert not alive, "the Xvfb outlived the dfbuild that started it"
 
 
 def test_no_device_under_wine_names_the_display_and_the_prefix(tmp_path):

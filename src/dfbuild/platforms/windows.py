@@ -478,6 +478,19 @@ def _stop_display() -> None:
             process.wait()
 
 
+def _die_with_parent() -> None:
+    """In the Xvfb child, before exec: end with dfbuild even when dfbuild is killed (no atexit then).
+    Linux's PR_SET_PDEATHSIG; the signal comes when the starting thread ends, so only the main
+    thread asks for it. Nowhere else: atexit stops it."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def start_display(host: Host) -> str:
     """An X display for Wine: the Xvfb this process started (started on the first call), as ":N"."""
     spec = entry(host)["vulkan"]
@@ -495,7 +508,9 @@ def start_display(host: Host) -> str:
         log = tempfile.TemporaryFile()  # what it says on a failed start; never a pipe nobody reads
         try:
             process = subprocess.Popen([program, *command[1:], "-displayfd", str(write_fd)], pass_fds=(write_fd,),
-                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                                       preexec_fn=_die_with_parent if threading.current_thread()
+                                       is threading.main_thread() else None)
         except OSError:
             os.close(read_fd)
             log.close()
