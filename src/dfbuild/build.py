@@ -663,6 +663,10 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
     # a cross build: the toolchain file, its rules override and (when the headers need it) the compat
     # header, written into the build dir once it is ours
     setup = cross.configure(host, build_dir) if cross else {"cmake_args": [], "c_flags": [], "compat": []}
+    # what the backend's cross build adds (Vulkan for Windows: its include dir and vulkan-1 import library)
+    backend_setup = (cross.backend_setup(host, backend, build_dir, entry)
+                     if cross and hasattr(cross, "backend_setup") else {})
+    flags.update(backend_setup.get("flags", {}))
     configure_args = [cmake, "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
                       f"-DCMAKE_MAKE_PROGRAM={ninja}", *setup["cmake_args"], *backends.cmake_args(flags),
                       *variant_args, *relative_file_args(host, source_dir, build_dir, setup["c_flags"]),
@@ -770,7 +774,9 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
         "cmake_args_env": env_cmake_args(),  # DFBUILD_CMAKE_ARGS
         "toolchain": {**doctor.toolchain_versions(entry), **(cross.toolchain_versions(host) if cross else {})},
         **({"cross": {"toolchain": platforms.cross_entry(host).get("toolchain"), "compat": setup["compat"],
-                      "runtime_dlls": runtime}} if cross else {}),
+                      "runtime_dlls": runtime,
+                      **({"import_library": backend_setup["import"]} if backend_setup.get("import") else {})}}
+           if cross else {}),
         "targets": targets,
         "cpu_variants": variants,
         **({"cpu_variants_left_out": left_out} if left_out else {}),

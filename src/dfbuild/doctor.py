@@ -349,9 +349,12 @@ def check_backend(backend: str, host: Host | None = None, *, extra_include_dirs:
             entry["install"] = [entry["reason"]]
             return entry
         native = {"c-compiler", "cxx-compiler"}
+        # a backend's cross build may need other tools than its native one (Vulkan for Windows: headers
+        # and glslc, no Linux loader; a display to run): targets.toml backend_probes / backend_run_probes
+        backend_probes = target.get("backend_probes", {}).get(spec.name, spec.probes)
         wanted = [(name, False) for name in (*target.get("probes", ()),
-                                              *(p for p in common["probes"] if p not in native), *spec.probes)]
-        run_probes = tuple(target.get("run_probes", ()))
+                                              *(p for p in common["probes"] if p not in native), *backend_probes)]
+        run_probes = (*target.get("run_probes", ()), *target.get("backend_run_probes", {}).get(spec.name, ()))
     else:
         wanted = [(name, False) for name in (*common["probes"], *common.get("host_probes", {}).get(host.os, ()),
                                               *spec.probes)]
@@ -362,8 +365,10 @@ def check_backend(backend: str, host: Host | None = None, *, extra_include_dirs:
         if key not in cache:
             cache[key] = probe(name, host, optional=optional, extra_include_dirs=extra_include_dirs)
         entry["toolchain"].append(cache[key].as_dict())
+    # what runs the binaries: this machine's own (a cross build's .exe reaches this host's Vulkan driver)
+    run_host = backends.current_host() if host.cross else host
     for name in spec.runtime_probes:
-        entry["runtime"].append(probe(name, host, optional=True).as_dict())
+        entry["runtime"].append(probe(name, run_host, optional=True).as_dict())
     for name in run_probes:  # not needed to build, needed to smoke, prove and verify --run: installed with it
         entry["runtime"].append(probe(name, host, optional=True).as_dict())
 

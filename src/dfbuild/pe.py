@@ -65,6 +65,13 @@ def system_dlls() -> tuple[set[str], list[str], set[str]]:
             {n.lower() for n in table.get("driver_dlls", ())})
 
 
+def backend_driver_dll(backend: str | None) -> str | None:
+    """The GPU driver's DLL a backend's Windows build must import (targets.toml: vulkan-1.dll for vulkan)."""
+    from . import platforms
+
+    return platforms.table().get("windows_system_dlls", {}).get("backend_driver_dlls", {}).get(backend or "")
+
+
 def unresolved_imports(info: PeInfo, shipped: set[str]) -> list[str]:
     """The imported DLLs that are neither in SHIPPED (names in the zip) nor a Windows system or driver DLL.
 

@@ -64,7 +64,10 @@ def launcher_for(binary: Path) -> tuple[list[str], dict[str, str]]:
     module, host = _cross_runner(binary)
     if module is None:
         return [], {}
-    return module.launcher(host), module.run_env(host)
+    env = module.run_env(host)
+    if hasattr(module, "display_env"):  # a Windows Vulkan build: Wine with a display (platforms.windows)
+        env.update(module.display_env(host, binary))
+    return module.launcher(host), env
 
 
 def _cross_runner(binary: Path):
@@ -1129,9 +1132,13 @@ def _vk_driver_files_missing(env: dict) -> list[str]:
     return missing
 
 
-def no_device_error(how, why: str, env: dict) -> errors.NoDeviceError:
+def no_device_error(how, why: str, env: dict, binary: Path | None = None) -> errors.NoDeviceError:
     """Exit 45: HOW's smoke found no device of its kind; the hint names what is missing."""
     hint = how.smoke_device.get("missing", f"install the {how.name} driver")
+    module, host = _cross_runner(binary) if binary is not None else (None, None)
+    under = module.device_hint(host, how.name) if module is not None and hasattr(module, "device_hint") else None
+    if under:  # a Windows .exe under Wine reaches this machine's driver through Wine's own path
+        hint = under + "; " + hint
     if how.name == "vulkan":
         named = _vk_driver_files_missing(env)
         if named:
@@ -1190,7 +1197,7 @@ def plan(how, build_dir: Path, *, table: str | None = None, start_timeout: float
             ran_on = device
         elif how.smoke_device:
             if not allow_cpu_fallback:
-                raise no_device_error(how, why, env)
+                raise no_device_error(how, why, env, server_binary(build_dir))
             fallback = True
             ran_on = how.smoke_device.get("fallback", f"no {how.name} device here, ran on the CPU backend")
             note = f"{why}: --allow-cpu-fallback, so the smoke runs on the CPU backend ({ran_on})"

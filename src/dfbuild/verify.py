@@ -136,12 +136,18 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
     if want_machine and elf_count:
         notes.append(f"{path.name}: {elf_count} ELF files checked: machine {want_machine}, RUNPATH $ORIGIN or none")
     third_party = [n for n in packed.get("runtime_dlls", []) if isinstance(n, str)]
-    pe_count = _pe_problems(path.name, actual, packed.get("arch"), problems, third_party)
+    driver_users: list[str] = []
+    pe_count = _pe_problems(path.name, actual, packed.get("arch"), problems, third_party,
+                            backend=packed.get("backend") if packed.get("os") == "windows" else None,
+                            driver_users=driver_users)
     if pe_count:
         notes.append(f"{path.name}: {pe_count} PE files are {packed.get('arch')}, import only DLLs in the archive "
                      "or Windows system DLLs, and name no build path"
                      + (f" (the toolchain's {', '.join(PurePosixPath(n).name for n in third_party)} keep the paths "
                         "their distribution built them in)" if third_party else ""))
+    if driver_users:
+        notes.append(f"{path.name}: {', '.join(driver_users)} import{'s' if len(driver_users) == 1 else ''} "
+                     f"{_driver_dll(packed)}, the GPU driver's own, which the archive does not ship")
     notes.append(f"{path.name}: {len(actual)} files match its manifest")
     notes.append(f"{path.name}: {smoke_statement(embedded)}")
     if glibc is not None and needs:
@@ -294,18 +300,37 @@ def _runs_here(packed: dict, host: backends.Host) -> bool:
     return bool(runner) and shutil.which(runner[0]) is not None
 
 
+def _driver_dll(packed: dict) -> str | None:
+    from . import pe
+
+    return pe.backend_driver_dll(packed.get("backend")) if packed.get("os") == "windows" else None
+
+
 def _pe_problems(label: str, actual: dict[str, Member], arch: str | None, problems: list[str],
-                 third_party: list[str] = ()) -> int:
+                 third_party: list[str] = (), *, backend: str | None = None,
+                 driver_users: list[str] | None = None) -> int:
     """Every PE file of an archive: the archive's machine, every imported DLL inside the archive or a
     Windows system DLL, no absolute build path. Returns how many PE files there were.
 
     THIRD_PARTY: the toolchain's runtime DLLs (the manifest's release.runtime_dlls), shipped as their
     distribution built them: Debian's libgomp names Debian's /build/... tree, which is no path of ours.
+
+    A GPU driver's DLL (vulkan-1.dll, nvcuda.dll) never ships: a copy beside the .exe would be loaded
+    instead of the driver's own. BACKEND's driver DLL (targets.toml backend_driver_dlls: vulkan-1.dll
+    for a Vulkan build) must be imported by some PE file: else the build never talks to the GPU.
+    The files that import it go into DRIVER_USERS.
     """
     from . import pe
 
     files = {n: m for n, m in actual.items() if m.kind == "file" and m.data}
     shipped = {PurePosixPath(n).name for n in files}
+    _, _, drivers = pe.system_dlls()
+    for name_ in sorted(files):
+        if PurePosixPath(name_).name.lower() in drivers:
+            problems.append(f"{label}: {name_} is the GPU driver's own DLL, which an archive must not ship "
+                            "(Windows would load this copy instead of the installed driver's)")
+    wanted = pe.backend_driver_dll(backend)
+    users: list[str] = []
     count = 0
     for name_, member in sorted(files.items()):
         if not pe.is_pe(member.data):
@@ -322,9 +347,16 @@ def _pe_problems(label: str, actual: dict[str, Member], arch: str | None, proble
         if missing:
             problems.append(f"{label}: {name_} imports {', '.join(missing)}, which is neither in the archive nor "
                             "a Windows system DLL (Windows would refuse to start it)")
+        if wanted and wanted.lower() in {d.lower() for d in [*info.imports, *info.delay_imports]}:
+            users.append(PurePosixPath(name_).name)
         paths_found = pe.absolute_paths(member.data) if name_ not in third_party else []
         if paths_found:
             problems.append(f"{label}: {name_} names an absolute build path: {', '.join(paths_found)}")
+    if wanted and count and not users:
+        problems.append(f"{label}: no file imports {wanted}: this {backend} build would never reach the GPU "
+                        f"driver (is ggml-{backend}.dll missing?)")
+    if driver_users is not None:
+        driver_users.extend(users)
     return count
 
 

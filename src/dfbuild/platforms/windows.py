@@ -15,15 +15,21 @@ arguments:
   libgcc_s_seh), copied beside them into bin/ and shipped with their licenses;
 - TLS: a static OpenSSL built for the target once (platforms/openssl.py), found
   by llama.cpp's own FindOpenSSL through the toolchain file's find roots;
-- how to run a .exe here: `wine`, in a prefix inside dfbuild's cache.
+- Vulkan ([vulkan]): an include dir of the Vulkan and SPIR-V headers alone, and
+  an import library for vulkan-1.dll made from those headers (mingw-w64 has none);
+- how to run a .exe here: `wine`, in a prefix inside dfbuild's cache; a Vulkan
+  build with a display (the user's, else an Xvfb started for this process).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import re
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 from .. import paths
@@ -338,3 +344,226 @@ def run_env(host: Host) -> dict[str, str]:
 def start_timeout(host: Host) -> float | None:
     value = entry(host).get("start_timeout_s")
     return float(value) if value else None
+
+
+# --- Vulkan ---------------------------------------------------------------------------------
+
+VULKAN_DIR = "dfbuild-vulkan"   # in the build dir: the include dir, the .def and the import library
+
+# `#define VK_VERSION_1_0 1`, `#define VK_KHR_surface 1`: every such line of vulkan_core.h opens the
+# block of one core version or extension, which runs to the next one
+_GUARD = re.compile(r"^#define\s+(VK_\w+)\s+1\s*$", re.MULTILINE)
+_PROTOTYPE = re.compile(r"VKAPI_ATTR\s+[\w\s*]+?\bVKAPI_CALL\s+(vk\w+)\s*\(")
+
+
+def vulkan_exports(vulkan_core: str, versions) -> list[str]:
+    """The entry points vulkan_core.h (its text) declares in the blocks of the core VERSIONS, in header order."""
+    guards = list(_GUARD.finditer(vulkan_core))
+    wanted = set(versions)
+    found: list[str] = []
+    for index, guard in enumerate(guards):
+        if guard.group(1) not in wanted:
+            continue
+        end = guards[index + 1].start() if index + 1 < len(guards) else len(vulkan_core)
+        for name in _PROTOTYPE.findall(vulkan_core, guard.end(), end):
+            if name not in found:
+                found.append(name)
+    missing = wanted - {g.group(1) for g in guards}
+    if missing:
+        raise BuildError(f"the Vulkan headers declare no {', '.join(sorted(missing))}",
+                         "use Vulkan headers >= 1.3.272 (dfbuild doctor --backend vulkan --os windows)")
+    return found
+
+
+def def_text(dll: str, exports: list[str]) -> str:
+    return "".join([f"LIBRARY {dll}\nEXPORTS\n", *(f"{name}\n" for name in exports)])
+
+
+def _probe_path(doctor_entry: dict, name: str) -> Path | None:
+    found = next((p for p in doctor_entry.get("toolchain", ()) if p.get("name") == name and p.get("found")), None)
+    return Path(found["path"]) if found and found.get("path") else None
+
+
+def _link(link: Path, target: Path) -> None:
+    """LINK -> TARGET (a directory), replaced atomically when it points elsewhere."""
+    if link.is_symlink() and os.readlink(link) == str(target):
+        return
+    tmp = link.with_name(link.name + ".tmp")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    tmp.symlink_to(target, target_is_directory=True)
+    os.replace(tmp, link)
+
+
+def vulkan_setup(host: Host, build_dir: Path, doctor_entry: dict) -> dict:
+    """The Vulkan part of a Windows cross build, made in BUILD_DIR/dfbuild-vulkan; returns
+    {"flags": CMake flags, "import": what the manifest says of the import library}.
+
+    DOCTOR_ENTRY is doctor.require's answer for the build (the probes' paths: the Vulkan headers
+    the user chose with --vulkan-include-dir or the system's, the SPIR-V headers, glslc).
+    """
+    spec = entry(host)["vulkan"]
+    headers = _probe_path(doctor_entry, "vulkan-headers")
+    spirv = _probe_path(doctor_entry, "spirv-headers")
+    glslc = _probe_path(doctor_entry, "glslc")
+    if headers is None or spirv is None or glslc is None:  # doctor.require checked them: a caller's bug
+        raise BuildError("the Vulkan headers, SPIR-V headers or glslc were not found",
+                         "dfbuild doctor --backend vulkan --os windows")
+    work = Path(build_dir) / VULKAN_DIR
+    include = work / "include"
+    include.mkdir(parents=True, exist_ok=True)
+    for sub in spec["include_dirs"]:
+        _link(include / sub, (headers / sub).resolve())
+    for sub in spec["spirv_dirs"]:
+        _link(include / sub, (spirv / sub).resolve())
+    config = next((spirv / rel for rel in spec.get("spirv_config_dirs", ())
+                   if (spirv / rel / "SPIRV-HeadersConfig.cmake").is_file()), None)
+    if config is None:
+        raise ToolchainMissingError(f"the SPIR-V headers in {spirv} have no CMake package (SPIRV-HeadersConfig.cmake), "
+                                    "which ggml-vulkan's CMake asks for", "apt-get install spirv-headers")
+    core = (headers / "vulkan" / "vulkan_core.h").read_text(encoding="utf-8", errors="replace")
+    exports = vulkan_exports(core, spec["export_versions"])
+    definition = work / (Path(spec["import_dll"]).stem + ".def")
+    library = work / spec["import_library"]
+    write_if_changed(definition, def_text(spec["import_dll"], exports))
+    if not library.is_file() or library.stat().st_mtime_ns < definition.stat().st_mtime_ns:
+        tool = shutil.which(entry(host)["dlltool"])
+        if tool is None:
+            raise ToolchainMissingError(f"{entry(host)['dlltool']} (binutils for mingw-w64) is not installed",
+                                        install_line(host))
+        tmp = library.with_name(library.name + ".tmp")
+        result = subprocess.run([tool, "-d", str(definition), "-D", spec["import_dll"], "-l", str(tmp)],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise BuildError(f"dlltool could not make {library.name}: {result.stderr.strip()[-300:]}",
+                             install_line(host))
+        os.replace(tmp, library)
+    from ..doctor import vulkan_header_version
+
+    version = vulkan_header_version(headers / "vulkan" / "vulkan_core.h")
+    return {"flags": {"Vulkan_INCLUDE_DIR": str(include), "Vulkan_LIBRARY": str(library),
+                      "Vulkan_GLSLC_EXECUTABLE": str(glslc), "SPIRV-Headers_DIR": str(config.resolve())},
+            "import": {"dll": spec["import_dll"], "exports": len(exports),
+                       "versions": list(spec["export_versions"]), "headers": version}}
+
+
+def backend_setup(host: Host, backend: str, build_dir: Path, doctor_entry: dict) -> dict:
+    """What a backend's cross build adds to the flags ({} for the CPU)."""
+    if backend == "vulkan":
+        return vulkan_setup(host, build_dir, doctor_entry)
+    return {}
+
+
+# --- a display for Wine (Vulkan) ---------------------------------------------------------------
+
+_display_lock = threading.Lock()
+_display: dict = {}   # {"process": Popen, "name": ":N"}: the Xvfb this process started
+
+
+def needs_display(host: Host, binary: Path) -> bool:
+    """Whether BINARY's folder holds a backend that reaches the GPU through a Wine graphics driver."""
+    names = entry(host).get("vulkan", {}).get("needs_display_when", ())
+    return any((Path(binary).parent / name).is_file() for name in names)
+
+
+def _stop_display() -> None:
+    process = _display.pop("process", None)
+    _display.pop("name", None)
+    if process is not None and process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _die_with_parent() -> None:
+    """In the Xvfb child, before exec: end with dfbuild even when dfbuild is killed (no atexit then).
+    Linux's PR_SET_PDEATHSIG; the signal comes when the starting thread ends, so only the main
+    thread asks for it. Nowhere else: atexit stops it."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def start_display(host: Host) -> str:
+    """An X display for Wine: the Xvfb this process started (started on the first call), as ":N"."""
+    spec = entry(host)["vulkan"]
+    with _display_lock:
+        process = _display.get("process")
+        if process is not None and process.poll() is None:
+            return _display["name"]
+        command = list(spec["display_server"])
+        program = shutil.which(command[0])
+        if program is None:
+            raise ToolchainMissingError(f"{command[0]} is not installed: a Windows Vulkan program reaches this "
+                                        "machine's Vulkan driver under Wine only through a display",
+                                        "apt-get install xvfb (or run with $DISPLAY set to an X display)")
+        read_fd, write_fd = os.pipe()
+        log = tempfile.TemporaryFile()  # what it says on a failed start; never a pipe nobody reads
+        try:
+            process = subprocess.Popen([program, *command[1:], "-displayfd", str(write_fd)], pass_fds=(write_fd,),
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                                       preexec_fn=_die_with_parent if threading.current_thread()
+                                       is threading.main_thread() else None)
+        except OSError:
+            os.close(read_fd)
+            log.close()
+            raise
+        finally:
+            os.close(write_fd)
+        with log:
+            number = _read_display_number(read_fd, process, float(spec.get("display_start_timeout_s", 30)), log)
+        _display.update(process=process, name=f":{number}")
+        atexit.register(_stop_display)
+        return _display["name"]
+
+
+def _read_display_number(read_fd: int, process: subprocess.Popen, timeout: float, log) -> str:
+    """The display number Xvfb writes to its -displayfd once it accepts connections."""
+    import select
+
+    data = b""
+    try:
+        while not data.endswith(b"\n"):
+            ready, _, _ = select.select([read_fd], [], [], timeout)
+            chunk = os.read(read_fd, 64) if ready else b""
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(read_fd)
+    number = data.decode("ascii", errors="replace").strip()
+    if not number.isdigit():
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        log.seek(0)
+        said = [line for line in log.read().decode(errors="replace").splitlines() if line.strip()]
+        raise ToolchainMissingError(f"Xvfb did not start: {said[-1] if said else 'it gave no display number'}",
+                                    "run with $DISPLAY set to an X display")
+    return number
+
+
+def device_hint(host: Host, backend: str) -> str | None:
+    """What a Windows build under Wine needs to see a device of BACKEND here (smoke's exit 45 says it)."""
+    spec = entry(host).get(backend)
+    return spec.get("no_device_hint") if isinstance(spec, dict) else None
+
+
+def display_env(host: Host, binary: Path) -> dict[str, str]:
+    """What a Vulkan .exe needs besides run_env: a display (the user's $DISPLAY, else dfbuild's Xvfb) and a
+    Wine prefix whose desktop has one (the user's own WINEPREFIX wins). {} for any other program."""
+    if not needs_display(host, binary):
+        return {}
+    e = entry(host)
+    env = {"DISPLAY": os.environ.get("DISPLAY") or start_display(host)}
+    var = e.get("prefix_env", "WINEPREFIX")
+    if not os.environ.get(var):
+        env[var] = str(paths.cache_dir() / e["vulkan"].get("display_prefix_dir", "wine-prefix-display"))
+    return env
