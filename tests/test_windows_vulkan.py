@@ -248,27 +248,18 @@ def test_the_win_vulkan_zip_imports_the_drivers_loader_and_ships_none(windows_in
 
 
 @needs_mingw
-def test_verify_fails_a_zip_that_ships_the_loader(windows_inputs, tmp_path):
+@pytest.mark.parametrize("build, problem", [
+    ({"ship_loader": True}, "bin/vulkan-1.dll is the GPU driver's own DLL, which an archive must not ship"),
+    ({"with_vulkan": False}, "no file imports vulkan-1.dll: this vulkan build would never reach the GPU driver"),
+], ids=["ships-the-loader", "nothing-imports-vulkan"])
+def test_verify_fails_a_vulkan_zip_that_breaks_the_driver_rule(windows_inputs, tmp_path, build, problem):
     from test_windows_cross import package_windows
 
-    _vulkan_build(windows_inputs, ship_loader=True)
+    _vulkan_build(windows_inputs, **build)
     out = tmp_path / "out"
     package_windows(windows_inputs, out)
     problems = verify.verify(out, run_binaries=False)["problems"]
-    assert any("bin/vulkan-1.dll is the GPU driver's own DLL, which an archive must not ship" in p
-               for p in problems), problems
-
-
-@needs_mingw
-def test_verify_fails_a_vulkan_zip_where_nothing_imports_vulkan(windows_inputs, tmp_path):
-    from test_windows_cross import package_windows
-
-    _vulkan_build(windows_inputs, with_vulkan=False)
-    out = tmp_path / "out"
-    package_windows(windows_inputs, out)
-    problems = verify.verify(out, run_binaries=False)["problems"]
-    assert any("no file imports vulkan-1.dll: this vulkan build would never reach the GPU driver" in p
-               for p in problems), problems
+    assert any(problem in p for p in problems), problems
 
 
 # --- a display for Wine ---------------------------------------------------------------------------
