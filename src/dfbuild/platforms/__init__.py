@@ -134,3 +134,15 @@ def write_if_changed(path: Path, text: str) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
     os.replace(tmp, path)
+
+
+def die_with_parent(sig: int) -> None:  # pragma: no cover - runs in the child between fork and exec
+    """In a child, before exec: get SIG when dfbuild dies, even by kill -9 (no atexit runs then).
+    Linux's PR_SET_PDEATHSIG; elsewhere (no prctl) nothing. The signal comes when the thread that
+    started the child ends, so only the main thread should ask for it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass

@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -37,6 +38,7 @@ from typing import Iterable
 
 from .. import backends, paths, ui
 from ..errors import BuildError, SourceError, ToolchainMissingError, UsageError
+from . import die_with_parent
 
 RECORD_NAME = "dfbuild-root.json"   # written last: a root without it is not a usable root
 RECIPE_FILE = "rocm_root.toml"
@@ -177,14 +179,6 @@ def contained(args: list[str]) -> list[str]:
     return ["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--kill-child", "--", *args]
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """SIGKILL this child when dfbuild dies (even by kill -9): then --kill-child ends mmdebstrap."""
-    import ctypes
-    import signal
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-
-
 def check_reachable(root: dict, timeout: float = 30) -> None:
     """The archive answers for the suite (its InRelease), or SourceError before mmdebstrap starts."""
     url = f"{root['mirror'].rstrip('/')}/dists/{root['suite']}/InRelease"
@@ -235,7 +229,7 @@ def _make_in(root: dict, path: Path, partial: Path) -> None:
         log.write("$ " + " ".join(command) + "\n")
         log.flush()
         done = subprocess.run(contained(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                              preexec_fn=_die_with_parent)
+                              preexec_fn=functools.partial(die_with_parent, signal.SIGKILL))  # --kill-child then ends mmdebstrap
     wall = time.monotonic() - start
     if done.returncode != 0:
         text = log_path.read_text(encoding="utf-8", errors="replace")

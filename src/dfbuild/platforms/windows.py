@@ -24,9 +24,11 @@ arguments:
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -35,7 +37,7 @@ from pathlib import Path
 from .. import paths
 from ..backends import Host
 from ..errors import BuildError, ToolchainMissingError
-from . import compiler_facts, cross_entry, write_if_changed, openssl
+from . import compiler_facts, cross_entry, die_with_parent, write_if_changed, openssl
 
 TOOLCHAIN_NAME = "dfbuild-toolchain-windows.cmake"
 RULES_NAME = "dfbuild-rules-windows.cmake"
@@ -478,19 +480,6 @@ def _stop_display() -> None:
             process.wait()
 
 
-def _die_with_parent() -> None:
-    """In the Xvfb child, before exec: end with dfbuild even when dfbuild is killed (no atexit then).
-    Linux's PR_SET_PDEATHSIG; the signal comes when the starting thread ends, so only the main
-    thread asks for it. Nowhere else: atexit stops it."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)   # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def start_display(host: Host) -> str:
     """An X display for Wine: the Xvfb this process started (started on the first call), as ":N"."""
     spec = entry(host)["vulkan"]
@@ -509,8 +498,8 @@ def start_display(host: Host) -> str:
         try:
             process = subprocess.Popen([program, *command[1:], "-displayfd", str(write_fd)], pass_fds=(write_fd,),
                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                                       preexec_fn=_die_with_parent if threading.current_thread()
-                                       is threading.main_thread() else None)
+                                       preexec_fn=(functools.partial(die_with_parent, signal.SIGTERM)
+                                                   if threading.current_thread() is threading.main_thread() else None))
         except OSError:
             os.close(read_fd)
             log.close()
