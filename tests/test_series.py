@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import paths, series, source, ui
+from dfbuild import journal, paths, series, source, ui
 from dfbuild.errors import (
     DirtyTreeError,
     NoVariantError,
@@ -330,6 +330,26 @@ def test_reproducible_commit_ids_across_clones(syn, tmp_path):
     assert [c["commit"] for c in a["concerns"]] == [c["commit"] for c in b["concerns"]]
     # and not by accident: the patched commits are new ones, not the maintainer's
     assert a["head"] != syn.concern_commits[-1]
+
+
+def test_reapply_after_the_patch_files_were_reworded_gives_the_fresh_trees_commits(syn, tree, tmp_path):
+    """A tree patched from older patch files (a renamed variant, a new header: the same change in other
+    words) gets the commits today's series makes, as a fresh tree does: the patched commit is stamped
+    into every binary, so it may depend on the series alone. Before, the old commits stayed."""
+    series.apply_series(syn.load(), tree)
+    old_head = head(tree)
+    patch = syn.patch("zero-fill")
+    patch.write_text(patch.read_text().replace("Dfbuild-Concern: zero-fill",
+                                               "Reworded, not changed.\n\nDfbuild-Concern: zero-fill", 1))
+    write_series(syn.patches, syn.blob, {cid: [patch_variant("base1", syn.patch(cid), syn.patches)] for cid in IDS})
+
+    again = series.apply_series(syn.load(), tree)
+    fresh = series.apply_series(syn.load(), syn.clone(tmp_path / "fresh"))
+
+    assert again["head"] == fresh["head"] == head(tree) != old_head
+    assert "Reworded, not changed." in run_git(tree, "log", "--format=%B", "HEAD")
+    assert run_git(tree, "status", "--porcelain", "--untracked-files=all") == ""
+    assert journal.pending(tree) is None
 
 
 # --- upstream and already-present ------------------------------------------------------------

@@ -363,9 +363,11 @@ def load_series(patches_dir: Path | None = None) -> Series:
 # --- recognising the base ------------------------------------------------------------
 
 
-def _git(tree: Path, *args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+def _git(tree: Path, *args: str, check: bool = True, env: dict | None = None,
+         input: str | None = None) -> subprocess.CompletedProcess:
     full_env = dict(os.environ, **(env or {}))
-    result = subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True, env=full_env)
+    result = subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True, env=full_env,
+                            input=input)
     if check and result.returncode != 0:
         raise git.GitCommandError(["git", *args], result.returncode, result.stderr, result.stdout)
     return result
@@ -685,7 +687,24 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
     if repo.is_dirty(untracked_files=True):
         raise DirtyTreeError(f"{tree} has local changes; nothing was applied",
                              "commit or stash them first: dfbuild never discards your work")
+    asked_base = base
+    original_head = repo.head.commit.hexsha
     base, steps = plan(series, tree, base, skip=skip)
+    reworded = _outdated_concern_commits(series, tree, steps)
+    if reworded:
+        # dfbuild's own commits hold these patches' changes but not as the patch files now word them (a
+        # renamed variant, a new header): made again from the base below them, so that the patched commit,
+        # which the binaries are stamped with, depends on the series alone and not on when the tree was made
+        journal.begin(tree, "apply", original_head=original_head, branch=_branch_name(repo),
+                      paths=reworded["paths"], wrote=reworded["wrote"])
+        try:
+            repo.git.reset("--hard", "--quiet", reworded["start"])
+            base, steps = plan(series, tree, asked_base, skip=skip)
+        except BaseException:
+            journal.roll_back(tree)
+            raise
+        ui.info(f"    the commits of {', '.join(reworded['concerns'])} were made from older patch files: "
+                "making them again")
     derived = base is None
     if derived and all(step.status == "not-applicable" for step in steps):
         raise NotApplicableError(f"{tree} has no DFlash (common/speculative.cpp never mentions it); nothing was applied",
@@ -696,17 +715,19 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
                                  "add one with `dfbuild series refresh --onto` or pass a supported base")
     conflict = _conflict_error(steps, base)
     if conflict:
+        if reworded:
+            journal.roll_back(tree)
         raise conflict
 
-    original_head = repo.head.commit.hexsha
     start = series_start(tree) if derived else None
     to_apply = [step for step in steps if step.status in CARRIED]
-    touched = sorted({p for step in to_apply for p in patch_paths(patch_path(series, step.variant))})
+    touched = sorted({p for step in to_apply for p in patch_paths(patch_path(series, step.variant))}
+                     | set(reworded["paths"] if reworded else ()))
     branch = None
     if to_apply:
-        branch = None if repo.head.is_detached else repo.active_branch.name
+        branch = _branch_name(repo)
         # what the patches write, so that a rollback can tell those bytes from a user's edit since
-        wrote: dict[str, list[str]] = {}
+        wrote: dict[str, list[str]] = dict(reworded["wrote"]) if reworded else {}
         for step in to_apply:
             for name, ids in patch_post_images(patch_path(series, step.variant)).items():
                 wrote.setdefault(name, []).extend(i for i in ids if i not in wrote.get(name, []))
@@ -773,6 +794,50 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
         elif series.recorded_proof(build, stale=True):
             section["stale_proof"] = series.recorded_proof(build, stale=True)
     return section
+
+
+def _branch_name(repo: git.Repo) -> str | None:
+    return None if repo.head.is_detached else repo.active_branch.name
+
+
+def _outdated_concern_commits(series: Series, tree: Path, steps: list[Step]) -> dict | None:
+    """dfbuild's concern commits on top of TREE that the series' patch files would now commit differently.
+
+    Each commit is made again from its own tree and parent with the message, author and date its
+    concern's patch gives today; a different id means an older wording of the same change. Returns
+    where they start, their concerns, the paths they touch and the blobs they left (for the journal).
+    """
+    start = series_start(tree)
+    if start == _git(tree, "rev-parse", "HEAD").stdout.strip():
+        return None
+    by_concern = {step.concern.id: step for step in steps if step.variant is not None and step.variant.file}
+    log = _git(tree, "log", "--first-parent", "--reverse",
+               f"--format=%H%x09%(trailers:key={CONCERN_TRAILER},valueonly,separator=%x2C)",
+               f"{start}..HEAD").stdout
+    outdated = []
+    for line in log.splitlines():
+        commit, concern = (line.split("\t") + [""])[:2]
+        step = by_concern.get(concern.strip())
+        if step is None:
+            continue
+        patch = patch_path(series, step.variant)
+        (name, address), date = patch_author(patch)
+        message = _git(tree, "stripspace", input=commit_message(patch)).stdout
+        who = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": address, "GIT_AUTHOR_DATE": date,
+               "GIT_COMMITTER_NAME": source.PROJECT_NAME, "GIT_COMMITTER_EMAIL": source.PROJECT_EMAIL,
+               "GIT_COMMITTER_DATE": date}
+        again = _git(tree, "commit-tree", f"{commit}^{{tree}}", "-p", f"{commit}^", input=message, env=who).stdout
+        if again.strip() != commit:
+            outdated.append(concern.strip())
+    if not outdated:
+        return None
+    paths = [p for p in _git(tree, "diff", "--name-only", start, "HEAD").stdout.splitlines() if p]
+    head_blobs = {}
+    for rel in paths:
+        blob = _git(tree, "rev-parse", "--verify", "--quiet", f"HEAD:{rel}", check=False).stdout.strip()
+        if blob:
+            head_blobs[rel] = [blob]
+    return {"start": start, "concerns": outdated, "paths": paths, "wrote": head_blobs}
 
 
 def released_form(section: dict) -> dict:
