@@ -338,6 +338,11 @@ def test_only_a_passed_run_is_remembered_and_an_unreadable_record_counts_as_none
     assert len({key, smoke.memo_key("other payload", fx, "cpu"), smoke.memo_key("payload", fx, "vulkan"),
                 smoke.memo_key("payload", {**fx, "seed": 1}, "cpu"),
                 smoke.memo_key("payload", fx, "cpu", scenarios=["image"])}) == 5
+    # and so is what the record holds: a pass recorded in an older layout is no pass for today's manifest
+    monkeypatch.setattr(smoke, "RECORD_LAYOUT", smoke.RECORD_LAYOUT - 1)
+    assert smoke.recall(smoke.memo_key("payload", fx, "cpu")) is None
+    monkeypatch.undo()
+    monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path / "cache"))
     smoke._memo_path(key).write_text("{ half written")
     assert smoke.recall(key) is None
 

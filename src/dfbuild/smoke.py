@@ -38,6 +38,9 @@ from . import errors, fixtures, paths, state
 DEFAULT_START_TIMEOUT = 180.0
 DEFAULT_REQUEST_TIMEOUT = 300.0
 START_TIMEOUT_ENV = "DFBUILD_START_TIMEOUT"
+# What a smoke section holds, in the key of a remembered pass: a release that reuses a pass recorded in an
+# older layout would ship a manifest a fresh run does not write. 2: each scenario has begin_warnings.
+RECORD_LAYOUT = 2
 
 
 def server_binary(build_dir: Path) -> Path:
@@ -1239,7 +1242,7 @@ def memo_key(payload_digest: str, fixtures_section: dict, backend: str, sets=Non
     no pass on the GPU, nor one on lavapipe a pass on an H200."""
     files = {name: f["sha256"] for name, f in fixtures_section.get("files", {}).items()}
     parts = [payload_digest, fixtures_section.get("seed"), files, backend,
-             list(sets or DEFAULT_SETS), list(scenarios or DEFAULT_SCENARIOS)]
+             list(sets or DEFAULT_SETS), list(scenarios or DEFAULT_SCENARIOS), {"layout": RECORD_LAYOUT}]
     if identity and identity.get("rule", "exact") != "exact":
         parts.append(identity)
     if ran_on:
