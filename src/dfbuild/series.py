@@ -821,12 +821,9 @@ def _outdated_concern_commits(series: Series, tree: Path, steps: list[Step]) -> 
         if step is None:
             continue
         patch = patch_path(series, step.variant)
-        (name, address), date = patch_author(patch)
-        message = _git(tree, "stripspace", input=commit_message(patch)).stdout
-        who = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": address, "GIT_AUTHOR_DATE": date,
-               "GIT_COMMITTER_NAME": source.PROJECT_NAME, "GIT_COMMITTER_EMAIL": source.PROJECT_EMAIL,
-               "GIT_COMMITTER_DATE": date}
-        again = _git(tree, "commit-tree", f"{commit}^{{tree}}", "-p", f"{commit}^", input=message, env=who).stdout
+        message = _git(tree, "stripspace", input=commit_message(patch)).stdout  # as `git commit -m` cleans it
+        again = _git(tree, "commit-tree", f"{commit}^{{tree}}", "-p", f"{commit}^", input=message,
+                     env=source.patch_identity(*patch_author(patch))).stdout
         if again.strip() != commit:
             outdated.append(concern.strip())
     if not outdated:

@@ -248,10 +248,14 @@ def commit_patch(repo: git.Repo, message: str, author: tuple[str, str], date: st
     """Commit the index as a patch's own commit: its AUTHOR (name, email) and DATE, committed by the
     project at that same date (as `git am --committer-date-is-author-date` would), so one base and
     one series always give one commit id."""
+    return _commit(repo, message, patch_identity(author, date))
+
+
+def patch_identity(author: tuple[str, str], date: str) -> dict:
+    """The git environment a patch's commit is made with: its author and date, committed by the project."""
     name, email = author
-    return _commit(repo, message, {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": date,
-                                   "GIT_COMMITTER_NAME": PROJECT_NAME, "GIT_COMMITTER_EMAIL": PROJECT_EMAIL,
-                                   "GIT_COMMITTER_DATE": date})
+    return {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": date,
+            "GIT_COMMITTER_NAME": PROJECT_NAME, "GIT_COMMITTER_EMAIL": PROJECT_EMAIL, "GIT_COMMITTER_DATE": date}
 
 
 def _commit(repo: git.Repo, message: str, who: dict) -> str:
