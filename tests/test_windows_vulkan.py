@@ -27,6 +27,7 @@ DLLTOOL = shutil.which("x86_64-w64-mingw32-dlltool")
 needs_mingw = pytest.mark.skipif(MINGW is None or DLLTOOL is None or not sys.platform.startswith("linux"),
                                  reason="the mingw-w64 cross compiler and dlltool are not installed "
                                         "(apt-get install gcc-mingw-w64-x86-64-posix)")
+needs_wine = pytest.mark.skipif(shutil.which("wine") is None, reason="wine is not installed (apt-get install wine wine64)")
 
 # vulkan_core.h's shape: a guard line per core version and per extension, prototypes after it
 CORE_H = """\
@@ -245,6 +246,24 @@ def test_the_win_vulkan_zip_imports_the_drivers_loader_and_ships_none(windows_in
     assert any("ggml-vulkan.dll imports vulkan-1.dll, the GPU driver's own, which the archive does not ship" in n
                for n in report["checked"]), report["checked"]
     assert any("smoke passed on Vulkan0: llvmpipe" in n for n in report["checked"]), report["checked"]
+
+
+@needs_mingw
+@needs_wine
+def test_verify_that_runs_the_vulkan_zip_says_each_check_once(windows_inputs, tmp_path):
+    """The run adds its own lines (--version under Wine) to the member checks, and repeats none of them."""
+    from test_windows_cross import package_windows
+
+    _vulkan_build(windows_inputs)
+    out = tmp_path / "out"
+    package_windows(windows_inputs, out)
+    try:
+        report = verify.verify(out, run_binaries=True)
+    finally:
+        windows._stop_display()  # the Xvfb the run started: later tests expect none
+    assert report["ok"], report["problems"]
+    assert any("--version names the patched commit" in n for n in report["checked"]), report["checked"]
+    assert len(report["checked"]) == len(set(report["checked"])), report["checked"]
 
 
 @needs_mingw

@@ -49,6 +49,7 @@ from pathlib import Path
 from . import backends, build, carry, fixtures, manifest, series, smoke, source, state, ui
 from .errors import BuildDirMismatchError, BuildError, FixtureError, NotApplicableError, PatchConflictError
 from .paths import sha256_file
+from .platforms import rocm_root
 
 OUTCOMES = ("fixed", "fixed-upstream", "still-broken", "not-applicable", "conflict")
 UNPATCHED_RECORD = "dfbuild-unpatched.json"
@@ -167,6 +168,8 @@ def read_unpatched(work: Path, backend: str, key: str | None = None, commit: str
         section = dict(record["build"], build_dir=str(folder))
         if (key is not None and record.get("key") != key) or (commit is not None and record.get("commit") != commit):
             return None
+        if section.get("rocm_root") and not (folder / rocm_root.BUILT_IN_ROOT).is_file():
+            return None  # kept before the root's marker was copied: its binaries would start on the host
         if _files_of(folder, section) != record["files"]:
             ui.warn(f"{folder} no longer holds the files it was made with; building the unpatched tree again")
             return None
@@ -198,6 +201,9 @@ def _keep_unpatched(built: dict, folder: Path, key: str, commit: str) -> dict:
             os.symlink(os.readlink(src), dst)  # a library's soname link, within bin/
         else:
             shutil.copy2(src, dst)  # RUNPATH $ORIGIN: the copies find each other in bin/
+    marker = source_dir / rocm_root.BUILT_IN_ROOT
+    if marker.is_file():  # binaries built in the ROCm root run there, copied or not (smoke.launcher_for)
+        shutil.copy2(marker, staging / rocm_root.BUILT_IN_ROOT)
     section = dict(built, build_dir=str(folder), built_in=built["build_dir"])
     record = {"commit": commit, "key": key, "files": _files_of(staging, section), "build": section}
     state.atomic_write_text(staging / UNPATCHED_RECORD, manifest.dumps(record) + "\n")
