@@ -390,6 +390,7 @@ def test_verify_states_that_a_root_builds_glibc_floor_is_forkys():
     note = verify._root_note("x.tar.gz", {"suite": "forky", "rocm": {"hipcc": "7.0.2"}, "glibc": "2.43",
                                           "path": "debian-forky-rocm-6.4-000000000000"}, {"a": (2, 38)})
     assert "glibc floor is forky's (glibc 2.43; the binaries need 2.38)" in note
+    assert "root with ROCm (hipcc 7.0.2)" in note  # the packages in words, not a Python dict
     assert "Ubuntu 22.04 image (glibc 2.35)" in note
     # a root that is not on this machine: the binaries are not run, the stamp is checked instead
     assert verify._root_launcher({"path": "debian-forky-rocm-6.4-000000000000"}) is None

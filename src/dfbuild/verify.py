@@ -363,7 +363,10 @@ def _pe_problems(label: str, actual: dict[str, Member], arch: str | None, proble
 def _root_note(label: str, in_root: dict, needs: dict[str, tuple[int, ...]]) -> str:
     """What a build made in the ROCm root means for where it starts: forky's glibc, not 22.04's."""
     top = elf.version_text(max(needs.values())) if needs else "?"
-    return (f"{label}: built in dfbuild's Debian {in_root.get('suite')} root with ROCm {in_root.get('rocm')} "
+    rocm = in_root.get("rocm")
+    if isinstance(rocm, dict):  # the packages the build used, as the root's record names them
+        rocm = ", ".join(f"{name} {version}" for name, version in rocm.items())
+    return (f"{label}: built in dfbuild's Debian {in_root.get('suite')} root with ROCm ({rocm}) "
             f"(no ROCm on the build machine): its glibc floor is {in_root.get('suite')}'s "
             f"(glibc {in_root.get('glibc')}; the binaries need {top}), so it starts on {in_root.get('suite')} or "
             "newer only; the published archive comes from the release matrix's Ubuntu 22.04 image (glibc 2.35)")
