@@ -210,8 +210,8 @@ VERIFIED = {
     "windows-cpu-x64": "built and run here",      # mingw-w64, Wine
     "windows-cpu-x64-msvc": "runner only", "windows-cuda-12.4-x64": "runner only",
     "windows-cuda-13.0-x64": "runner only", "macos-metal-arm64": "runner only",
-    "windows-vulkan-x64": "built here",   # mingw-w64 cross build; started under Wine on lavapipe, smoke unfinished
-    "linux-hip-6.4-x64": "runner only",  # until built here
+    "windows-vulkan-x64": "built and run here",  # mingw-w64 cross build, proven under Wine on lavapipe
+    "linux-hip-6.4-x64": "built and run here",   # in the forky ROCm root, smoke on its CPU backend (no AMD GPU)
 }
 
 
