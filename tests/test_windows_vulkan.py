@@ -250,6 +250,8 @@ def test_the_win_vulkan_zip_imports_the_drivers_loader_and_ships_none(windows_in
 
 @needs_mingw
 @needs_wine
+@pytest.mark.skipif(shutil.which("Xvfb") is None and not os.environ.get("DISPLAY"),
+                    reason="no display for Wine's Vulkan: Xvfb is not installed (apt-get install xvfb) and $DISPLAY is unset")
 def test_verify_that_runs_the_vulkan_zip_says_each_check_once(windows_inputs, tmp_path):
     """The run adds its own lines (--version under Wine) to the member checks, and repeats none of them."""
     from test_windows_cross import package_windows
