@@ -289,6 +289,7 @@ def test_the_toolchain_file_configures_and_builds_an_aarch64_program(tmp_path):
     setup = linux_arm64.configure(ARM64_ON_LINUX, build_dir) if tls else {
         "cmake_args": [f"-DCMAKE_TOOLCHAIN_FILE={build_dir / linux_arm64.TOOLCHAIN_NAME}"]}
     if not tls:
+        build_dir.mkdir()  # as configure() does before it writes the file
         linux_arm64.write_if_changed(build_dir / linux_arm64.TOOLCHAIN_NAME, linux_arm64.toolchain_text(ARM64_ON_LINUX))
     cmake = doctor.find_pypi_program("cmake")
     ninja = doctor.find_pypi_program("ninja")

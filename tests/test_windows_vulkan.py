@@ -28,6 +28,9 @@ needs_mingw = pytest.mark.skipif(MINGW is None or DLLTOOL is None or not sys.pla
                                  reason="the mingw-w64 cross compiler and dlltool are not installed "
                                         "(apt-get install gcc-mingw-w64-x86-64-posix)")
 needs_wine = pytest.mark.skipif(shutil.which("wine") is None, reason="wine is not installed (apt-get install wine wine64)")
+needs_display = pytest.mark.skipif(shutil.which("Xvfb") is None and not os.environ.get("DISPLAY"),
+                                   reason="no display for Wine's Vulkan: Xvfb is not installed (apt-get install xvfb) "
+                                          "and $DISPLAY is unset")
 
 # vulkan_core.h's shape: a guard line per core version and per extension, prototypes after it
 CORE_H = """\
@@ -250,8 +253,7 @@ def test_the_win_vulkan_zip_imports_the_drivers_loader_and_ships_none(windows_in
 
 @needs_mingw
 @needs_wine
-@pytest.mark.skipif(shutil.which("Xvfb") is None and not os.environ.get("DISPLAY"),
-                    reason="no display for Wine's Vulkan: Xvfb is not installed (apt-get install xvfb) and $DISPLAY is unset")
+@needs_display
 def test_verify_that_runs_the_vulkan_zip_says_each_check_once(windows_inputs, tmp_path):
     """The run adds its own lines (--version under Wine) to the member checks, and repeats none of them."""
     from test_windows_cross import package_windows

@@ -130,8 +130,6 @@ def write_if_changed(path: Path, text: str) -> None:
             return
     except OSError:
         pass
-    # A toolchain file is written before cmake first makes its build folder.
-    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
