@@ -106,6 +106,23 @@ def test_doctor_without_the_cross_toolchain_names_the_packages(no_tools):
     assert caught.value.exit_code == 30 and "g++-mingw-w64-x86-64-posix" in (caught.value.hint or "")
 
 
+def test_doctor_hint_names_only_what_is_missing_not_the_cross_toolchain_already_there(monkeypatch):
+    # mingw-w64, Wine, Xvfb and glslc all found; only the Vulkan headers missing: the hint is theirs,
+    # not an apt-get line for the cross toolchain this machine already has
+    def found_but_headers(name, host, *, optional=False, extra_include_dirs=()):
+        missing = name in ("vulkan-headers", "xvfb")
+        return doctor.Probe(name=name, what=name, found=not missing, optional=optional,
+                            install=f"install {name}" if missing else None)
+
+    monkeypatch.setattr(doctor, "probe", found_but_headers)
+    entry = doctor.check_backend("vulkan", WINDOWS_ON_LINUX)
+    assert entry["missing"] == ["vulkan-headers"] and entry["missing_to_run"] == ["xvfb"]
+    assert entry["install"] == ["install vulkan-headers", "install xvfb"]
+    with pytest.raises(ToolchainMissingError) as caught:
+        doctor.require("vulkan", WINDOWS_ON_LINUX)
+    assert "mingw" not in (caught.value.hint or "") and "install vulkan-headers" in caught.value.hint
+
+
 def test_doctor_for_cuda_on_windows_from_linux_says_where_it_builds():
     entry = doctor.check_backend("cuda", WINDOWS_ON_LINUX)
     assert not entry["can_build"] and not entry["toolchain"]

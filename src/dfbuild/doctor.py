@@ -380,8 +380,12 @@ def check_backend(backend: str, host: Host | None = None, *, extra_include_dirs:
 
         unrunnable = [p for p in entry["runtime"] if p["name"] in run_probes and not p["ok"]]
         entry["missing_to_run"] = [p["name"] for p in unrunnable]
-        if blocking or unrunnable:  # one line for the whole cross toolchain, as the user types it
-            entry["install"] = _dedupe([platforms.cross(host).install_line(host)] + entry["install"])
+        # one line for the whole cross toolchain, as the user types it, but only when something it
+        # installs is missing: a hint to install what is there already reads as if it were not
+        in_line = {*target.get("probes", ()), *target.get("run_probes", ())}
+        missed = (*blocking, *unrunnable)
+        line = [platforms.cross(host).install_line(host)] if any(p["name"] in in_line for p in missed) else []
+        entry["install"] = _dedupe(line + [p["install"] for p in missed if p["name"] not in in_line])
     entry["can_build"] = not blocking
     if blocking:
         entry["reason"] = "missing: " + "; ".join(
