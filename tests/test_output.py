@@ -63,6 +63,16 @@ def test_a_pipe_gets_whole_lines_without_colour_and_head_gets_three():
     assert head.stdout.splitlines() == lines[:3]
 
 
+def test_a_table_in_a_pipe_is_plain_columns_without_box_drawing():
+    piped = run_cli("matrix")
+    assert piped.returncode == 0, piped.stderr
+    assert not re.search("[\u2500-\u257f]", piped.stdout)      # no box-drawing characters
+    lines = piped.stdout.splitlines()
+    assert lines[0].split() == ["id", "runner", "artifact", "verified"]
+    assert lines[1].startswith("linux-cpu-x64 ")                  # no padding before the first column
+    assert lines[1].split()[:2] == ["linux-cpu-x64", "ubuntu-22.04"]   # awk '{print $2}' is the runner
+
+
 def test_no_color_is_honoured_on_a_terminal():
     forced = run_cli("series", "epochs", env={"FORCE_COLOR": "1", "TERM": "xterm-256color"})
     assert re.search(r"\x1b\[[0-9;]*3[0-9]m|\x1b\[[0-9;]*38;", forced.stdout) or ANSI.search(forced.stdout)

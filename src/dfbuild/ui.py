@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 import click
 from rich.console import Console, ConsoleDimensions
+from rich.table import Table
 
 # the lowest floor: ui imports nothing of dfbuild's, so every module may report through it
 
@@ -49,7 +50,13 @@ def quiet() -> bool:
 
 
 def result(message="", **kwargs) -> None:
-    """A line (or rich renderable, e.g. a table) of a command's result: stdout, whatever -q says."""
+    """A line (or rich renderable, e.g. a table) of a command's result: stdout, whatever -q says.
+
+    A table drawn for a pipe or a file loses its box: aligned columns under a header line, as
+    `pip list` and `git branch -v` print them, which grep, cut and awk read (box-drawing
+    characters would stand in every line and field)."""
+    if isinstance(message, Table) and not out.is_terminal:
+        message.box, message.show_edge, message.pad_edge = None, False, False
     out.print(message, **kwargs)
 
 
