@@ -351,3 +351,22 @@ def test_a_command_that_printed_its_report_and_then_fails_prints_one_json_object
     assert result.exit_code == 51
     report = json.loads(result.stdout)  # one object: the report, whose ok says it failed
     assert report["ok"] is False
+
+
+def test_a_step_inside_another_is_indented_under_it_and_each_done_line_under_its_own_header(capsys):
+    with ui.step("prove"):
+        ui.info("    proving b1")
+        with ui.step("build unpatched"):
+            ui.info("    [1/2]")
+        with ui.step("build patched"):
+            pass
+    with pytest.raises(RuntimeError):   # a failing inner step leaves no indentation behind
+        with ui.step("outer"):
+            with ui.step("inner"):
+                raise RuntimeError("boom")
+    with ui.step("next"):
+        pass
+    lines = [re.sub(r"[0-9.]+s$", "Ns", line) for line in capsys.readouterr().err.splitlines()]
+    assert lines == ["==> prove", "    proving b1", "    ==> build unpatched", "        [1/2]", "        done in Ns",
+                     "    ==> build patched",
+                     "        done in Ns", "    done in Ns", "==> outer", "    ==> inner", "==> next", "    done in Ns"]

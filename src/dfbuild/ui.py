@@ -61,8 +61,9 @@ def result(message="", **kwargs) -> None:
 
 
 def info(message: str) -> None:
+    """Talk; inside a step that is itself inside a step, shifted under that inner step's header."""
     if verbosity >= 0:
-        console.print(message)
+        console.print("    " * max(_open_steps - 1, 0) + message)
 
 
 def next_step(command: str) -> None:
@@ -98,13 +99,26 @@ def emit_json(data: dict) -> None:
     click.echo(dumps(data))
 
 
+# how many steps are open: a step inside another (release -> prove -> build) is indented under it, so
+# each "done in" line stands under its own header, not under the last one printed
+_open_steps = 0
+
+
 @contextmanager
 def step(title: str):
     """Print a step with its wall time, the way cibuildwheel's logger does."""
-    info(f"[bold]==>[/bold] {title}")
+    global _open_steps
+    indent = "    " * _open_steps
+    if verbosity >= 0:
+        console.print(f"{indent}[bold]==>[/bold] {title}")
     start = time.monotonic()
-    yield
-    info(f"    done in {time.monotonic() - start:.1f}s")
+    _open_steps += 1
+    try:
+        yield
+    finally:
+        _open_steps -= 1
+    if verbosity >= 0:
+        console.print(f"{indent}    done in {time.monotonic() - start:.1f}s")
 
 
 class Progress:
