@@ -28,7 +28,8 @@ needs_mingw = pytest.mark.skipif(MINGW is None or DLLTOOL is None or not sys.pla
                                  reason="the mingw-w64 cross compiler and dlltool are not installed "
                                         "(apt-get install gcc-mingw-w64-x86-64-posix)")
 needs_wine = pytest.mark.skipif(shutil.which("wine") is None, reason="wine is not installed (apt-get install wine wine64)")
-needs_display = pytest.mark.skipif(shutil.which("Xvfb") is None and not os.environ.get("DISPLAY"),
+HAS_XVFB = shutil.which("Xvfb") is not None
+needs_display = pytest.mark.skipif(not HAS_XVFB and not os.environ.get("DISPLAY"),
                                    reason="no display for Wine's Vulkan: Xvfb is not installed (apt-get install xvfb) "
                                           "and $DISPLAY is unset")
 
@@ -331,7 +332,7 @@ def test_no_xvfb_and_no_display_says_what_to_install(monkeypatch, tmp_path):
     assert caught.value.exit_code == 30 and "apt-get install xvfb" in (caught.value.hint or "")
 
 
-@pytest.mark.skipif(shutil.which("Xvfb") is None, reason="Xvfb is not installed (apt-get install xvfb)")
+@pytest.mark.skipif(not HAS_XVFB, reason="Xvfb is not installed (apt-get install xvfb)")
 def test_dfbuild_starts_one_xvfb_and_stops_it(monkeypatch):
     monkeypatch.delenv("DISPLAY", raising=False)
     name = windows.start_display(WINDOWS_ON_LINUX)
@@ -345,7 +346,7 @@ def test_dfbuild_starts_one_xvfb_and_stops_it(monkeypatch):
     assert process.poll() is not None and "process" not in windows._display
 
 
-@pytest.mark.skipif(shutil.which("Xvfb") is None or not Path("/proc/self/stat").exists(),
+@pytest.mark.skipif(not HAS_XVFB or not Path("/proc/self/stat").exists(),
                     reason="Xvfb is not installed (apt-get install xvfb), or no /proc")
 def test_the_xvfb_ends_with_dfbuild_even_when_dfbuild_is_killed():
     import time

@@ -374,8 +374,9 @@ def check_backend(backend: str, host: Host | None = None, *, extra_include_dirs:
 
     blocking = [p for p in entry["toolchain"] if not p["ok"] and not p["optional"]]
     entry["missing"] = [p["name"] for p in blocking]
-    entry["install"] = _dedupe(p["install"] for p in blocking)
-    if host.cross:
+    if not host.cross:
+        entry["install"] = _dedupe(p["install"] for p in blocking)
+    else:
         from . import platforms
 
         unrunnable = [p for p in entry["runtime"] if p["name"] in run_probes and not p["ok"]]

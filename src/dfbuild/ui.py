@@ -60,10 +60,14 @@ def result(message="", **kwargs) -> None:
     out.print(message, **kwargs)
 
 
+def _talk(line: str) -> None:
+    if verbosity >= 0:
+        console.print(line)
+
+
 def info(message: str) -> None:
     """Talk; inside a step that is itself inside a step, shifted under that inner step's header."""
-    if verbosity >= 0:
-        console.print("    " * max(_open_steps - 1, 0) + message)
+    _talk("    " * max(_open_steps - 1, 0) + message)
 
 
 def next_step(command: str) -> None:
@@ -109,16 +113,14 @@ def step(title: str):
     """Print a step with its wall time, the way cibuildwheel's logger does."""
     global _open_steps
     indent = "    " * _open_steps
-    if verbosity >= 0:
-        console.print(f"{indent}[bold]==>[/bold] {title}")
+    _talk(f"{indent}[bold]==>[/bold] {title}")
     start = time.monotonic()
     _open_steps += 1
     try:
         yield
     finally:
         _open_steps -= 1
-    if verbosity >= 0:
-        console.print(f"{indent}    done in {time.monotonic() - start:.1f}s")
+    _talk(f"{indent}    done in {time.monotonic() - start:.1f}s")
 
 
 class Progress:
