@@ -126,11 +126,11 @@ def test_dflash_plain_rope_draft_after_mrope_image(tmp_path, monkeypatch):
     server.start()
     res = ask(" What is it?")
     assert res.status_code == 200, res.body
-    assert res.body["timings"]["draft_n"] > 0
+    assert res.body["timings"].get("draft_n", 0) > 0, res.body["timings"]
     assert res.body["tokens"] == tokens_no_draft
 
     # the image again: the prompt up to the question comes from the cache
     res = ask(" Why?")
     assert res.status_code == 200, res.body
-    assert res.body["timings"]["cache_n"] > 0
-    assert res.body["timings"]["draft_n"] > 0
+    assert res.body["timings"]["cache_n"] > 0, res.body["timings"]
+    assert res.body["timings"].get("draft_n", 0) > 0, res.body["timings"]
