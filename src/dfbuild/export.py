@@ -241,8 +241,7 @@ def pr_text(template: str | None, *, base: str, base_commit: str, applied: list[
               "cd tools/server/tests && pip install -r requirements.txt",
               f"LLAMA_SERVER_BIN_PATH=../../../build/bin/llama-server pytest -v unit/{TEST_NAME}", "```"]
     if measured:
-        info += [f"The new test on {base}" + (f" ({base_commit[:12]})" if base_commit else "")
-                 + ", without and with this PR:", "",
+        info += [f"The new test on {base}, without and with this PR:", "",
                  "| | without this PR | with this PR |", "| --- | --- | --- |",
                  f"| `pytest -v unit/{TEST_NAME}` | {measured['unpatched']['summary']} | "
                  f"{measured['patched']['summary']} |", ""]
