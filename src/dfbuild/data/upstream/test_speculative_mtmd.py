@@ -22,8 +22,7 @@ N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF, V_EMBD = 64, 4, 2, 16, 128, 32
 
 # GPT-2 byte-level BPE over the 256 bytes, so any text tokenizes
 KEEP = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-EXTRA = iter(range(0x100, 0x200))
-BYTES = [chr(b) if b in KEEP else chr(next(EXTRA)) for b in range(256)]
+BYTES = [chr(b) if b in KEEP else chr(0x100 + sum(c not in KEEP for c in range(b))) for b in range(256)]
 TOKENS = BYTES + ["<|endoftext|>", "<|mask|>", BYTES[32] * 2]
 TOKENIZER = {
     "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default", "tokenizer.ggml.tokens": TOKENS,
