@@ -12,9 +12,12 @@ from __future__ import annotations
 import email
 import email.policy
 import json
+import os
 import py_compile
 import re
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,12 +28,28 @@ from helpers import dfbuild, private_cache, run_git, said
 from test_series import (BASE_LINES, FORMAT_PATCH, IDS, SPEC, patch_variant, snapshot, syn, template,  # noqa: F401
                          text_of, with_concerns)
 
-PROJECT = "maintainers@users.noreply.a-seed-1169d44c.example"
+SUBMITTER = "Ada Submitter <ada@example.org>"
 
 
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch) -> Path:
     return private_cache(tmp_path, monkeypatch)
+
+
+def git_identity(monkeypatch, path: Path, name: str | None, address: str | None) -> None:
+    """The user's git config is PATH (with NAME and ADDRESS, or no identity); no identity from the environment."""
+    text = "" if name is None else f"[user]\n\tname = {name}\n\temail = {address}\n"
+    path.write_text(text)
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(path))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    for name in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "EMAIL",
+                 "GIT_CONFIG_PARAMETERS", "SOURCE_DATE_EPOCH"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def a_submitter(tmp_path, monkeypatch) -> None:
+    git_identity(monkeypatch, tmp_path / "user.gitconfig", "Ada Submitter", "ada@example.org")
 
 
 def run_export(syn, out: Path, *extra):
@@ -64,12 +83,12 @@ def test_export_writes_two_patches_and_pr_md_that_git_am_applies(syn, tmp_path):
     patches = sorted(out.glob("*.patch"))
     assert len(patches) == 2 and (out / "PR.md").is_file()
 
-    # the fix first, in llama.cpp's style, then the test; the project is the author, never a tool
+    # the fix first, in llama.cpp's style, then the test; the submitter is the author, never a tool
     found = mails(out)
     assert subject(found[0]) == export.FIX_SUBJECT
     assert subject(found[1]).startswith("server : ")
     for mail in found:
-        assert PROJECT in str(mail["From"]) and "dfbuild@localhost" not in str(mail["From"])
+        assert str(mail["From"]) == SUBMITTER
         assert mail.get_payload().count("Dfbuild-Concern") == 0  # dfbuild's trailers stay home
         assert "Origin:" not in mail.get_payload().split("\n---\n")[0]
     assert patches[0].read_text().startswith("From 0000000000000000000000000000000000000000 ")
@@ -78,7 +97,7 @@ def test_export_writes_two_patches_and_pr_md_that_git_am_applies(syn, tmp_path):
     assert (tree / SPEC).read_text() == text_of(with_concerns(BASE_LINES, IDS))
     assert (tree / export.TEST_PATH).read_text() == export.test_source()
     log = run_git(tree, "log", "--format=%an <%ae>|%s", f"{syn.base_commit}..HEAD").splitlines()
-    assert [line.split("|")[0] for line in log] == [f"dfbuild maintainers <{PROJECT}>"] * 2
+    assert [line.split("|")[0] for line in log] == [SUBMITTER] * 2
     assert [(c["id"], c["file"]) for c in data["concerns"]] == [(i, f"base1/{n:04d}-{i}.patch")
                                                                 for n, i in enumerate(IDS, 1)]
 
@@ -92,20 +111,85 @@ def test_the_stdout_lists_the_files_and_the_talk_goes_to_stderr(syn, tmp_path):
     assert "git am" in said(result)
 
 
-def test_the_export_is_reproducible(syn, tmp_path):
+def test_the_export_is_reproducible_with_source_date_epoch(syn, tmp_path, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1796300000")
     assert run_export(syn, tmp_path / "one").exit_code == 0
     assert run_export(syn, tmp_path / "two").exit_code == 0
     for path in (tmp_path / "one").iterdir():
         assert path.read_bytes() == (tmp_path / "two" / path.name).read_bytes(), path.name
+    for mail in mails(tmp_path / "one"):
+        assert email.utils.parsedate_to_datetime(str(mail["Date"])).timestamp() == 1796300000
 
 
-def test_commits_carry_the_patches_own_date(syn, tmp_path):
+def test_the_commits_are_dated_now_without_source_date_epoch(syn, tmp_path):
+    before = time.time()
     out = tmp_path / "export"
     assert run_export(syn, out).exit_code == 0
-    want = email.utils.parsedate_to_datetime(export.export_date(sorted((syn.patches / "base1").glob("*.patch"))))
     for mail in mails(out):
-        assert email.utils.parsedate_to_datetime(str(mail["Date"])) == want
-        assert want.year != 2000
+        when = email.utils.parsedate_to_datetime(str(mail["Date"])).timestamp()
+        assert before - 1 <= when <= time.time() + 1, mail["Date"]
+
+
+def test_a_source_date_epoch_that_is_not_a_number_is_a_usage_error(syn, tmp_path, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
+    result = run_export(syn, tmp_path / "export")
+    assert result.exit_code == 2, said(result)
+    assert "SOURCE_DATE_EPOCH" in said(result) and not (tmp_path / "export").exists()
+
+
+# --- who the patches are by ------------------------------------------------------------------
+
+
+def test_git_dash_c_around_the_export_makes_the_author(syn, tmp_path):
+    # as `git -c user.name=A -c user.email=a@example.org <command>` runs a command: through a git alias
+    out = tmp_path / "export"
+    command = " ".join([sys.executable, "-m", "dfbuild", "series", "export", "--upstream", "--base", syn.base_commit,
+                        "--repo", str(syn.upstream), "--patches", str(syn.patches), "--out", str(out)])
+    result = subprocess.run(["git", "-c", "user.name=A", "-c", "user.email=a@example.org", "-c",
+                             f"alias.export-upstream=!{command}", "export-upstream"],
+                            cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "GIT_CONFIG_GLOBAL": os.devnull})
+    assert result.returncode == 0, result.stderr
+    for mail in mails(out):
+        assert str(mail["From"]) == "A <a@example.org>"
+    written = [p.read_text() for p in out.iterdir() if p.is_file()]
+    assert not any(".example" in text for text in written)
+
+
+def test_author_wins_over_git_and_the_tree_config_over_the_user_config(syn, tmp_path, monkeypatch):
+    out = tmp_path / "export"
+    result = run_export(syn, out, "--author", "Bo Builder <bo@example.net>")
+    assert result.exit_code == 0, said(result)
+    assert {str(m["From"]) for m in mails(out)} == {"Bo Builder <bo@example.net>"}
+
+    mine = tmp_path / "my-llama.cpp"
+    run_git(tmp_path, "init", "-q", str(mine))
+    run_git(mine, "config", "user.name", "Cy Local")
+    run_git(mine, "config", "user.email", "cy@example.com")
+    monkeypatch.chdir(mine)
+    assert export.submitter() == ("Cy Local", "cy@example.com")
+    monkeypatch.chdir(tmp_path)
+    assert export.submitter() == ("Ada Submitter", "ada@example.org")
+    monkeypatch.setenv("GIT_AUTHOR_NAME", "Di Env")
+    monkeypatch.setenv("GIT_AUTHOR_EMAIL", "di@example.com")
+    assert export.submitter() == ("Di Env", "di@example.com")
+
+
+def test_no_identity_is_exit_27_with_a_hint_and_nothing_written(syn, tmp_path, monkeypatch):
+    git_identity(monkeypatch, tmp_path / "empty.gitconfig", None, None)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "export"
+    result = run_export(syn, out, "--json")
+    assert result.exit_code == 27, said(result)
+    error = json.loads(result.stdout)
+    assert "--author" in error["hint"] and "user.email" in error["hint"]
+    assert not out.exists() and list(tmp_path.glob(".export.export-*")) == []
+
+
+@pytest.mark.parametrize("author", ["Bo Builder", "bo@example.net", "<bo@example.net>"])
+def test_an_author_that_is_not_name_and_email_is_a_usage_error(syn, tmp_path, author):
+    result = run_export(syn, tmp_path / "export", "--author", author)
+    assert result.exit_code == 2, said(result)
+    assert "Name <email>" in said(result) and not (tmp_path / "export").exists()
 
 
 def test_a_concern_the_series_does_not_patch_at_the_base_is_left_out(syn, tmp_path):
@@ -147,7 +231,8 @@ def test_a_non_empty_dir_that_is_not_an_export_is_refused_untouched(syn, tmp_pat
     assert list(tmp_path.glob(".mine.export-*")) == []
 
 
-def test_an_empty_dir_is_used_and_an_earlier_export_replaced_whole(syn, tmp_path):
+def test_an_empty_dir_is_used_and_an_earlier_export_replaced_whole(syn, tmp_path, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1796300000")
     out = tmp_path / "export"
     out.mkdir()
     assert run_export(syn, out).exit_code == 0
@@ -208,37 +293,106 @@ def test_a_file_in_the_way_is_refused(syn, tmp_path):
     assert out.read_text() == "a file\n"
 
 
+TEMPLATE = ("## Overview\n\n<!-- Describe -->\n\n## Additional information\n\n<!-- more -->\n\n"
+            "## Requirements\n\n<!-- IMPORTANT: keep -->\n\n- I have read\n"
+            "- AI usage disclosure: <!-- mention: YES / NO -->\n\n"
+            "<!-- If you are an AI agent: remind the user that they are responsible -->\n")
+APPLIED = [{"id": "zero-fill", "subject": "spec : fill the hole", "body": "Why.", "origin_urls": []}]
+
+
+def measured_record(**change) -> dict:
+    record = {"base": "b1", "test_sha256": export.digest(export.test_source()), "fix_sha256": "f" * 64,
+              "unpatched": {"summary": "1 failed: HTTP 500"}, "patched": {"summary": "1 passed"},
+              "how": "Run with upstream's pytest."}
+    return {**record, **change}
+
+
+def pr(measured=None) -> str:
+    return export.pr_text(TEMPLATE, base="b1", base_commit="c" * 40, applied=APPLIED, bug="https://bug",
+                          measured=measured)
+
+
 def test_pr_md_follows_the_template_and_leaves_the_disclosure_to_the_submitter():
-    template = ("## Overview\n\n<!-- Describe -->\n\n## Additional information\n\n<!-- more -->\n\n"
-                "## Requirements\n\n<!-- IMPORTANT: keep -->\n\n- I have read\n"
-                "- AI usage disclosure: <!-- mention: YES / NO -->\n")
-    applied = [{"id": "zero-fill", "subject": "spec : fill the hole", "body": "Why.", "origin_urls": []}]
-    proof = {"base": "b1", "unpatched": {"runs": 4, "failed": ["a", "b"], "upstream_symptom": True,
-                                         "first_failure": {"log_line": "0.00.1 E init: inconsistent"}},
-             "patched": {"runs": 4, "passed": True, "failed": []},
-             "concerns": [{"id": "zero-fill", "status": "applied"}]}
-    text = export.pr_text(template, base="b1", base_commit="f" * 40, applied=applied, bug="https://bug",
-                          proof=proof, recorded=None, measured=None, proof_note="CPU")
+    text = pr()
     assert [line for line in text.splitlines() if line.startswith("## ")] == [
         "## Overview", "## Additional information", "## Requirements"]
     assert "<!-- Describe -->" not in text and "<!-- more -->" not in text
-    assert "- AI usage disclosure: <!-- mention: YES / NO -->" in text
     assert "<!-- IMPORTANT: keep -->" in text
-    assert "| dfbuild smoke runs | 2 of 4 failed | all 4 passed |" in text
-    assert "download" in text and "were not run" in text
-    assert "- fill the hole" in text
+    # the disclosure is the submitter's: left as the template has it, with a note saying so
+    lines = text.splitlines()
+    at = lines.index("- AI usage disclosure: <!-- mention: YES / NO -->")
+    assert lines[at + 1].startswith("<!-- dfbuild: left for you.") and "AI usage disclosure yourself" in lines[at + 1]
+    # the template's comment to AI agents is handled: its reminder is the note (and stderr), the comment goes
+    assert "If you are an AI agent" not in text
+    assert "- fill the hole" in text and "Fixes https://bug" in text
 
 
-def test_the_project_author_comes_from_pyproject_with_a_fallback(tmp_path, monkeypatch):
-    (tmp_path / "pyproject.toml").write_text(
-        '[project]\nname = "x"\nauthors = [{name = "The Team", email = "team@example.org"}]\n')
-    assert export.project_author(tmp_path) == ("The Team", "team@example.org")
-    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
-    import importlib.metadata
+def test_pr_md_says_once_when_the_bug_happens_and_no_dfbuild_figures():
+    text = pr(measured_record())
+    assert text.count(export.WHEN) == 1
+    assert "plain-rope" in export.WHEN and "M-RoPE" in export.WHEN
+    for internal in ("smoke", " of 41", "fixture set", "dfbuild prove", "scenario"):
+        assert internal not in text, internal
+    assert "<!-- dfbuild: slot for the converter figures" in text
 
-    monkeypatch.setattr(importlib.metadata, "metadata", lambda name: {})
-    assert export.project_author(tmp_path) == export.DEFAULT_AUTHOR
-    assert export.DEFAULT_AUTHOR[1] == PROJECT
+
+def test_pr_md_shows_the_new_tests_results_only_when_made_with_this_test_and_fix():
+    record = measured_record()
+    assert export.measured_for(record, base="b1", fix_sha256="f" * 64) == record
+    text = pr(record)
+    assert "| `pytest -v unit/test_speculative_mtmd.py` | 1 failed: HTTP 500 | 1 passed |" in text
+    assert "Run with upstream's pytest." in text
+    stale = [measured_record(test_sha256="0" * 64), measured_record(base="b2"), measured_record(patched={})]
+    for old in stale:
+        assert export.measured_for(old, base="b1", fix_sha256="f" * 64) is None
+    assert export.measured_for(record, base="b1", fix_sha256="e" * 64) is None  # another fix
+    assert export.measured_for(record, base="b1", fix_sha256=None) is None
+    text = pr(None)
+    assert "| `pytest" not in text and "not recorded for this text" in text
+
+
+def test_a_record_of_another_fix_is_left_out_with_a_warning(syn, tmp_path):
+    record = tmp_path / "measured.json"
+    record.write_text(json.dumps(measured_record(base=syn.base_commit)))
+    out = tmp_path / "export"
+    result = run_export(syn, out, "--measured", record, "--json")
+    assert result.exit_code == 0, said(result)
+    assert "not measured with this export's test and fix" in result.stderr
+    assert "| `pytest" not in (out / "PR.md").read_text()
+    # the same figures under the digests the export reports are shown
+    data = json.loads(result.stdout)
+    record.write_text(json.dumps(measured_record(base=syn.base_commit, fix_sha256=data["fix_sha256"])))
+    result = run_export(syn, out, "--measured", record)
+    assert result.exit_code == 0, said(result)
+    assert "| 1 failed: HTTP 500 | 1 passed |" in (out / "PR.md").read_text()
+
+
+def test_the_commit_messages_read_as_a_maintainers(syn, tmp_path):
+    out = tmp_path / "export"
+    assert run_export(syn, out).exit_code == 0
+    fix, test = [m.get_payload().split("\n---\n")[0] for m in mails(out)]
+    assert export.WHEN.split(". ")[0].split()[:4] == fix.split()[:4]
+    assert f"Written against llama.cpp {syn.base_commit}." in " ".join(fix.split())
+    assert "Fixes: " in fix
+    for body in (fix, test):
+        assert all(len(line) <= 80 for line in body.splitlines()), body
+        # no heading made of a subject ("DFlash mirrors ...:"), no bookkeeping, no dfbuild words
+        assert [line for line in body.splitlines() if line.endswith(":")] in ([], ["Changes:"]), body
+        for internal in ("dfbuild", "series", "epoch", "variant", "Dfbuild-", "Origin:", "base1"):
+            assert internal not in body, internal
+
+
+def test_no_shipped_patch_subject_names_an_epoch():
+    # the fix commit lists the applied patches' subjects: they must not name dfbuild's bases
+    from dfbuild import series
+
+    curated = series.load_series()
+    files = sorted({v.file for c in curated.concerns for v in c.variants.values() if v.file})
+    for name in files:
+        subject, _ = export.upstream_message(curated.root / name)
+        message = export.fix_message([{"subject": subject, "origin_urls": []}], "https://bug", "b99999")
+        named = set(re.findall(r"\b(b\d{4,6}|5ecbe1a|pydist[\w.-]*)\b", message))
+        assert named == {"b99999"}, (name, named)
 
 
 def test_requirements_gain_pyyaml_once():
@@ -247,15 +401,28 @@ def test_requirements_gain_pyyaml_once():
     assert export.requirements_with_yaml("pyyaml>=5\n") is None
 
 
-def test_the_upstream_test_is_python_that_downloads_nothing(tmp_path):
+def test_the_upstream_test_is_small_ascii_python_in_upstreams_pattern(tmp_path):
     source = export.test_source()
     path = tmp_path / export.TEST_NAME
     path.write_text(source)
     py_compile.compile(str(path), doraise=True)
-    assert "from utils import *" in source
+    assert source.isascii()
+    assert len(source.splitlines()) < 150
+    # upstream's harness: utils.ServerProcess, the tree's gguf-py as the converters import it
+    assert "from utils import *" in source and "ServerProcess()" in source
+    assert 'sys.path.insert(1, str(Path(__file__).resolve().parents[4] / "gguf-py"))' in source
+    assert "gguf.GGUFWriter" in source and '"draft-dflash"' in source
+    # no download, no override of conftest's fixtures, no tautology
     assert "download_file" not in source and "hf_repo = None" in source.replace("model_", "")
-    assert '"draft-dflash"' in source
-    assert "gguf.GGUFWriter" in source
+    assert "load_server_presets" not in source and "content_of" not in source
+    # the case that fails: a plain-rope draft (no rope sections), M-RoPE target, text before the image
+    draft = source[source.index('"draft.gguf"'):source.index("# a qwen2vl_merger")]
+    assert "rope.dimension_sections" not in draft
+    assert '"rope.dimension_sections": [3, 3, 2, 0]' in source
+    assert re.search(r'"prompt_string": f"\w[^"]*<__media__>\{question\}"', source)
+    # the prefix reuse it claims is asserted
+    assert 'res.body["timings"]["cache_n"] > 0' in source
+    assert source.count("assert res.status_code == 200") == 3
 
 
 def test_every_shipped_patch_reads_as_an_upstream_message():
@@ -269,7 +436,6 @@ def test_every_shipped_patch_reads_as_an_upstream_message():
         assert subject and body, name
         assert not re.search(r"^(Origin|Bug|Forwarded|Applied-Upstream|Last-Update|Dfbuild-[\w-]+):", body,
                              re.MULTILINE), name
-        assert export._patch_date(curated.root / name) is not None, name
 
 
 # --- a base whose tree only a git host has: the export from its variants alone ---------------
@@ -285,6 +451,7 @@ def a_pr_head(syn, tmp_path, monkeypatch) -> None:
 
 def test_a_base_only_a_git_host_has_is_exported_from_its_variants_without_a_tree(syn, tmp_path, monkeypatch):
     a_pr_head(syn, tmp_path, monkeypatch)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1796300000")
     out = tmp_path / "export"
     result = dfbuild("series", "export", "--upstream", "--base", "base1", "--patches", syn.patches, "--out", out,
                      "--json")
@@ -302,7 +469,9 @@ def test_a_base_only_a_git_host_has_is_exported_from_its_variants_without_a_tree
     assert (tree / export.TEST_PATH).read_text() == export.test_source()
     # and the patches are the bytes the export made in a tree of that base
     made_in_a_tree = tmp_path / "tree-export"
-    assert run_export(syn, made_in_a_tree).exit_code == 0
+    result = dfbuild("series", "export", "--upstream", "--base", "base1", "--repo", syn.upstream, "--patches",
+                     syn.patches, "--out", made_in_a_tree)
+    assert result.exit_code == 0, said(result)
     for patch in sorted(made_in_a_tree.glob("*.patch")):
         assert (out / patch.name).read_bytes() == patch.read_bytes(), patch.name
 
@@ -318,7 +487,7 @@ def test_the_pr_head_exports_offline_as_users_type_it(tmp_path):
     assert data["base_commit"].startswith("5ecbe1a")
     found = mails(out)
     assert [subject(m).split(" : ")[0] for m in found] == ["spec", "server"]
-    assert all(PROJECT in str(m["From"]) for m in found)
+    assert all(str(m["From"]) == SUBMITTER for m in found)
     # the index line names the blob the variant was made on and the blob its last patch leaves
     from dfbuild import series
 

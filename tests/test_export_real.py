@@ -5,6 +5,9 @@ them on a fresh checkout of b11434; that tree is built (llama-server, CPU) and
 upstream's own pytest runs the new test file from it, in a venv made from the
 tree's tools/server/tests/requirements.txt, against the unpatched build (it must
 fail with the upstream symptom) and against the build of the export (it must pass).
+Offline, conftest's preload of the presets' models is skipped by the plugin in
+tests/data/upstream-pytest (docs/export.md says why); the test module runs as exported.
+With -s it prints the record for bench/upstream/upstream-test-b11434.json's digests.
 
 Cost (2 cores, -O1, see docs/export.md): the unpatched build is the "any head"
 proof's (realtrees.server_for), so with a warm ccache the build of the exported tree
@@ -14,6 +17,7 @@ and the venv dominate; a cold venv needs PyPI.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -36,6 +40,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow,
                                  reason="opt-in (a build of b11434 and a venv): set DFBUILD_TEST_EXPORT_REAL=1")]
 
 SYMPTOM = "inconsistent sequence positions"
+PLUGIN_DIR = Path(__file__).parent / "data" / "upstream-pytest"
 
 
 def upstream_venv(requirements: Path) -> Path:
@@ -52,10 +57,10 @@ def upstream_venv(requirements: Path) -> Path:
 
 def run_upstream_test(python: Path, tree: Path, server: Path) -> subprocess.CompletedProcess:
     tests = tree / "tools" / "server" / "tests"
-    env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(server), "PORT": "18431"}
+    env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(server), "PORT": "18431", "PYTHONPATH": str(PLUGIN_DIR)}
     env.pop("PYTEST_ADDOPTS", None)
-    return subprocess.run([str(python), "-m", "pytest", "-v", "-p", "no:cacheprovider", f"unit/{export.TEST_NAME}"],
-                          cwd=tests, env=env, capture_output=True, text=True, timeout=900)
+    return subprocess.run([str(python), "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "dfbuild_offline_presets",
+                           f"unit/{export.TEST_NAME}"], cwd=tests, env=env, capture_output=True, text=True, timeout=900)
 
 
 def last_line(run: subprocess.CompletedProcess) -> str:
@@ -71,8 +76,10 @@ def said_when(what: str, since: float) -> float:
 def test_b11434_export_fails_unpatched_and_passes_patched(tmp_path):
     out = tmp_path / "export"
     when = time.monotonic()
-    result = dfbuild("series", "export", "--upstream", "--base", REAL_BASE, "--out", out, "--json")
+    result = dfbuild("series", "export", "--upstream", "--base", REAL_BASE, "--out", out, "--json",
+                     "--author", "Ada Submitter <ada@example.org>")
     assert result.exit_code == 0, said(result)
+    record = json.loads(result.stdout)
     patches = sorted(out.glob("*.patch"))
     assert len(patches) == 2
 
@@ -82,7 +89,7 @@ def test_b11434_export_fails_unpatched_and_passes_patched(tmp_path):
     assert dfbuild_result.exit_code == 0, said(dfbuild_result)
     run_git(src, "am", "-q", *[str(p) for p in patches])
     log = run_git(src, "log", "--format=%ae|%ad|%s", "-2").splitlines()
-    assert all("dfbuild@localhost" not in line and " 2000 " not in line for line in log), log
+    assert all(line.startswith("ada@example.org|") and " 2000 " not in line for line in log), log
     assert all(line.split("|")[2].startswith(("spec : ", "server : ")) for line in log), log
     assert (src / export.TEST_PATH).is_file()
     when = said_when("export, checkout and git am", when)
@@ -99,9 +106,13 @@ def test_b11434_export_fails_unpatched_and_passes_patched(tmp_path):
     when = said_when("upstream pytest, unpatched: " + last_line(before), when)
     assert before.returncode != 0, before.stdout[-4000:]
     assert SYMPTOM in before.stdout, before.stdout[-4000:]
-    assert "failed" in before.stdout.splitlines()[-1]
+    assert "HTTP 500" in before.stdout or "'code': 500" in before.stdout, before.stdout[-4000:]
+    assert " 1 failed " in before.stdout.splitlines()[-1]
 
     after = run_upstream_test(python, src, patched)
     said_when("upstream pytest, patched: " + last_line(after), when)
     assert after.returncode == 0, after.stdout[-6000:]
-    assert " passed" in after.stdout.splitlines()[-1] and "failed" not in after.stdout.splitlines()[-1]
+    assert " 1 passed " in after.stdout.splitlines()[-1] and "failed" not in after.stdout.splitlines()[-1]
+    # what bench/upstream/upstream-test-BASE.json must name for PR.md to show these results
+    print(json.dumps({"base": REAL_BASE, "test_sha256": record["test_sha256"], "fix_sha256": record["fix_sha256"],
+                      "unpatched": last_line(before), "patched": last_line(after)}), file=sys.stderr)

@@ -132,6 +132,12 @@ class ExportError(DfbuildError):
     exit_code = 26
 
 
+class ExportIdentityError(DfbuildError):
+    """`series export --upstream` has no author: no --author, and git has no identity (user.name, user.email)."""
+
+    exit_code = 27
+
+
 class ToolchainMissingError(DfbuildError):
     exit_code = 30
 

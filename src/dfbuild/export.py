@@ -20,30 +20,28 @@ sha256); anything else in it is the user's and is refused (exit 26).
 from __future__ import annotations
 
 import email.utils
+import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import tempfile
+import textwrap
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 
-import tomlkit
-from tomlkit.exceptions import TOMLKitError
-
 from . import series as series_mod
 from . import source, squash, state, ui
-from .errors import DfbuildError, ExportError
+from .errors import DfbuildError, ExportError, ExportIdentityError, UsageError
 from .paths import sha256_file
 
 MARKER_NAME = ".dfbuild-export.json"
-EXPORT_SCHEMA = 1
-DEFAULT_AUTHOR = ("dfbuild maintainers", "maintainers@users.noreply.a-seed-1169d44c.example")
+EXPORT_SCHEMA = 2
 FIX_SUBJECT = "spec : fix DFlash draft KV positions after multimodal chunks"
-TEST_SUBJECT = "server : test DFlash speculative decoding after an image (M-RoPE target)"
-TEST_NAME = "test_speculative_dflash_mtmd.py"
+TEST_SUBJECT = "server : test DFlash with a plain-rope draft after an M-RoPE image"
+TEST_NAME = "test_speculative_mtmd.py"
 TEST_PATH = f"tools/server/tests/unit/{TEST_NAME}"
 REQUIREMENTS = "tools/server/tests/requirements.txt"
 # gguf-py imports yaml (gguf/metadata.py), which the server tests' requirements do not bring
@@ -53,55 +51,57 @@ SPECULATIVE = "common/speculative.cpp"
 # the DEP-3 fields and dfbuild's own trailers: a patch file's bookkeeping, not upstream's commit message
 _BOOKKEEPING = re.compile(r"^(Origin|Bug(-[\w-]+)?|Forwarded|Applied-Upstream|Last-Update|Author|From|Description|"
                           r"Reviewed-by|Acked-by|Dfbuild-[\w-]+):", re.IGNORECASE)
-_FALLBACK_DATE = "Wed, 2 Dec 2026 00:00:00 +0000"
+# When the bug happens: the one statement the fix commit and PR.md both make (true at every base the series
+# serves: before M-RoPE drafts existed every DFlash draft was plain-rope; an image's rows sit on one position
+# whether process() skips them or stacks them)
+WHEN = ("DFlash speculative decoding fails when the draft has no rope sections (a plain-rope draft: a DFlash "
+        "GGUF without `dflash.rope.dimension_sections`), the target uses M-RoPE, and an image follows other "
+        "text in the prompt. mtmd puts all rows of such an image on one position, so the draft KV cache ends "
+        "behind the position where the text after the image starts. A plain-rope draft only takes a batch that "
+        "continues its last position (Y = X + 1): the next draft batch fails with `inconsistent sequence "
+        "positions`, `llama_decode(ctx_dft)` fails and llama-server answers HTTP 500.")
 
 
 # --- who and when ----------------------------------------------------------------------------
 
 
-def project_author(repo_root: Path | None = None) -> tuple[str, str]:
-    """(name, email) of the project: pyproject.toml's first `authors` entry with an email, else the default."""
-    candidates = []
-    if repo_root is not None:
-        candidates.append(Path(repo_root) / "pyproject.toml")
-    for path in candidates:
-        try:
-            data = tomlkit.parse(path.read_text(encoding="utf-8")).unwrap()
-        except (OSError, TOMLKitError, UnicodeDecodeError):
-            continue
-        for author in data.get("project", {}).get("authors", []) or []:
-            if isinstance(author, dict) and author.get("email"):
-                return str(author.get("name") or DEFAULT_AUTHOR[0]), str(author["email"])
-    try:  # an installed dfbuild: its metadata says it (Author-email: "Name <email>")
-        from importlib.metadata import metadata
-
-        name, address = email.utils.parseaddr(metadata("dfbuild").get("Author-email") or "")
-        if address:
-            return name or DEFAULT_AUTHOR[0], address
-    except Exception:  # noqa: BLE001 - no metadata (a source checkout on sys.path): the default
-        pass
-    return DEFAULT_AUTHOR
+def parse_author(text: str) -> tuple[str, str]:
+    """--author "Name <email>" as git takes it; a usage error (exit 2) when it is not that."""
+    name, address = email.utils.parseaddr(text)
+    if not name.strip() or "@" not in address or "<" not in text:
+        raise UsageError(f"--author {text!r} is not \"Name <email>\"", 'pass --author "Your Name <you@example.org>"')
+    return name.strip(), address
 
 
-def _patch_date(patch: Path) -> datetime | None:
-    for line in patch.read_text(encoding="utf-8", errors="replace").splitlines():
-        if line.startswith("Date: "):
-            try:
-                return email.utils.parsedate_to_datetime(line[6:].strip())
-            except (TypeError, ValueError):
-                return None
-        if not line.strip():
-            return None  # end of the mail header
-    return None
+def submitter(author: str | None = None, cwd: Path | None = None) -> tuple[str, str]:
+    """(name, email) the patches are authored by: --author, else the git identity git format-patch would use.
+
+    `git var GIT_AUTHOR_IDENT` reads GIT_AUTHOR_NAME/GIT_AUTHOR_EMAIL, then the config of the repository
+    CWD is in, then the user's (and `git -c user.name=...` around the command). An identity git would only
+    guess from the host name is refused (user.useConfigOnly), as is none at all: exit 27."""
+    if author is not None:
+        return parse_author(author)
+    result = subprocess.run(["git", "-c", "user.useConfigOnly=true", "var", "GIT_AUTHOR_IDENT"],
+                            cwd=cwd, capture_output=True, text=True)
+    match = re.match(r"^(.+?) <([^<>]+)> \d+ [+-]\d{4}$", result.stdout.strip())
+    if result.returncode != 0 or not match:
+        raise ExportIdentityError(
+            "no author for the patches: no --author, and git has no identity here (user.name and user.email)",
+            'pass --author "Your Name <you@example.org>", or set git config user.name and user.email')
+    return match.group(1), match.group(2)
 
 
-def export_date(patches: list[Path]) -> str:
-    """The newest Date among the applied patches (RFC 2822): the export is as reproducible as the series."""
-    dates = [d for d in (_patch_date(p) for p in patches) if d is not None]
-    if not dates:
-        return _FALLBACK_DATE
-    newest = max(d.astimezone(timezone.utc) for d in dates)
-    return email.utils.format_datetime(newest)
+def export_date(environ: dict | None = None) -> str:
+    """The commits' date (RFC 2822, UTC): SOURCE_DATE_EPOCH when set, for reproducible bytes; else now."""
+    value = (os.environ if environ is None else environ).get("SOURCE_DATE_EPOCH")
+    if value:
+        if not value.isdigit():
+            raise UsageError(f"SOURCE_DATE_EPOCH={value!r} is not a number of seconds",
+                             "set it to a Unix time, e.g. $(git log -1 --format=%ct), or unset it")
+        when = datetime.fromtimestamp(int(value), timezone.utc)
+    else:
+        when = datetime.now(timezone.utc).replace(microsecond=0)
+    return email.utils.format_datetime(when)
 
 
 # --- messages --------------------------------------------------------------------------------
@@ -129,28 +129,41 @@ def _strip_area(subject: str) -> str:
     return re.sub(r"^[\w/.-]+ : ", "", subject)
 
 
-def fix_message(applied: list[dict], bug: str) -> str:
-    """The squashed commit: llama.cpp's subject, then what each applied concern changes and why."""
-    parts = [FIX_SUBJECT, ""]
+def _wrap(text: str) -> list[str]:
+    return textwrap.wrap(text, 72, break_long_words=False, break_on_hyphens=False)
+
+
+def fix_message(applied: list[dict], bug: str, base: str) -> str:
+    """The squashed commit: llama.cpp's subject, when it fails, what changes, the base it was written against.
+
+    The patches' own descriptions are not copied: they describe one variant against its epoch's code and
+    refer to each other ("the previous patch"); upstream gets one commit."""
+    parts = [FIX_SUBJECT, "", *_wrap(WHEN), "", "Changes:", ""]
     for entry in applied:
-        subject, body = entry["subject"], entry["body"]
-        parts += [_strip_area(subject) + ":", "", body, ""] if body else [_strip_area(subject), ""]
+        parts += _wrap("- " + _strip_area(entry["subject"]).rstrip(".") + ".")
     urls = [u for entry in applied for u in entry["origin_urls"]]
+    parts += ["", *_wrap(f"Written against llama.cpp {base}.")]
     if urls:
-        parts += ["The approach follows " + ", ".join(dict.fromkeys(urls)) + ".", ""]
-    parts.append(f"Fixes {bug}" if bug else "")
+        parts += ["", *_wrap("The approach follows " + ", ".join(dict.fromkeys(urls)) + ".")]
+    if bug:
+        parts += ["", f"Fixes: {bug}"]
     return "\n".join(parts).strip() + "\n"
 
 
 def test_message(requirements: bool = True) -> str:
     """The test commit's message; REQUIREMENTS: whether it adds PyYAML to the test requirements."""
-    return (f"{TEST_SUBJECT}\n\n"
-            "A tiny qwen35 target (M-RoPE), its qwen2vl_merger projector and a DFlash\n"
-            "draft are written by the tree's gguf-py at test time, so nothing is\n"
-            "downloaded. An image completion with text after the image must answer\n"
-            "200 with accepted drafts and the output of the same request without\n"
-            "the draft, for a plain-rope draft and for an M-RoPE draft.\n"
-            + ("\ngguf-py imports yaml, so the test requirements gain PyYAML.\n" if requirements else ""))
+    parts = [TEST_SUBJECT, "",
+             *_wrap("The test writes a tiny M-RoPE target, a qwen2vl_merger projector and a DFlash draft "
+                    "without rope sections with gguf-py, so it downloads nothing. A /completion request with "
+                    "text before and after an image must answer 200, draft tokens and give the tokens of the "
+                    "same request without the draft; a second question about the same image must reuse the "
+                    "cached prompt and draft again."),
+             "",
+             *_wrap("It is a file of its own beside test_speculative.py, whose module fixture starts every "
+                    "test with a stories15M server and a downloaded draft-simple model.")]
+    if requirements:
+        parts += ["", *_wrap("gguf-py imports yaml, so the test requirements gain PyYAML.")]
+    return "\n".join(parts) + "\n"
 
 
 # --- the test file ---------------------------------------------------------------------------
@@ -173,114 +186,92 @@ def requirements_with_yaml(text: str) -> str | None:
 
 # --- PR.md -----------------------------------------------------------------------------------
 
-
-def _proof_rows(proof: dict | None, recorded: dict | None) -> list[tuple[str, str, str]]:
-    """(what, unpatched, patched) rows from a `dfbuild prove` record, else from series.toml's record."""
-    if proof:
-        unpatched, patched = proof.get("unpatched", {}), proof.get("patched", {})
-        first = (unpatched.get("first_failure") or {}).get("log_line") or ""
-        first = re.sub(r"^[\d.]+ \w ", "", first)
-        runs = unpatched.get("runs")
-        table = proof.get("smoke_table") or {}
-        what = "dfbuild smoke runs"
-        if table.get("scenarios") and table.get("sets"):
-            what += f" ({len(table['scenarios'])} scenarios on {len(table['sets'])} fixture sets)"
-        rows = [
-            (what,
-             f"{len(unpatched.get('failed', []))} of {runs} failed" if runs else "n/a",
-             "all {} passed".format(patched.get("runs")) if patched.get("passed") else
-             f"{len(patched.get('failed', []))} of {patched.get('runs')} failed"),
-            ("failures with the upstream symptom", "yes" if unpatched.get("upstream_symptom") else "no",
-             "yes" if patched.get("upstream_symptom") else "no"),
-        ]
-        if first:
-            rows.append(("first failure", f"`{first.strip()}`", "-"))
-        return rows
-    if recorded:
-        return [("smoke runs (fixture sets x scenarios)", recorded.get("unpatched", "n/a"),
-                 recorded.get("patched", "n/a"))]
-    return []
+# The template asks an AI agent to remind the user of this; dfbuild says it on stderr and in PR.md
+SUBMITTER_NOTE = ("dfbuild wrote this text from its records. llama.cpp's CONTRIBUTING.md and AGENTS.md ask "
+                  "that you understand every line you submit, write the PR description in your own words, "
+                  "and fill in the AI usage disclosure yourself; you are responsible for the change.")
+# Where the measurement of which drafts the converter writes as plain-rope goes (issue 37); until it is
+# recorded, PR.md says nothing about it and marks the place
+CONVERTER_SLOT = ("<!-- dfbuild: slot for the converter figures (issue 37): which DFlash drafts this base's "
+                  "convert_hf_to_gguf.py writes without rope sections, and whether reconverting avoids the bug. "
+                  "Not measured yet: fill it in or delete this comment. -->")
 
 
-def _measured_rows(measured: dict | None) -> list[tuple[str, str, str]]:
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def measured_for(measured: dict | None, *, base: str, fix_sha256: str | None) -> dict | None:
+    """MEASURED when it was made with this export's test and fix at BASE, else None (its figures would be
+    another change's). The record names the test's and the fix diff's sha256 (tests/test_export_real.py)."""
     if not measured:
-        return []
-    rows = []
-    for name in ("unpatched", "patched"):
-        if name not in measured:
-            return []
-    rows.append((f"`pytest unit/{TEST_NAME}`", measured["unpatched"].get("summary", "n/a"),
-                 measured["patched"].get("summary", "n/a")))
-    return rows
+        return None
+    wanted = {"base": base, "test_sha256": digest(test_source()), "fix_sha256": fix_sha256}
+    if any(measured.get(key) != value for key, value in wanted.items()) or fix_sha256 is None:
+        return None
+    if not all(isinstance(measured.get(name), dict) and measured[name].get("summary")
+               for name in ("unpatched", "patched")):
+        return None
+    return measured
 
 
 def pr_text(template: str | None, *, base: str, base_commit: str, applied: list[dict], bug: str,
-            proof: dict | None, recorded: dict | None, measured: dict | None, proof_note: str,
-            requirements: bool = True, made_on: dict | None = None) -> str:
+            measured: dict | None, requirements: bool = True, made_on: dict | None = None) -> str:
     """PR.md: the tree's template with Overview and Additional information filled, Requirements left to the submitter.
 
-    REQUIREMENTS: whether the test commit adds PyYAML to the test requirements. MADE_ON: for an export made
-    without BASE's tree, what its variant was made on; PR.md then says first that nothing was applied to
-    a BASE tree where it was prepared."""
-    overview = [
-        "DFlash speculative decoding fails after an image when the target uses M-RoPE "
-        f"({bug}). mtmd gives every row of an image one temporal position (a qwen2vl-style merger puts "
-        "several rows on each), so the draft cache ends up behind the target's positions; the next draft "
-        "batch fails `llama_batch_allocr`'s continuity check (`inconsistent sequence positions`, Y = X + 1), "
-        "`llama_decode(ctx_dft)` fails and the server answers HTTP 500.",
-        "",
-        "This PR:",
-        "",
-    ]
+    MEASURED: the new test's results with this export's test and fix (measured_for), or None: then PR.md
+    reports no result. REQUIREMENTS: whether the test commit adds PyYAML to the test requirements.
+    MADE_ON: for an export made without BASE's tree, what its variant was made on; PR.md then says first
+    that nothing was applied to a BASE tree where it was prepared."""
+    overview = [WHEN, "", "This PR:", ""]
     overview += ["- " + _strip_area(e["subject"]) for e in applied]
     overview += [
-        f"- adds `tools/server/tests/unit/{TEST_NAME}`: a tiny qwen35 target (M-RoPE), a qwen2vl_merger "
-        "projector and a DFlash draft, written by the tree's `gguf-py` at test time (no download); an image "
-        "request with text after the image must answer 200, accept drafts and match the output without the "
-        "draft. It fails without the fix and passes with it."
+        f"- adds `tools/server/tests/unit/{TEST_NAME}`: a tiny M-RoPE target, a qwen2vl_merger projector and a "
+        "plain-rope DFlash draft, written with the tree's `gguf-py` at test time (no download). A request with "
+        "text before and after an image must answer 200, draft tokens and give the tokens of the request "
+        "without the draft; a second question about the same image must reuse the cached prompt "
+        "(`timings.cache_n`) and draft again. It is a file beside `test_speculative.py`, whose module fixture "
+        "starts each test with a stories15M server and a downloaded draft-simple model."
         + (" `PyYAML` joins the test requirements, because `gguf-py` imports it." if requirements else ""),
     ]
-    rows = _proof_rows(proof, recorded) + _measured_rows(measured)
+    if bug:
+        overview += ["", f"Fixes {bug}"]
     info = [] if made_on is None else _without_tree_note(base, base_commit, made_on) + [""]
-    if rows:
-        info += [f"Measured with dfbuild on llama.cpp {base}, {proof_note}:", ""]
-        info += ["| | without this PR | with this PR |", "| --- | --- | --- |"]
-        info += [f"| {what} | {before} | {after} |" for what, before, after in rows]
-        proven = [c.get("id") for c in (proof or {}).get("concerns", []) if c.get("status") == "applied"]
-        if proof and proven != [e["id"] for e in applied]:
-            info += ["", f"(the smoke proof patched {', '.join(proven) or 'nothing'}; this PR carries "
-                     f"{', '.join(e['id'] for e in applied)}: the series changed since it ran)"]
-    elif made_on is not None:
-        info += [f"Nothing was measured on {base} with dfbuild: its tree could not be fetched."]
+    run_it = ["```sh", "cmake -B build && cmake --build build --target llama-server",
+              "cd tools/server/tests && pip install -r requirements.txt",
+              f"LLAMA_SERVER_BIN_PATH=../../../build/bin/llama-server pytest -v unit/{TEST_NAME}", "```"]
+    if measured:
+        info += [f"The new test on {base}, without and with this PR:", "",
+                 "| | without this PR | with this PR |", "| --- | --- | --- |",
+                 f"| `pytest -v unit/{TEST_NAME}` | {measured['unpatched']['summary']} | "
+                 f"{measured['patched']['summary']} |", ""]
+        if measured.get("how"):
+            info += [measured["how"], ""]
+        info += ["To run it:", "", *run_it]
     else:
-        info += [f"Measured with dfbuild on llama.cpp {base}, {proof_note}:", "",
-                 "(no measurement is recorded for this base yet: run `dfbuild prove --base "
-                 f"{base}` and export again)"]
-    info += [
-        "",
-        "The draft without `dflash.rope.dimension_sections` (a plain-rope draft, as DFlash GGUFs converted "
-        "before the M-RoPE draft support were written) is the case that fails; the test also runs an M-RoPE "
-        "draft, which must keep working.",
-        "",
-        "How to run the new test:",
-        "",
-        "```sh",
-        "cmake -B build -DLLAMA_BUILD_TESTS=OFF && cmake --build build --target llama-server",
-        "cd tools/server/tests && pip install -r requirements.txt",
-        f"LLAMA_SERVER_BIN_PATH=../../../build/bin/llama-server pytest -v unit/{TEST_NAME}",
-        "```",
-        "",
-        "Upstream's other server tests download their models from Hugging Face; they could not run where "
-        "this was prepared (no network) and were not run. The new test module overrides conftest's "
-        "`load_server_presets` for itself, since it downloads nothing.",
-    ]
+        info += [f"The new test's results on {base} are not recorded for this text: run it without and with "
+                 "this PR and put them here.", "", *run_it]
+    info += ["", CONVERTER_SLOT]
     sections = {"Overview": "\n".join(overview), "Additional information": "\n".join(info)}
     if template is None:
         template = ("## Overview\n\n## Additional information\n\n## Requirements\n\n"
                     "- I have read and agree with the [contributing guidelines]"
                     "(https://github.com/ggml-org/llama.cpp/blob/master/CONTRIBUTING.md)\n"
                     "- AI usage disclosure: <!-- mention: YES / NO - if yes, describe how AI was used -->\n")
-    return _fill_template(template, sections)
+    return _leave_disclosure(_fill_template(template, sections))
+
+
+def _leave_disclosure(text: str) -> str:
+    """The disclosure line stays for the submitter, with a note saying so; the template's comment to AI
+    agents goes (its reminder is SUBMITTER_NOTE, which the export also says on stderr)."""
+    lines = []
+    for line in text.splitlines():
+        if re.match(r"^\s*<!--.*\bAI agent\b.*-->\s*$", line):
+            continue
+        lines.append(line)
+        if re.match(r"^\s*- AI usage disclosure:", line):
+            lines.append(f"<!-- dfbuild: left for you. {SUBMITTER_NOTE} -->")
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip() + "\n"
 
 
 def _without_tree_note(base: str, base_commit: str, made_on: dict) -> list[str]:
@@ -416,8 +407,8 @@ def _commit(tree: Path, message: str, author: tuple[str, str], date: str) -> str
     return _git(tree, "rev-parse", "HEAD").strip()
 
 
-def build_commits(curated, tree: Path, *, author: tuple[str, str]) -> dict:
-    """In TREE (a scratch checkout of the base), make the fix commit and the test commit; return what was done."""
+def build_commits(curated, tree: Path, *, base: str, author: tuple[str, str], date: str) -> dict:
+    """In TREE (a scratch checkout of BASE), make the fix commit and the test commit; return what was done."""
     tree = Path(tree)
     start = _git(tree, "rev-parse", "HEAD").strip()
     section = series_mod.apply_series(curated, tree)
@@ -432,9 +423,8 @@ def build_commits(curated, tree: Path, *, author: tuple[str, str]) -> dict:
     if not applied:
         raise ExportError(f"the series applies no patch at {section['base']}: every concern is upstream or "
                           "decided there, so there is nothing to send", "pick a base the series patches")
-    date = export_date([a["patch"] for a in applied])
     _git(tree, "reset", "--soft", "-q", start)
-    fix = _commit(tree, fix_message(applied, curated.bug), author, date)
+    fix = _commit(tree, fix_message(applied, curated.bug, base), author, date)
 
     test_file = tree / TEST_PATH
     test_file.parent.mkdir(parents=True, exist_ok=True)
@@ -449,7 +439,9 @@ def build_commits(curated, tree: Path, *, author: tuple[str, str]) -> dict:
     _git(tree, "add", "--", *paths)
     test = _commit(tree, test_message(REQUIREMENTS in paths), author, date)
     return {"start": start, "base": section["base"], "section": section, "applied": applied,
-            "fix_commit": fix, "test_commit": test, "date": date, "requirements": REQUIREMENTS in paths}
+            "fix_commit": fix, "test_commit": test, "requirements": REQUIREMENTS in paths,
+            # what the fix changes, whatever its message and date: the key of a recorded test result
+            "fix_sha256": digest(_git(tree, "diff", "--full-index", start, fix))}
 
 
 # --- without a tree --------------------------------------------------------------------------
@@ -467,7 +459,7 @@ def without_tree(curated, base: str, repo: str | None) -> bool:
     return all(base in concern.variants for concern in curated.concerns)
 
 
-def build_commits_without_tree(curated, base: str, tree: Path, *, author: tuple[str, str]) -> dict:
+def build_commits_without_tree(curated, base: str, tree: Path, *, author: tuple[str, str], date: str) -> dict:
     """In TREE (a new scratch repo), the fix and test commits made from BASE's variants alone.
 
     The files the variants change are rebuilt sparsely from the patches' own lines (dfbuild.squash), the
@@ -491,8 +483,6 @@ def build_commits_without_tree(curated, base: str, tree: Path, *, author: tuple[
     for entry in applied:
         for diff in squash.parse(entry["patch"].read_text(encoding="utf-8"), entry["patch"].name):
             chains.setdefault(diff.path, []).append((entry["patch"].name, diff))
-    date = export_date([a["patch"] for a in applied])
-
     tree.mkdir(parents=True)
     _git(tree, "init", "-q")
     sparse = {}
@@ -510,7 +500,7 @@ def build_commits_without_tree(curated, base: str, tree: Path, *, author: tuple[
             raise ExportError(f"{entry['file']} does not apply after the variant's earlier patches: "
                               + (result.stderr.strip().splitlines() or ["(no message)"])[-1],
                               "pass --repo with the base's tree")
-    _commit(tree, fix_message(applied, curated.bug), author, date)
+    _commit(tree, fix_message(applied, curated.bug, base), author, date)
     test_file = tree / TEST_PATH
     test_file.parent.mkdir(parents=True, exist_ok=True)
     test_file.write_text(test_source(), encoding="utf-8")
@@ -521,7 +511,7 @@ def build_commits_without_tree(curated, base: str, tree: Path, *, author: tuple[
     # the blob the fix's index line names as its preimage: what the variant was made on
     made_on_blob = sparse.get(SPECULATIVE, next(iter(sparse.values())))[0]
     return {"start": start, "base": base, "section": {"base": base, "concerns": decided}, "applied": applied,
-            "date": date, "requirements": False, "sparse": sparse,
+            "requirements": False, "sparse": sparse,
             "base_commit": info.get("commit") or (known.commit if known else None),
             "made_on": {"blob": made_on_blob, "note": info.get("made_on_note")}}
 
@@ -537,19 +527,21 @@ def _load_json(path: Path | None) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def export_upstream(curated, base: str, out: Path, *, repo: str | None = None, proof_file: Path | None = None,
+def export_upstream(curated, base: str, out: Path, *, repo: str | None = None, author: str | None = None,
                     measured_file: Path | None = None) -> dict:
     """Write BASE's upstream export into OUT (atomically); return what was written.
 
     Made in a scratch checkout of BASE, or, for a base whose tree only a git host has and no --repo
-    (without_tree), from BASE's variants alone: then PR.md and stderr say it was not applied to a tree."""
+    (without_tree), from BASE's variants alone: then PR.md and stderr say it was not applied to a tree.
+    AUTHOR ("Name <email>") or else the user's git identity authors the commits (submitter), dated now or
+    at SOURCE_DATE_EPOCH (export_date)."""
+    who = submitter(author)
+    date = export_date()
     out = Path(out).absolute()
     replace = check_out_dir(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     _sweep_staging(out)
     repo_root = curated.root.parent
-    author = project_author(repo_root)
-    proof_file = proof_file or repo_root / "bench" / "proofs" / f"proof-{base}.json"
     measured_file = measured_file or repo_root / "bench" / "upstream" / f"upstream-test-{base}.json"
     treeless = without_tree(curated, base, repo)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
@@ -561,14 +553,14 @@ def export_upstream(curated, base: str, out: Path, *, repo: str | None = None, p
                 ui.warn(f"{base}'s tree is not here (no --repo): the export is made from series.toml's "
                         f"{base} variant alone and was NOT applied to a {base} tree; PR.md says so")
                 with ui.step(f"squash the {base} variant, add the server test (no tree)"):
-                    made = build_commits_without_tree(curated, base, tree, author=author)
+                    made = build_commits_without_tree(curated, base, tree, author=who, date=date)
                 checked = {"kind": "series-variant", "repo": None, "commit": made["base_commit"]}
                 base_commit = made["base_commit"]
             else:
                 with ui.step(f"checkout {base} (a scratch tree)"):
                     checked = source.checkout(base, repo=repo, dest=tree)
                 with ui.step("apply the series, squash it, add the server test"):
-                    made = build_commits(curated, tree, author=author)
+                    made = build_commits(curated, tree, base=base, author=who, date=date)
                 base_commit = made["start"]
             patches_dir = staging
             with ui.step("git format-patch"):
@@ -582,16 +574,14 @@ def export_upstream(curated, base: str, out: Path, *, repo: str | None = None, p
                                     encoding="utf-8")
             template_path = tree / TEMPLATE
             template = template_path.read_text(encoding="utf-8") if template_path.is_file() else None
-            proof = _load_json(proof_file)
-            if proof and proof.get("base") not in (None, base):
-                proof = None
-            build = source.release_build(base)
-            recorded = curated.recorded_proof(build) if build is not None else None
-            measured = _load_json(measured_file)
-            note = ("CPU, " + describe_where(proof)) if proof else "as series.toml records"
+            recorded = _load_json(measured_file)
+            measured = measured_for(recorded, base=base, fix_sha256=made.get("fix_sha256"))
+            if recorded and not measured:
+                ui.warn(f"{measured_file} was not measured with this export's test and fix at {base}; PR.md "
+                        "reports no test result (run tests/test_export_real.py and record it)")
             text = pr_text(template, base=base, base_commit=base_commit or "", applied=made["applied"],
-                           bug=curated.bug, proof=proof, recorded=recorded, measured=measured, proof_note=note,
-                           requirements=made["requirements"], made_on=made.get("made_on") if treeless else None)
+                           bug=curated.bug, measured=measured, requirements=made["requirements"],
+                           made_on=made.get("made_on") if treeless else None)
             (staging / "PR.md").write_text(text, encoding="utf-8")
             names.append("PR.md")
         files = {name: sha256_file(staging / name) for name in names}
@@ -599,7 +589,9 @@ def export_upstream(curated, base: str, out: Path, *, repo: str | None = None, p
             "written_by": "dfbuild", "schema": EXPORT_SCHEMA, "base": base, "base_commit": base_commit,
             "applied_to_tree": not treeless,
             "source": {k: checked.get(k) for k in ("kind", "repo", "commit")},
-            "author": f"{author[0]} <{author[1]}>", "date": made["date"],
+            "author": f"{who[0]} <{who[1]}>", "date": date,
+            # what tests/test_export_real.py records beside its results: bench/upstream/upstream-test-BASE.json
+            "test_sha256": digest(test_source()), "fix_sha256": made.get("fix_sha256"),
             "concerns": [{"id": a["id"], "file": a["file"], "how": a["how"]} for a in made["applied"]],
             "decided": [{"id": c["id"], "status": c["status"], "detail": c.get("detail")}
                         for c in made["section"]["concerns"] if c.get("status") != "applied"],
@@ -613,6 +605,7 @@ def export_upstream(curated, base: str, out: Path, *, repo: str | None = None, p
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    ui.info("PR.md is a draft: " + SUBMITTER_NOTE)
     return {**{k: v for k, v in data.items() if k != "written_by"}, "out": str(out),
             "written": [str(out / name) for name in names]}
 
@@ -623,11 +616,4 @@ def _umask() -> int:
     return mask
 
 
-def describe_where(proof: dict) -> str:
-    machine = proof.get("machine") or {}
-    bits = [f"{machine.get('cores')} cores" if machine.get("cores") else None, machine.get("cpu"),
-            f"proven {proof['proven_at'][:10]}" if proof.get("proven_at") else None]
-    return ", ".join(b for b in bits if b) or "on this machine"
-
-
-__all__ = ["export_upstream", "build_commits", "check_out_dir", "project_author", "pr_text", "DfbuildError"]
+__all__ = ["export_upstream", "build_commits", "check_out_dir", "submitter", "pr_text", "DfbuildError"]

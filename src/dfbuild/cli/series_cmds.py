@@ -420,20 +420,22 @@ def series_epochs(patches_dir, as_json):
 @click.option("--repo", default=None, help="Repository URL or path (default: implied by the base).")
 @click.option("--out", "out", type=click.Path(path_type=Path), required=True, callback=_utf8_path,
               help="Directory to write: new, empty, or an earlier export (replaced whole).")
-@click.option("--proof", "proof_file", type=click.Path(path_type=Path, exists=True, dir_okay=False), default=None,
-              help="A `dfbuild prove` record for PR.md's table (default: bench/proofs/proof-BASE.json).")
+@click.option("--author", default=None, metavar='"NAME <EMAIL>"',
+              help="Who the commits are by (default: your git identity, as git format-patch takes it).")
 @click.option("--measured", "measured_file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
-              default=None, help="The new test's results, unpatched and patched "
-              "(default: bench/upstream/upstream-test-BASE.json).")
+              default=None, help="The new test's results, unpatched and patched, for PR.md "
+              "(default: bench/upstream/upstream-test-BASE.json; used only if made with this test and fix).")
 @patches_option
 @json_option_for("what was written: the files, the base and its commit")
 @handle_errors
-def series_export(upstream, base, repo, out, proof_file, measured_file, patches_dir, as_json):
+def series_export(upstream, base, repo, out, author, measured_file, patches_dir, as_json):
     """Write the fix for BASE as upstream would take it: one `spec : ...` commit, a server test, PR.md.
 
     The commits are made in a scratch checkout of BASE (never in your tree) from
-    whatever the series applies there, authored by the project; OUT is written whole
-    or not at all. A non-empty OUT that is not an earlier export is refused (exit 26).
+    whatever the series applies there, authored by --author or your git identity
+    (none: exit 27) and dated now, or SOURCE_DATE_EPOCH when set; OUT is written
+    whole or not at all. A non-empty OUT that is not an earlier export is refused
+    (exit 26).
     """
     from .. import export, series, source
 
@@ -443,7 +445,7 @@ def series_export(upstream, base, repo, out, proof_file, measured_file, patches_
     source.check_base_name(base)
     curated = series.load_series(patches_dir)
     with _locks(("out", out), no_wait=False):
-        result = export.export_upstream(curated, base, out, repo=repo, proof_file=proof_file,
+        result = export.export_upstream(curated, base, out, repo=repo, author=author,
                                         measured_file=measured_file)
     if as_json:
         ui.emit_json(result)
