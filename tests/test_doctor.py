@@ -182,7 +182,7 @@ def test_msvc_environment_reads_back_set(monkeypatch):
         calls.append((args, Path(args[3]).read_text()))
         return Result()
 
-    monkeypatch.setattr(doctor.subprocess, "run", fake_run)
+    monkeypatch.setattr(doctor.proc, "run", fake_run)
     env = doctor.msvc_environment(r"C:\Program Files\VS\vcvars64.bat")
     assert env == {"INCLUDE": "C:\\VS\\include", "PATH": "C:\\VS\\bin;C:\\Windows"}
     args, script = calls[0]

@@ -12,21 +12,19 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import git
 import tomlkit
 
-from . import source, state, ui
+from . import gitrun, source, state, ui
 from .errors import DirtyTreeError, NoProofError, NotLlamaTreeError, PatchConflictError, SeriesFileError, UsageError
 from .paths import sha256_file
 from .series import (
     CONCERN_TRAILER,
     SPECULATIVE,
     Series,
-    _git,
     _try_apply,
     describe_failure,
     load_series,
@@ -46,13 +44,13 @@ def refresh(series: Series, tree: Path, onto: str, *, name: str | None = None, b
     tree = Path(tree)
     repo = git.Repo(tree)
     onto_commit = source.resolve_commit(repo, onto)
-    commits = _git(tree, "rev-list", "--reverse", f"{onto_commit}..HEAD").stdout.split()
+    commits = gitrun.run(tree, "rev-list", "--reverse", f"{onto_commit}..HEAD").stdout.split()
     decisions = {cid: ("upstream", note) for cid, note in (decisions or {}).items()}
     decisions.update({cid: ("not-needed", note) for cid, note in (not_needed or {}).items()})
     if not commits and not decisions:
         raise SeriesFileError(f"no commits between {onto} and HEAD in {tree}",
                               "commit one change per concern on top of the base first")
-    blob = _git(tree, "rev-parse", f"{onto_commit}:{SPECULATIVE}").stdout.strip()
+    blob = gitrun.run(tree, "rev-parse", f"{onto_commit}:{SPECULATIVE}").stdout.strip()
     # a new base is named after ONTO when that is a plain name (a tag like b11312), else its short id
     plain_name = re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", onto) and not onto.endswith(".lock")
     base = name or series.base_for_blob(blob) or (onto if plain_name else onto_commit[:7])
@@ -61,7 +59,7 @@ def refresh(series: Series, tree: Path, onto: str, *, name: str | None = None, b
     with state.temp_dir("refresh") as tmp:
         generated, made_by = [], {}
         for commit in commits:
-            body = _git(tree, "log", "-1", "--format=%B", commit).stdout
+            body = gitrun.run(tree, "log", "-1", "--format=%B", commit).stdout
             match = re.search(rf"^{CONCERN_TRAILER}:[ \t]*(\S+)", body, re.M)
             if not match:
                 raise SeriesFileError(f"commit {commit[:12]} has no '{CONCERN_TRAILER}: <id>' trailer",
@@ -75,9 +73,8 @@ def refresh(series: Series, tree: Path, onto: str, *, name: str | None = None, b
             number = series.concerns.index(concern) + 1
             path = Path(tmp) / f"{number:04d}-{concern.id}.patch"
             # bytes, exactly as git wrote them: no newline or encoding translation
-            patch = subprocess.run(["git", "-C", str(tree), "format-patch", "-1", commit, "--zero-commit",
-                                    "--no-signature", "--no-numbered", "--full-index", "--stdout"],
-                                   capture_output=True, check=True)
+            patch = gitrun.run(tree, "format-patch", "-1", commit, "--zero-commit", "--no-signature", "--no-numbered",
+                               "--full-index", "--stdout", text=False)
             path.write_bytes(patch.stdout)
             generated.append((concern, path))
         generated.sort(key=lambda item: series.concerns.index(item[0]))
@@ -85,7 +82,7 @@ def refresh(series: Series, tree: Path, onto: str, *, name: str | None = None, b
         # prove the new variant applies in series order on the base itself, with zero fuzz
         scratch_index = Path(tmp) / "index"
         index_env = {"GIT_INDEX_FILE": str(scratch_index)}
-        _git(tree, "read-tree", onto_commit, env=index_env)
+        gitrun.run(tree, "read-tree", onto_commit, extra_env=index_env)
         for concern, path in generated:
             trial = _try_apply(tree, path, index_env)
             moved = re.search(r"Hunk #(\d+) succeeded at \d+ \(offset", trial.stderr)
@@ -145,7 +142,7 @@ def adopt(series: Series, tree: Path) -> dict:
     tree = Path(tree)
     record = manifest.load(manifest.tree_manifest_path(tree))
     applied, proof, src = record.get("series") or {}, record.get("proof") or {}, record.get("source") or {}
-    head = _git(tree, "rev-parse", "HEAD").stdout.strip()
+    head = gitrun.run(tree, "rev-parse", "HEAD").stdout.strip()
     if not applied.get("derived"):
         raise SeriesFileError(f"{tree}: base {applied.get('base') or '?'} already has its own variants; nothing to adopt",
                               "adopt trees whose series `dfbuild apply` carried from other bases")
@@ -231,8 +228,8 @@ def require_git_tree(tree: Path, why: str) -> Path:
     if not tree.is_dir():
         raise NotLlamaTreeError(f"{tree} is not a directory, so it holds no curation; nothing was done",
                                 f"pass the --dir that `dfbuild series start` made ({why})")
-    inside = _git(tree, "rev-parse", "--is-inside-work-tree", check=False)
-    top = _git(tree, "rev-parse", "--show-toplevel", check=False).stdout.strip()
+    inside = gitrun.run(tree, "rev-parse", "--is-inside-work-tree", check=False)
+    top = gitrun.run(tree, "rev-parse", "--show-toplevel", check=False).stdout.strip()
     if inside.returncode != 0 or inside.stdout.strip() != "true" or Path(top).resolve() != tree.resolve():
         raise NotLlamaTreeError(f"{tree} is not a git checkout, so it holds no curation; nothing was done",
                                 f"pass the --dir that `dfbuild series start` made ({why})")
@@ -241,7 +238,7 @@ def require_git_tree(tree: Path, why: str) -> Path:
 
 def curate_state_path(tree: Path) -> Path:
     """The curation's state, in the tree's git dir (as git keeps a rebase's): it goes where the tree goes."""
-    found = _git(tree, "rev-parse", "--absolute-git-dir", check=False)
+    found = gitrun.run(tree, "rev-parse", "--absolute-git-dir", check=False)
     git_dir = found.stdout.strip() if found.returncode == 0 and found.stdout.strip() else str(Path(tree) / ".git")
     return Path(git_dir) / "dfbuild" / CURATE_STATE
 
@@ -258,7 +255,7 @@ def refuse_while_curating(tree: Path, command: str) -> None:
 
 
 def _is_commit(tree: Path, rev: object) -> bool:
-    return isinstance(rev, str) and bool(re.fullmatch(r"[0-9a-f]{40}([0-9a-f]{24})?", rev)) and _git(
+    return isinstance(rev, str) and bool(re.fullmatch(r"[0-9a-f]{40}([0-9a-f]{24})?", rev)) and gitrun.run(
         tree, "cat-file", "-e", f"{rev}^{{commit}}", check=False).returncode == 0
 
 
@@ -315,8 +312,8 @@ def save_tree(tree: Path, why: str, curation: dict | None = None) -> dict | None
     touched by a reset and stay where they are. None when there is nothing to keep.
     """
     tree = Path(tree)
-    head = _git(tree, "rev-parse", "--verify", "--quiet", "HEAD", check=False).stdout.strip()
-    stash = _git(tree, "stash", "create", f"dfbuild: {why}", check=False)
+    head = gitrun.run(tree, "rev-parse", "--verify", "--quiet", "HEAD", check=False).stdout.strip()
+    stash = gitrun.run(tree, "stash", "create", f"dfbuild: {why}", check=False)
     if stash.returncode != 0:
         raise DirtyTreeError(f"{tree} has changes git cannot stash ({stash.stderr.strip()[:200]}); nothing was done",
                              f"resolve them (git -C {tree} status), commit or stash them, then run again")
@@ -325,16 +322,16 @@ def save_tree(tree: Path, why: str, curation: dict | None = None) -> dict | None
     if not keep or (saved is None and (curation is None or head == curation.get("orig_head"))):
         return None  # nothing uncommitted, and no commit that the reset would leave behind
     stamp = _stamp()
-    branch = _git(tree, "symbolic-ref", "-q", "--short", "HEAD", check=False).stdout.strip() or None
+    branch = gitrun.run(tree, "symbolic-ref", "-q", "--short", "HEAD", check=False).stdout.strip() or None
     record = {"stamp": stamp, "why": why, "ref": f"{SAVED_REFS}/{stamp}", "stash": saved, "head": head,
               "branch": branch, "curation": curation, "made_ns": time.time_ns()}
     folder = curate_state_path(tree).parent / SAVED_DIR
     state.record_dir_ready(folder.parent)
     state.record_dir_ready(folder)
     state.atomic_write_text(folder / f"{stamp}.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
-    _git(tree, "update-ref", "-m", f"dfbuild: {why}", record["ref"], keep)
+    gitrun.run(tree, "update-ref", "-m", f"dfbuild: {why}", record["ref"], keep)
     if saved:
-        _git(tree, "stash", "store", "-m", f"dfbuild: {why} (restore: dfbuild series continue --restore)", saved)
+        gitrun.run(tree, "stash", "store", "-m", f"dfbuild: {why} (restore: dfbuild series continue --restore)", saved)
     state.fault_point("save: kept")
     return record
 
@@ -357,7 +354,7 @@ def _with_trailer(message: str, concern_id: str) -> str:
 
 
 def _concern_of(tree: Path, commit: str) -> str | None:
-    body = _git(tree, "log", "-1", "--format=%B", commit).stdout
+    body = gitrun.run(tree, "log", "-1", "--format=%B", commit).stdout
     match = re.search(rf"^{CONCERN_TRAILER}:[ \t]*(\S+)", body, re.M)
     return match.group(1) if match else None
 
@@ -369,13 +366,13 @@ def _carry_one(series: Series, tree: Path, concern, order: list[str], onto: str,
 
     index = tmp / f"curate-{concern.id}"
     env = {"GIT_INDEX_FILE": str(index)}
-    _git(tree, "read-tree", "HEAD", env=env)
+    gitrun.run(tree, "read-tree", "HEAD", extra_env=env)
     for name in order:
         variant = concern.variants.get(name)
         if variant is not None and variant.file and _try_apply(
                 tree, verify_patch(series, concern, variant), env, "--reverse").returncode == 0:
             return "present", variant, f"already in the tree: the {variant.base} variant reverse-applies"
-    _git(tree, "read-tree", "HEAD", env=env)
+    gitrun.run(tree, "read-tree", "HEAD", extra_env=env)
     step = carrying._carry_concern(series, tree, concern, order, index, preimages, tmp, onto)
     return step.status, step.variant, step.detail
 
@@ -394,7 +391,7 @@ def _advance(series: Series, tree: Path, data: dict) -> dict:
             status, variant, detail = _carry_one(series, tree, concern, order, data["onto"], preimages, Path(tmp))
             if status in CARRIED:
                 patch = patch_path(series, variant)
-                _git(tree, "apply", "--index", *(["--3way"] if status == "3-way" else []), str(patch))
+                gitrun.run(tree, "apply", "--index", *(["--3way"] if status == "3-way" else []), str(patch))
                 state.fault_point(f"curate: {concern.id} staged")
                 commit = source.commit_patch(repo, _with_trailer(commit_message(patch), concern.id),
                                              *patch_author(patch))
@@ -454,7 +451,7 @@ def _resume_interrupted(tree: Path, data: dict) -> None:
     committed) are saved (save_tree, where the user can get them) before the tree
     goes back to the recorded head, from where the concern is carried again.
     """
-    new = _git(tree, "rev-list", "--reverse", f"{data['head']}..HEAD").stdout.split()
+    new = gitrun.run(tree, "rev-list", "--reverse", f"{data['head']}..HEAD").stdout.split()
     for commit in new:
         concern = _concern_of(tree, commit)
         if not data["todo"] or concern != data["todo"][0]:
@@ -466,7 +463,7 @@ def _resume_interrupted(tree: Path, data: dict) -> None:
         data["head"] = commit
     if git.Repo(tree).is_dirty(untracked_files=False):
         kept = save_tree(tree, "series continue (a half-carried step of an interrupted run)")
-        _git(tree, "reset", "--hard", "-q", data["head"])
+        gitrun.run(tree, "reset", "--hard", "-q", data["head"])
         if kept:
             ui.warn(f"{tree}: an interrupted curation had left changes in the tree; {saved_words(tree, kept)}")
     _write_curation(tree, data)
@@ -495,7 +492,7 @@ def curate_continue(series: Series, tree: Path, upstream_note: str | None = None
         raise DirtyTreeError(f"{tree} has uncommitted changes",
                              f"commit the {waiting} change with the trailer '{CONCERN_TRAILER}: {waiting}', "
                              "then continue")
-    new = _git(tree, "rev-list", "--reverse", f"{data['head']}..HEAD").stdout.split()
+    new = gitrun.run(tree, "rev-list", "--reverse", f"{data['head']}..HEAD").stdout.split()
     if upstream_note is not None:
         if new:
             raise UsageError(f"{tree}: {waiting} was committed, so it is not upstream",
@@ -532,8 +529,8 @@ def curate_abort(tree: Path) -> dict:
         raise UsageError(f"{tree}: no curation to abort", "nothing was changed")
     orig_head = data.get("orig_head") if _is_commit(tree, data.get("orig_head")) else None
     if orig_head:  # an untracked file of the user's that the reset would overwrite: not ours to lose
-        untracked = set(_git(tree, "ls-files", "-z", "--others", "--exclude-standard").stdout.split("\0")) - {""}
-        target = set(_git(tree, "ls-tree", "-r", "-z", "--name-only", orig_head).stdout.split("\0"))
+        untracked = set(gitrun.run(tree, "ls-files", "-z", "--others", "--exclude-standard").stdout.split("\0")) - {""}
+        target = set(gitrun.run(tree, "ls-tree", "-r", "-z", "--name-only", orig_head).stdout.split("\0"))
         in_the_way = sorted(untracked & target)
         if in_the_way:
             raise DirtyTreeError(f"{tree}: your untracked file {in_the_way[0]}"
@@ -549,8 +546,8 @@ def curate_abort(tree: Path) -> dict:
     repo = git.Repo(tree)
     branch = data.get("branch")
     if isinstance(branch, str) and branch and (repo.head.is_detached or repo.active_branch.name != branch):
-        _git(tree, "checkout", "-q", "--force", branch)
-    _git(tree, "reset", "--hard", "-q", orig_head)
+        gitrun.run(tree, "checkout", "-q", "--force", branch)
+    gitrun.run(tree, "reset", "--hard", "-q", orig_head)
     state.fault_point("abort: reset")
     _forget_curation(tree)
     return {"dir": str(tree), "head": orig_head, "base": data.get("base"), "saved": kept}
@@ -565,7 +562,7 @@ def saved_records(tree: Path) -> list[dict]:
         ref = record.get("ref")
         if not isinstance(ref, str) or not ref.startswith(SAVED_REFS + "/"):
             continue
-        if _git(tree, "rev-parse", "--verify", "--quiet", ref, check=False).returncode == 0:
+        if gitrun.run(tree, "rev-parse", "--verify", "--quiet", ref, check=False).returncode == 0:
             records.append({**record, "path": str(path)})
     made = [r.get("made_ns") if isinstance(r.get("made_ns"), int) else 0 for r in records]
     return [r for _, _, r in sorted(zip(made, range(len(records)), records), key=lambda x: x[:2])]
@@ -589,21 +586,21 @@ def curate_restore(tree: Path) -> dict:
     if not _is_commit(tree, record.get("head")):
         raise UsageError(f"{tree}: the save {record['path']} names no commit of this tree", "nothing was restored")
     branch = record.get("branch")
-    moved = (_git(tree, "checkout", "-q", "-B", branch, record["head"], check=False)
+    moved = (gitrun.run(tree, "checkout", "-q", "-B", branch, record["head"], check=False)
              if isinstance(branch, str) and branch else
-             _git(tree, "checkout", "-q", "--detach", record["head"], check=False))
+             gitrun.run(tree, "checkout", "-q", "--detach", record["head"], check=False))
     if moved.returncode != 0:
         raise DirtyTreeError(f"{tree}: cannot go back to {record['head'][:12]}: {moved.stderr.strip()[:300]}; "
                              "nothing was restored", "move the files git names out of the way, then run again")
     if record.get("stash"):
-        applied = _git(tree, "stash", "apply", "--index", record["stash"], check=False)  # on its parent: exact
+        applied = gitrun.run(tree, "stash", "apply", "--index", record["stash"], check=False)  # on its parent: exact
         if applied.returncode != 0:
             raise DirtyTreeError(f"{tree}: the saved changes {record['stash'][:12]} did not apply: "
                                  f"{applied.stderr.strip()[:300]}",
                                  f"they are still in {record['ref']}: git -C {tree} checkout {record['stash']} -- .")
     if isinstance(record.get("curation"), dict) and record["curation"]:
         _write_curation(tree, record["curation"])
-    _git(tree, "update-ref", "-d", record["ref"])
+    gitrun.run(tree, "update-ref", "-d", record["ref"])
     Path(record["path"]).unlink(missing_ok=True)
     return {"dir": str(tree), "head": record["head"], "branch": branch, "stash": record.get("stash"),
             "ref": record["ref"], "curation": bool(record.get("curation"))}

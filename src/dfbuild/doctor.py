@@ -11,12 +11,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import backends
+from . import backends, proc
 from .backends import Host
 from .errors import ToolchainMissingError, UnsupportedBackendError
 
@@ -52,9 +51,8 @@ def version_tuple(text: str) -> tuple[int, ...]:
 def run_version(program: str, args: list[str], timeout: float = 30) -> str:
     """First output of `program args` (stdout, else stderr); '' if it cannot run."""
     try:
-        result = subprocess.run([program, *args], capture_output=True, text=True, timeout=timeout,
-                                errors="replace")
-    except (OSError, subprocess.SubprocessError):
+        result = proc.run([program, *args], timeout=timeout, errors="replace")
+    except (OSError, proc.SubprocessError):
         return ""
     return (result.stdout.strip() or result.stderr.strip())
 
@@ -257,7 +255,7 @@ def msvc_environment(vcvars: str) -> dict[str, str]:
     with tempfile.TemporaryDirectory(prefix="dfbuild-msvc-") as tmp:
         script = Path(tmp) / "msvc-env.bat"
         script.write_text(f'@echo off\r\ncall "{vcvars}" >nul || exit /b 1\r\nset\r\n', encoding="utf-8")
-        result = subprocess.run(["cmd", "/d", "/c", str(script)], capture_output=True, text=True, errors="replace")
+        result = proc.run(["cmd", "/d", "/c", str(script)], errors="replace")
     if result.returncode != 0:
         raise ToolchainMissingError(f"{vcvars} failed (exit {result.returncode})", MSVC_HINT)
     env = {}
@@ -520,8 +518,7 @@ def fetch_debian_vulkan_headers(suite: str = "trixie") -> Path:
                    "-o", f"Dir::State::Lists={apt / 'lists'}", "-o", f"Dir::Cache={apt / 'cache'}",
                    "-o", "Debug::NoLocking=1"]
         for args in (["update"], ["download", "libvulkan-dev"]):
-            result = subprocess.run(["apt-get", "-q", *options, *args], cwd=apt, capture_output=True, text=True,
-                                    errors="replace")
+            result = proc.run(["apt-get", "-q", *options, *args], cwd=apt, errors="replace")
             if result.returncode != 0:
                 last = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:]
                 raise ToolchainMissingError(f"apt-get {args[0]} for Debian {suite} failed: {' '.join(last)}",
@@ -529,5 +526,5 @@ def fetch_debian_vulkan_headers(suite: str = "trixie") -> Path:
         debs = sorted(apt.glob("libvulkan-dev_*.deb"))
         if not debs:
             raise ToolchainMissingError(f"apt-get download gave no libvulkan-dev package for {suite}")
-        subprocess.run(["dpkg-deb", "-x", str(debs[-1]), str(root)], check=True)
+        proc.run(["dpkg-deb", "-x", str(debs[-1]), str(root)], capture=False, check=True)
     return include

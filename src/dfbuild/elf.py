@@ -11,9 +11,10 @@ import io
 import os
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from . import proc
 
 ELF_MAGIC = b"\x7fELF"
 
@@ -121,8 +122,8 @@ def system_library_dirs() -> dict[str, Path]:
     if ldconfig is None:
         return found
     try:
-        output = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
+        output = proc.run([ldconfig, "-p"], timeout=60).stdout
+    except (OSError, proc.SubprocessError):
         return found
     machine = "x86-64" if os.uname().machine == "x86_64" else "AArch64" if os.uname().machine == "aarch64" else ""
     for line in output.splitlines():

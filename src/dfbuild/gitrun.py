@@ -58,5 +58,5 @@ def out(tree: str | os.PathLike[str] | None, *args: str, **options) -> str:
 
 def ok(tree: str | os.PathLike[str] | None, *args: str, **options) -> bool:
     """Whether `git -C TREE ARGS` exits 0 (its output is dropped)."""
-    return run(tree, *args, check=False, **options).returncode == 0
+    return run(tree, *args, check=False, text=False, **options).returncode == 0
 

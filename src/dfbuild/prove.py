@@ -41,12 +41,11 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import backends, build, carry, fixtures, manifest, series, smoke, source, state, ui
+from . import backends, build, carry, fixtures, gitrun, manifest, series, smoke, source, state, ui
 from .errors import BuildDirMismatchError, BuildError, FixtureError, NotApplicableError, PatchConflictError
 from .paths import sha256_file
 from .platforms import rocm_root
@@ -178,8 +177,9 @@ def read_unpatched(work: Path, backend: str, key: str | None = None, commit: str
     return section
 
 
-def _git(tree: Path, *args: str, check: bool = True) -> str:
-    result = subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True, errors="replace")
+def _git_or_build_error(tree: Path, *args: str, check: bool = True) -> str:
+    """`git ARGS`'s stripped output; a failure (CHECK) is a BuildError naming the tree (a rerun mends it)."""
+    result = gitrun.run(tree, *args, check=False, errors="replace")
     if check and result.returncode != 0:
         raise BuildError(f"git {' '.join(args)} failed in {tree}: {result.stderr.strip()}",
                          "check the tree with `git status`; a rerun puts it back on the patched commit")
@@ -242,9 +242,9 @@ def build_unpatched(tree: Path, backend: "backends.Backend | str", work: Path, c
     if dirty:
         raise BuildError(f"{tree} has uncommitted changes, so its base cannot be built unpatched",
                          "commit or stash them (git stash), then rerun")
-    branch = _git(tree, "symbolic-ref", "-q", "--short", "HEAD", check=False)
+    branch = _git_or_build_error(tree, "symbolic-ref", "-q", "--short", "HEAD", check=False)
     if head != commit:
-        _git(tree, "checkout", "-q", "--detach", commit)
+        _git_or_build_error(tree, "checkout", "-q", "--detach", commit)
     try:
         built = build.build_tree(tree, backend, Path(work) / f"build-{label}", targets=targets, **options)
         # only a clean build of the base commit is kept as unpatched
@@ -255,7 +255,7 @@ def build_unpatched(tree: Path, backend: "backends.Backend | str", work: Path, c
         kept = _keep_unpatched(built, folder, key, commit)
     finally:
         if head != commit:  # back on the patched commit, whatever happened
-            _git(tree, "checkout", "-q", *([branch] if branch else ["--detach", head]))
+            _git_or_build_error(tree, "checkout", "-q", *([branch] if branch else ["--detach", head]))
     return dict(kept, reused=False)
 
 

@@ -27,14 +27,13 @@ import email.utils
 import hashlib
 import os
 import re
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import git
 import tomlkit
 
-from . import journal, source, state, ui
+from . import gitrun, journal, proc, source, state, ui
 from .paths import sha256_file
 from .errors import (
     DirtyTreeError,
@@ -363,19 +362,9 @@ def load_series(patches_dir: Path | None = None) -> Series:
 # --- recognising the base ------------------------------------------------------------
 
 
-def _git(tree: Path, *args: str, check: bool = True, env: dict | None = None,
-         input: str | None = None) -> subprocess.CompletedProcess:
-    full_env = dict(os.environ, **(env or {}))
-    result = subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True, env=full_env,
-                            input=input)
-    if check and result.returncode != 0:
-        raise git.GitCommandError(["git", *args], result.returncode, result.stderr, result.stdout)
-    return result
-
-
 def series_start(tree: Path) -> str:
     """The commit the series goes on: HEAD, below the concern commits dfbuild itself put on top."""
-    log = _git(tree, "log", "--first-parent", f"-n{MAX_HISTORY}",
+    log = gitrun.run(tree, "log", "--first-parent", f"-n{MAX_HISTORY}",
                f"--format=%H%x09%ce%x09%(trailers:key={CONCERN_TRAILER},valueonly,separator=%x2C)", "HEAD",
                check=False).stdout
     start = None
@@ -384,7 +373,7 @@ def series_start(tree: Path) -> str:
         start = commit
         if email not in CONCERN_COMMITTERS or not concern.strip():
             return commit
-    return start or _git(tree, "rev-parse", "HEAD").stdout.strip()
+    return start or gitrun.run(tree, "rev-parse", "HEAD").stdout.strip()
 
 
 def identify_base(series: Series, tree: Path) -> str | None:
@@ -397,7 +386,7 @@ def identify_base(series: Series, tree: Path) -> str | None:
     name = series.base_for_blob(source.speculative_blob(tree))
     if name:
         return name
-    head = _git(tree, "rev-parse", "--verify", "--quiet", "HEAD", check=False).stdout.strip()
+    head = gitrun.run(tree, "rev-parse", "--verify", "--quiet", "HEAD", check=False).stdout.strip()
     start = series_start(tree) if head else None
     return series.base_for_blob(source.committed_blob(tree, start)) if start and start != head else None
 
@@ -514,13 +503,13 @@ class Step:
         return entry
 
 
-def _try_apply(tree: Path, patch: Path, index_env: dict, *args: str) -> subprocess.CompletedProcess:
+def _try_apply(tree: Path, patch: Path, index_env: dict, *args: str) -> proc.CompletedProcess:
     # --cached works on the index alone, so a trial never touches the working tree
-    return _git(tree, "apply", "--cached", "--verbose", *args, str(patch), check=False, env=index_env)
+    return gitrun.run(tree, "apply", "--cached", "--verbose", *args, str(patch), check=False, extra_env=index_env)
 
 
 def _index_blob(tree: Path, env: dict) -> str | None:
-    listed = _git(tree, "ls-files", "--stage", "--", SPECULATIVE, env=env, check=False).stdout.split()
+    listed = gitrun.run(tree, "ls-files", "--stage", "--", SPECULATIVE, extra_env=env, check=False).stdout.split()
     return listed[1] if len(listed) >= 2 else None
 
 
@@ -535,7 +524,7 @@ def plan(series: Series, tree: Path, base: str | None = None, *, skip: tuple[str
     if not source.is_llama_tree(tree) or not (tree / ".git").exists():
         raise NotLlamaTreeError(f"{tree} is not a llama.cpp git checkout",
                                 "run `dfbuild checkout` or `dfbuild import` first")
-    if _git(tree, "rev-parse", "--verify", "--quiet", "HEAD^{commit}", check=False).returncode != 0:
+    if gitrun.run(tree, "rev-parse", "--verify", "--quiet", "HEAD^{commit}", check=False).returncode != 0:
         raise NotLlamaTreeError(f"{tree} is a git repository without any commit",
                                 "commit the tree first, or make it with `dfbuild checkout` or `dfbuild import`")
     check_skip(series, skip)
@@ -579,7 +568,7 @@ def _plan_known(series: Series, tree: Path, base: str, skip: tuple[str, ...]) ->
         undo_env = {"GIT_INDEX_FILE": str(Path(tmp) / "undo")}
         apply_env = {"GIT_INDEX_FILE": str(Path(tmp) / "apply")}
         for env in (undo_env, apply_env):
-            _git(tree, "read-tree", "HEAD", env=env)
+            gitrun.run(tree, "read-tree", "HEAD", extra_env=env)
         for step in reversed(pending):
             if _try_apply(tree, patches[step.concern.id], undo_env, "--reverse").returncode == 0:
                 step.status, step.detail = "applied", "already present"
@@ -743,7 +732,7 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
             if step.status in CARRIED:
                 patch = patch_path(series, step.variant)
                 args = ["apply", "--index", *(["--3way"] if step.status == "3-way" else []), str(patch)]
-                applied = _git(tree, *args, check=False)
+                applied = gitrun.run(tree, *args, check=False)
                 if applied.returncode != 0 and journal.git_locks(tree, branch):
                     # another git process holds the tree: not a bad patch, and its lock is not ours to remove
                     raise journal.held_by_another(tree, journal.git_locks(tree, branch)[0])
@@ -808,10 +797,10 @@ def _outdated_concern_commits(series: Series, tree: Path, steps: list[Step]) -> 
     where they start, their concerns, the paths they touch and the blobs they left (for the journal).
     """
     start = series_start(tree)
-    if start == _git(tree, "rev-parse", "HEAD").stdout.strip():
+    if start == gitrun.run(tree, "rev-parse", "HEAD").stdout.strip():
         return None
     by_concern = {step.concern.id: step for step in steps if step.variant is not None and step.variant.file}
-    log = _git(tree, "log", "--first-parent", "--reverse",
+    log = gitrun.run(tree, "log", "--first-parent", "--reverse",
                f"--format=%H%x09%(trailers:key={CONCERN_TRAILER},valueonly,separator=%x2C)",
                f"{start}..HEAD").stdout
     outdated = []
@@ -821,17 +810,17 @@ def _outdated_concern_commits(series: Series, tree: Path, steps: list[Step]) -> 
         if step is None:
             continue
         patch = patch_path(series, step.variant)
-        message = _git(tree, "stripspace", input=commit_message(patch)).stdout  # as `git commit -m` cleans it
-        again = _git(tree, "commit-tree", f"{commit}^{{tree}}", "-p", f"{commit}^", input=message,
-                     env=source.patch_identity(*patch_author(patch))).stdout
+        message = gitrun.run(tree, "stripspace", input=commit_message(patch)).stdout  # as `git commit -m` cleans it
+        again = gitrun.run(tree, "commit-tree", f"{commit}^{{tree}}", "-p", f"{commit}^", input=message,
+                     extra_env=source.patch_identity(*patch_author(patch))).stdout
         if again.strip() != commit:
             outdated.append(concern.strip())
     if not outdated:
         return None
-    paths = [p for p in _git(tree, "diff", "--name-only", start, "HEAD").stdout.splitlines() if p]
+    paths = [p for p in gitrun.run(tree, "diff", "--name-only", start, "HEAD").stdout.splitlines() if p]
     head_blobs = {}
     for rel in paths:
-        blob = _git(tree, "rev-parse", "--verify", "--quiet", f"HEAD:{rel}", check=False).stdout.strip()
+        blob = gitrun.run(tree, "rev-parse", "--verify", "--quiet", f"HEAD:{rel}", check=False).stdout.strip()
         if blob:
             head_blobs[rel] = [blob]
     return {"start": start, "concerns": outdated, "paths": paths, "wrote": head_blobs}

@@ -20,7 +20,6 @@ import math
 import os
 import re
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -29,7 +28,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import errors, fixtures, paths, state
+from . import errors, fixtures, paths, proc, state
 
 # --- the server handle ----------------------------------------------------------
 
@@ -178,7 +177,7 @@ class LlamaServer:
         self.request_timeout = request_timeout
         base_env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
         self.env = base_env | launch_env | (env or {})
-        self.process: subprocess.Popen | None = None
+        self.process: proc.Popen | None = None
         self._log_file = None
 
     @property
@@ -209,8 +208,8 @@ class LlamaServer:
         self._log_file = open(self.log_path, "wb")
         self._log_file.write(("$ " + " ".join(self.command) + "\n").encode())
         self._log_file.flush()
-        self.process = subprocess.Popen(self.command, stdout=self._log_file, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, env=self.env)
+        self.process = proc.start(self.command, stdout=self._log_file, stderr=proc.STDOUT, stdin=proc.DEVNULL,
+                                  env=self.env)
         deadline = time.monotonic() + self.start_timeout
         while True:
             if not self.alive():
@@ -245,7 +244,7 @@ class LlamaServer:
                 self.process.terminate()
                 try:
                     self.process.wait(timeout=self.stop_timeout)
-                except subprocess.TimeoutExpired:
+                except proc.TimeoutExpired:
                     self.process.kill()
                     self.process.wait()
             code = self.process.returncode
@@ -1090,13 +1089,15 @@ def list_devices(binary: Path, env: dict | None = None, timeout: float = LIST_DE
     """The device lines of `llama-server --list-devices` (e.g. "Vulkan0: llvmpipe (LLVM 19.1.7, 256 bits) ..."),
     as a DeviceLines whose `said` holds the server's stderr lines (a backend says there why it has no device).
 
-    Raises OSError or subprocess errors when the binary cannot say.
+    Raises OSError or a proc.SubprocessError when the binary cannot say.
     """
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
     prefix, launch_env = launcher_for(binary)
-    done = subprocess.run([*prefix, str(binary), "--list-devices"], env=base_env | launch_env | (env or {}),
-                          stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, errors="replace", timeout=timeout, check=True)
+    command = [*prefix, str(binary), "--list-devices"]
+    done = proc.run(command, env=base_env | launch_env | (env or {}), stdin=proc.DEVNULL, errors="replace",
+                    timeout=timeout)
+    if done.returncode != 0:  # subprocess's own error: its message is what the smoke record says
+        raise proc.CalledProcessError(done.returncode, command, done.stdout, done.stderr)
     lines = done.stdout.splitlines()
     start = next((i for i, line in enumerate(lines) if line.strip() == "Available devices:"), None)
     if start is None:
@@ -1185,7 +1186,7 @@ def plan(how, build_dir: Path, *, table: str | None = None, start_timeout: float
         try:
             lines = list_devices(server_binary(build_dir), env)
             why = "`llama-server --list-devices` lists none"
-        except (OSError, subprocess.SubprocessError) as exc:
+        except (OSError, proc.SubprocessError) as exc:
             note = f"could not list devices ({exc})"
             lines, why = [], f"`llama-server --list-devices` could not say ({exc})"
         mine = backend_devices(how, lines) if how.smoke_device else lines

@@ -18,7 +18,6 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import git
 
-from . import journal, manifest, paths, pypi, state, ui
+from . import gitrun, journal, manifest, paths, pypi, state, ui
 from .errors import (
     ArchiveError,
     DfbuildError,
@@ -271,8 +270,7 @@ def is_llama_tree(path: Path) -> bool:
 
 def committed_blob(tree: Path, commit: str) -> str | None:
     """The blob id of common/speculative.cpp at COMMIT (what the base was, whatever sits on top now)."""
-    result = subprocess.run(["git", "-C", str(tree), "rev-parse", "--verify", "--quiet",
-                             f"{commit}:{LLAMA_MARKERS[1]}"], capture_output=True, text=True)
+    result = gitrun.run(tree, "rev-parse", "--verify", "--quiet", f"{commit}:{LLAMA_MARKERS[1]}", check=False)
     return result.stdout.strip() or None
 
 
@@ -350,7 +348,7 @@ def known_base_blob(name: str, blob: str) -> bytes | None:
             ensure_commit(url, known.commit)
     else:
         return None
-    result = subprocess.run(["git", "--git-dir", str(git_dir), "cat-file", "blob", blob], capture_output=True)
+    result = gitrun.run(None, "cat-file", "blob", blob, git_dir=git_dir, text=False, check=False)
     return result.stdout if result.returncode == 0 else None
 
 
@@ -526,7 +524,7 @@ def _materialise(cache: git.Repo, commit: str, dest: Path, branch: str, force: b
     fetch_args = ("-c", "protocol.version=2", "fetch", "--quiet", "--no-tags", "--update-shallow", cache_dir_)
     if repo is None and is_shallow_cache(cache):
         with _staged(dest) as partial:
-            subprocess.run(["git", "init", "--quiet", str(partial)], check=True, capture_output=True)
+            gitrun.run(None, "init", "--quiet", str(partial))
             made = git.Repo(partial)
             made.git.config(*KEEP_BYTES)  # before the first checkout writes any file
             made.git.remote("add", "origin", origin)

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import functools
 import os
-import subprocess
 import tempfile
 from pathlib import Path
 from dataclasses import replace
 
-from .. import backends
+from .. import backends, proc
 from ..backends import Host
 from ..errors import UnsupportedBackendError
 
@@ -112,9 +111,8 @@ def by_elf_machine(machine: str, host: Host | None = None) -> Host | None:
 def compiler_facts(compiler: str, header: str, macros: tuple[str, ...]) -> tuple[str | None, dict[str, str]]:
     """A cross compiler's version, and the values of MACROS once HEADER is included (the C library's
     or the runtime's version, which the compiler's own version does not say)."""
-    version = subprocess.run([compiler, "-dumpfullversion"], capture_output=True, text=True).stdout.strip()
-    defined = subprocess.run([compiler, "-E", "-dM", "-x", "c", "-"], input=f"#include <{header}>\n",
-                             capture_output=True, text=True).stdout
+    version = proc.run([compiler, "-dumpfullversion"]).stdout.strip()
+    defined = proc.run([compiler, "-E", "-dM", "-x", "c", "-"], input=f"#include <{header}>\n").stdout
     found = {}
     for line in defined.splitlines():
         parts = line.split()
@@ -134,15 +132,3 @@ def write_if_changed(path: Path, text: str) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
     os.replace(tmp, path)
-
-
-def die_with_parent(sig: int) -> None:  # pragma: no cover - runs in the child between fork and exec
-    """In a child, before exec: get SIG when dfbuild dies, even by kill -9 (no atexit runs then).
-    Linux's PR_SET_PDEATHSIG; elsewhere (no prctl) nothing. The signal comes when the thread that
-    started the child ends, so only the main thread should ask for it."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)   # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass

@@ -24,20 +24,18 @@ arguments:
 from __future__ import annotations
 
 import atexit
-import functools
 import os
 import re
 import shutil
 import signal
-import subprocess
 import tempfile
 import threading
 from pathlib import Path
 
-from .. import paths
+from .. import paths, proc
 from ..backends import Host
 from ..errors import BuildError, ToolchainMissingError
-from . import compiler_facts, cross_entry, die_with_parent, write_if_changed, openssl
+from . import compiler_facts, cross_entry, write_if_changed, openssl
 
 TOOLCHAIN_NAME = "dfbuild-toolchain-windows.cmake"
 RULES_NAME = "dfbuild-rules-windows.cmake"
@@ -120,7 +118,7 @@ def missing_declarations(host: Host) -> list[str]:
             test, _ = _CHECKS[name]
             source = Path(tmp) / "check.c"
             source.write_text("#include <windows.h>\n" + test, encoding="utf-8")
-            result = subprocess.run([compiler, "-fsyntax-only", str(source)], capture_output=True, text=True)
+            result = proc.run([compiler, "-fsyntax-only", str(source)])
             if result.returncode != 0:
                 missing.append(name)
     return missing
@@ -253,8 +251,7 @@ def exit_wrapper(host: Host, build_dir: Path) -> Path:
     obj = Path(build_dir) / f"{EXIT_NAME}.obj"
     write_if_changed(source, EXIT_SOURCE)
     if not obj.is_file() or obj.stat().st_mtime_ns < source.stat().st_mtime_ns:
-        result = subprocess.run([_compiler(host), "-O2", "-c", str(source), "-o", str(obj)],
-                                capture_output=True, text=True)
+        result = proc.run([_compiler(host), "-O2", "-c", str(source), "-o", str(obj)])
         if result.returncode != 0:
             raise BuildError(f"the cross compiler cannot compile {source.name}: {result.stderr.strip()[-300:]}",
                              install_line(host))
@@ -281,7 +278,7 @@ def runtime_dlls(host: Host) -> dict[str, Path]:
     compiler = _compiler(host)
     found = {}
     for name in entry(host).get("runtime_dlls", ()):
-        result = subprocess.run([compiler, f"-print-file-name={name}"], capture_output=True, text=True)
+        result = proc.run([compiler, f"-print-file-name={name}"])
         path = Path(result.stdout.strip())
         if not path.is_absolute() or not path.is_file():
             root = Path(entry(host)["find_root"])
@@ -434,8 +431,7 @@ def vulkan_setup(host: Host, build_dir: Path, doctor_entry: dict) -> dict:
             raise ToolchainMissingError(f"{entry(host)['dlltool']} (binutils for mingw-w64) is not installed",
                                         install_line(host))
         tmp = library.with_name(library.name + ".tmp")
-        result = subprocess.run([tool, "-d", str(definition), "-D", spec["import_dll"], "-l", str(tmp)],
-                                capture_output=True, text=True)
+        result = proc.run([tool, "-d", str(definition), "-D", spec["import_dll"], "-l", str(tmp)])
         if result.returncode != 0:
             raise BuildError(f"dlltool could not make {library.name}: {result.stderr.strip()[-300:]}",
                              install_line(host))
@@ -475,7 +471,7 @@ def _stop_display() -> None:
         process.terminate()
         try:
             process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
+        except proc.TimeoutExpired:
             process.kill()
             process.wait()
 
@@ -496,10 +492,10 @@ def start_display(host: Host) -> str:
         read_fd, write_fd = os.pipe()
         log = tempfile.TemporaryFile()  # what it says on a failed start; never a pipe nobody reads
         try:
-            process = subprocess.Popen([program, *command[1:], "-displayfd", str(write_fd)], pass_fds=(write_fd,),
-                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                                       preexec_fn=(functools.partial(die_with_parent, signal.SIGTERM)
-                                                   if threading.current_thread() is threading.main_thread() else None))
+            process = proc.start([program, *command[1:], "-displayfd", str(write_fd)], pass_fds=(write_fd,),
+                                 stdin=proc.DEVNULL, stdout=proc.DEVNULL, stderr=log,
+                                 die_with=(signal.SIGTERM if threading.current_thread() is threading.main_thread()
+                                           else None))
         except OSError:
             os.close(read_fd)
             log.close()
@@ -513,7 +509,7 @@ def start_display(host: Host) -> str:
         return _display["name"]
 
 
-def _read_display_number(read_fd: int, process: subprocess.Popen, timeout: float, log) -> str:
+def _read_display_number(read_fd: int, process: proc.Popen, timeout: float, log) -> str:
     """The display number Xvfb writes to its -displayfd once it accepts connections."""
     import select
 
