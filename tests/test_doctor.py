@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import backends, doctor
+from dfbuild import backends, doctor, probes
 from dfbuild.backends import Host
 from dfbuild.cli import main
 from dfbuild.errors import ToolchainMissingError
@@ -251,7 +251,7 @@ def test_debian_mirror_from_deb822_and_one_line_sources(tmp_path):
 
 
 def test_the_debian_12_hint_is_one_command():
-    hint = doctor._install_hint(backends.table()["probes"]["vulkan-headers"], LINUX)
+    hint = probes._install_hint(backends.table()["probes"]["vulkan-headers"], LINUX)
     assert "--vulkan-include-dir" in hint and "dfbuild doctor --fetch-vulkan-headers" in hint
 
 

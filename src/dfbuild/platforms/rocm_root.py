@@ -383,9 +383,9 @@ def wanted(backend: str, host) -> bool:
         return False
     if choice == "forky":
         return True
-    from .. import doctor
+    from .. import probes
 
-    return not doctor.probe("hip-clang", host).found
+    return not probes.probe("hip-clang", host).found
 
 
 def runs_here() -> bool:

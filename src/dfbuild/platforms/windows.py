@@ -35,7 +35,8 @@ from pathlib import Path
 from .. import paths, proc
 from ..backends import Host
 from ..errors import BuildError, ToolchainMissingError
-from . import compiler_facts, cross_entry, write_if_changed, openssl
+from . import openssl
+from .targets import compiler_facts, cross_entry, write_if_changed
 
 TOOLCHAIN_NAME = "dfbuild-toolchain-windows.cmake"
 RULES_NAME = "dfbuild-rules-windows.cmake"
@@ -436,7 +437,7 @@ def vulkan_setup(host: Host, build_dir: Path, doctor_entry: dict) -> dict:
             raise BuildError(f"dlltool could not make {library.name}: {result.stderr.strip()[-300:]}",
                              install_line(host))
         os.replace(tmp, library)
-    from ..doctor import vulkan_header_version
+    from ..probes import vulkan_header_version
 
     version = vulkan_header_version(headers / "vulkan" / "vulkan_core.h")
     return {"flags": {"Vulkan_INCLUDE_DIR": str(include), "Vulkan_LIBRARY": str(library),
