@@ -23,9 +23,4 @@ if sys.argv and (sys.argv[0] == "-m" or sys.argv[0].replace("\\", "/").rsplit("/
 
     catch_early_interrupt()
 
-from importlib.metadata import PackageNotFoundError, version  # noqa: E402 - after the handler: it takes a while
-
-try:
-    __version__ = version("dfbuild")
-except PackageNotFoundError:  # running from a source tree without an install
-    __version__ = "0.0.0+unknown"
+from ._version import __version__  # noqa: E402,F401 - after the handler: it takes a while

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import __version__, gitrun, proc
+from . import gitrun, proc
+from ._version import __version__
 
 
 def series_hash(patches_dir: Path | None = None) -> str | None:

@@ -2,8 +2,8 @@
 
 refresh turns one commit per concern on top of a base into that base's
 variants; adopt does it for a carried series that `dfbuild prove` proved.
-Built on series.py's types (imported at the top; series.py re-exports these
-names lazily, never importing this module while it loads).
+A function of the series as data (series_model, series_patch, series_check) and of carry;
+series.py re-exports its public names.
 """
 
 from __future__ import annotations
@@ -19,16 +19,13 @@ import git
 import tomlkit
 
 from . import gitrun, source, state, ui
+from .backends import machine_facts
 from .errors import DirtyTreeError, NoProofError, NotLlamaTreeError, PatchConflictError, SeriesFileError, UsageError
 from .paths import sha256_file
-from .series import (
-    CONCERN_TRAILER,
-    SPECULATIVE,
-    Series,
-    _try_apply,
-    describe_failure,
-    load_series,
-)
+from . import carry as carrying
+from .series_check import CARRIED, _try_apply
+from .series_model import CONCERN_TRAILER, SPECULATIVE, Series, load_series
+from .series_patch import commit_message, describe_failure, patch_author, patch_path, verify_patch
 
 
 def refresh(series: Series, tree: Path, onto: str, *, name: str | None = None, base_info: dict | None = None,
@@ -361,9 +358,6 @@ def _concern_of(tree: Path, commit: str) -> str | None:
 
 def _carry_one(series: Series, tree: Path, concern, order: list[str], onto: str, preimages: dict, tmp: Path):
     """Decide CONCERN on the tree's HEAD as `carry` does: already there, carried, upstream, or a conflict."""
-    from . import carry as carrying
-    from .series import verify_patch
-
     index = tmp / f"curate-{concern.id}"
     env = {"GIT_INDEX_FILE": str(index)}
     gitrun.run(tree, "read-tree", "HEAD", extra_env=env)
@@ -379,9 +373,6 @@ def _carry_one(series: Series, tree: Path, concern, order: list[str], onto: str,
 
 def _advance(series: Series, tree: Path, data: dict) -> dict:
     """Carry the concerns still to do, in series order, one commit each; stop at the first conflict."""
-    from . import carry as carrying
-    from .series import CARRIED, commit_message, patch_author, patch_path
-
     repo = git.Repo(tree)
     order = carrying.nearest_bases(series, tree, data["onto"])
     preimages: dict = {}
@@ -672,7 +663,6 @@ def describe_machine(machine: dict | None) -> str:
 
 def proof_entry(proof: dict, *, record_name: str) -> dict:
     """A `dfbuild prove` proof as series.toml records it: what, how it went, where and when."""
-    from .prove import machine_facts
 
     machine = proof.get("machine")
     where = describe_machine(machine) if machine else f"{describe_machine(machine_facts())} (where it was recorded)"

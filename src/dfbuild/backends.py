@@ -10,11 +10,13 @@ release entries, so the three can never disagree.
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import re
 import sys
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import Iterable
 
 from .errors import DfbuildError, UnsupportedBackendError
@@ -346,3 +348,17 @@ def cmake_args(flags: dict[str, str]) -> list[str]:
 def release_entries() -> list[dict]:
     """The raw [[release]] rows of the table (matrix.py turns them into the CI matrix)."""
     return [dict(row) for row in table()["release"]]
+
+
+def machine_facts() -> dict:
+    """Where a proof ran, as its record says it (`series record-proof` writes it into series.toml)."""
+    cpu = platform.processor()
+    try:  # Linux names the CPU model here; platform.processor() is often empty or just the arch
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.lower().startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cores": os.cpu_count(), "arch": platform.machine(), "cpu": cpu or None,
+            "system": f"{platform.system()} {platform.release()}"}

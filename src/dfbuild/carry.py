@@ -6,9 +6,8 @@ nearest known base (exactly, by offset, or by a conflict-free 3-way merge
 against the variant's pre-image), upstream as recorded for the nearest base,
 or a conflict that names the variants tried and the hunk.
 
-This builds on series.py's types and its git helpers and imports them at the
-top; series.py calls `carry` only from `plan`, importing it there, so loading
-either module never needs the other half-initialised.
+A function of the series as data (series_model) and its trial apply (series_check);
+series_apply's plan calls it for a base no variant was made on.
 """
 
 from __future__ import annotations
@@ -19,21 +18,9 @@ import shutil
 from pathlib import Path
 
 from . import gitrun, source, state
-from .series import (
-    _OFFSETS,
-    CARRIED,
-    SPECULATIVE,
-    Concern,
-    Series,
-    Step,
-    Variant,
-    _index_blob,
-    _try_apply,
-    base_build,
-    describe_failure,
-    series_start,
-    verify_patch,
-)
+from .series_check import _OFFSETS, CARRIED, Step, _index_blob, _try_apply, series_start
+from .series_model import SPECULATIVE, Concern, Series, Variant, base_build
+from .series_patch import describe_failure, verify_patch
 
 
 def has_dflash(tree: Path, rev: str) -> bool:

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import gitrun
-from .series import SPECULATIVE, Series, verify_patch
+from .series_model import SPECULATIVE, Series
+from .series_patch import verify_patch
 
 _OFFSET = re.compile(r"Hunk #\d+ succeeded at \d+ \(offset (-?\d+) lines?\)")
 DFLASH_STRUCT = "struct common_speculative_impl_draft_dflash"

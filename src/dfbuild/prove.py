@@ -47,6 +47,7 @@ from pathlib import Path
 
 from . import backends, build, carry, fixtures, gitrun, manifest, series, smoke, source, state, ui
 from .errors import BuildDirMismatchError, BuildError, FixtureError, NotApplicableError, PatchConflictError
+from .backends import machine_facts
 from .paths import sha256_file
 from .platforms import rocm_root
 
@@ -104,22 +105,6 @@ class ProofRecord:
     def put(self, key: str, proof: dict) -> None:
         self.data[key] = proof
         state.atomic_write_text(self.path, manifest.dumps(self.data) + "\n")
-
-
-def machine_facts() -> dict:
-    """Where a proof ran, as its record says it (`series record-proof` writes it into series.toml)."""
-    import platform
-
-    cpu = platform.processor()
-    try:  # Linux names the CPU model here; platform.processor() is often empty or just the arch
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.lower().startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cores": os.cpu_count(), "arch": platform.machine(), "cpu": cpu or None,
-            "system": f"{platform.system()} {platform.release()}"}
 
 
 # --- the unpatched build: the base commit, built in the patched tree's own build dir -----------

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import git
 
-from . import gitrun, journal, manifest, paths, pypi, state, ui
+from . import gitrun, journal, manifest, paths, pypi, series_model, state, ui
 from .errors import (
     ArchiveError,
     DfbuildError,
@@ -206,10 +206,8 @@ def offline_hint() -> str:
 def named_bases() -> list[str]:
     """The bases dfbuild knows by name, as --help and the unknown-base message list them: series.toml's
     (read each time: it keeps up with the series), then any other base dfbuild can fetch by name."""
-    from . import series  # series imports this module: on use, not at import
-
     try:
-        names = list(series.load_series().bases)
+        names = list(series_model.load_series().bases)
     except DfbuildError:  # a broken series file: the names dfbuild itself knows
         names = []
     return names + [name for name in KNOWN_BASES if name not in names]
