@@ -19,12 +19,12 @@ from .exits import handle_errors
 @handle_errors
 def checkout(base, pr, repo, dest, force, no_wait, as_json):
     """Check out llama.cpp at a PR head or commit."""
-    from .. import adopt, manifest, source
+    from .. import curate, manifest, source
 
     source.check_known(base, repo)
     dest = dest or default_tree_here(base)
     with _made_by_this_run(dest), _locks(("tree", dest), no_wait=no_wait):
-        adopt.refuse_while_curating(dest, "checkout")
+        curate.refuse_while_curating(dest, "checkout")
         with ui.step(f"checkout {base}"):
             section = source.checkout(base, pr=pr, repo=repo, dest=dest, force=force)
         manifest.update_tree_manifest(Path(section["dir"]), "source", section)
@@ -70,7 +70,7 @@ def import_(archive, tag, dest, max_unpacked, no_wait, as_json):
 @handle_errors
 def apply(base, pr, repo, dest, force, patches_dir, skip, no_wait, as_json):
     """Check out BASE, then apply the curated DFlash patch series."""
-    from .. import adopt, manifest, series, source, state
+    from .. import curate, manifest, series, source, state
 
     curated = series.load_series(patches_dir)
     series.check_skip(curated, tuple(skip))
@@ -78,7 +78,7 @@ def apply(base, pr, repo, dest, force, patches_dir, skip, no_wait, as_json):
     dest = dest or default_tree_here(base)
     # one lock for checkout + apply + record: a second run waits, and never sees a half-applied tree
     with _made_by_this_run(dest), _locks(("tree", dest), no_wait=no_wait):
-        adopt.refuse_while_curating(dest, "apply")
+        curate.refuse_while_curating(dest, "apply")
         with ui.step(f"checkout {base}"):
             src = source.checkout(base, pr=pr, repo=repo, dest=dest, force=force, keep_descendants=True)
         tree = Path(src["dir"])
