@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import git
 import tomlkit
@@ -19,9 +20,9 @@ import tomlkit
 from . import gitrun, manifest, source, state
 from .errors import NoProofError, PatchConflictError, SeriesFileError
 from .paths import sha256_file
-from .series_check import _try_apply
-from .series_model import CONCERN_TRAILER, SPECULATIVE, Series, load_series
 from .proof_record import record_proofs
+from .series_check import _try_apply
+from .series_model import CONCERN_TRAILER, SPECULATIVE, Concern, Series, load_series
 from .series_patch import describe_failure
 
 
@@ -39,9 +40,9 @@ def refresh(series: Series, tree: Path, onto: str, *, name: str | None = None, b
     repo = git.Repo(tree)
     onto_commit = source.resolve_commit(repo, onto)
     commits = gitrun.run(tree, "rev-list", "--reverse", f"{onto_commit}..HEAD").stdout.split()
-    decisions = {cid: ("upstream", note) for cid, note in (decisions or {}).items()}
-    decisions.update({cid: ("not-needed", note) for cid, note in (not_needed or {}).items()})
-    if not commits and not decisions:
+    decided = {cid: ("upstream", note) for cid, note in (decisions or {}).items()}
+    decided.update({cid: ("not-needed", note) for cid, note in (not_needed or {}).items()})
+    if not commits and not decided:
         raise SeriesFileError(f"no commits between {onto} and HEAD in {tree}",
                               "commit one change per concern on top of the base first")
     blob = gitrun.run(tree, "rev-parse", f"{onto_commit}:{SPECULATIVE}").stdout.strip()
@@ -51,7 +52,8 @@ def refresh(series: Series, tree: Path, onto: str, *, name: str | None = None, b
     out_dir = series.root / base
 
     with state.temp_dir("refresh") as tmp:
-        generated, made_by = [], {}
+        generated: list[tuple[Concern, Path]] = []
+        made_by: dict[str, str] = {}
         for commit in commits:
             body = gitrun.run(tree, "log", "-1", "--format=%B", commit).stdout
             match = re.search(rf"^{CONCERN_TRAILER}:[ \t]*(\S+)", body, re.M)
@@ -77,11 +79,11 @@ def refresh(series: Series, tree: Path, onto: str, *, name: str | None = None, b
         scratch_index = Path(tmp) / "index"
         index_env = {"GIT_INDEX_FILE": str(scratch_index)}
         gitrun.run(tree, "read-tree", onto_commit, extra_env=index_env)
-        for concern, path in generated:
+        for _concern, path in generated:
             trial = _try_apply(tree, path, index_env)
             moved = re.search(r"Hunk #(\d+) succeeded at \d+ \(offset", trial.stderr)
             if trial.returncode != 0 or moved:
-                reason = (f"hunk #{moved.group(1)} only applies at an offset" if trial.returncode == 0
+                reason = (f"hunk #{moved.group(1)} only applies at an offset" if trial.returncode == 0 and moved
                           else describe_failure(path, trial.stderr))
                 raise PatchConflictError(
                     f"regenerated {path.name} does not apply cleanly on {onto} in series order: "
@@ -97,8 +99,8 @@ def refresh(series: Series, tree: Path, onto: str, *, name: str | None = None, b
         for key, value in (base_info or {}).items():
             doc["bases"][base][key] = value
         for table in doc["concern"]:
-            if table["id"] in decisions:  # a decision, not a patch: upstream has it, or it is not needed here
-                status, note = decisions[table["id"]]
+            if table["id"] in decided:  # a decision, not a patch: upstream has it, or it is not needed here
+                status, note = decided[table["id"]]
                 entry = tomlkit.inline_table()
                 entry.update({"status": status, "note": note})
                 table.setdefault("variants", tomlkit.table())[base] = entry
@@ -117,7 +119,7 @@ def refresh(series: Series, tree: Path, onto: str, *, name: str | None = None, b
         state.atomic_write_text(series.path, tomlkit.dumps(doc))  # a crash leaves the old file or the new
         state.fault_point("record: series.toml written")
     return {"base": base, "blob": blob, "onto": onto_commit, "variants": written,
-            "decisions": [{"id": cid, "status": status, "note": note} for cid, (status, note) in decisions.items()]}
+            "decisions": [{"id": cid, "status": status, "note": note} for cid, (status, note) in decided.items()]}
 
 
 def adopt(series: Series, tree: Path) -> dict:
@@ -137,8 +139,8 @@ def adopt(series: Series, tree: Path) -> dict:
     applied, proof, src = record.get("series") or {}, record.get("proof") or {}, record.get("source") or {}
     head = gitrun.run(tree, "rev-parse", "HEAD").stdout.strip()
     if not applied.get("derived"):
-        raise SeriesFileError(f"{tree}: base {applied.get('base') or '?'} already has its own variants; nothing to adopt",
-                              "adopt trees whose series `dfbuild apply` carried from other bases")
+        raise SeriesFileError(f"{tree}: base {applied.get('base') or '?'} already has its own variants; "
+                              "nothing to adopt", "adopt trees whose series `dfbuild apply` carried from other bases")
     if not proof:
         raise NoProofError(f"{tree}: no proof: `dfbuild prove` (or `dfbuild release`) has not run on this tree, "
                            "so there is nothing to adopt",
@@ -167,18 +169,20 @@ def adopt(series: Series, tree: Path) -> dict:
         onto = head  # no patch files: every concern is a decision
         if head != start:
             raise SeriesFileError(f"{tree}: fixed upstream, yet commits sit on top of {start[:12]}",
-                                  "adopt from the unpatched tree: check out the base itself (dfbuild checkout --base BASE) and adopt that")
+                                  "adopt from the unpatched tree: check out the base itself "
+                                  "(dfbuild checkout --base BASE) and adopt that")
     else:
         onto = start
     patched, unpatched = proof.get("patched") or {}, proof.get("unpatched") or {}
-    info = {
+    info: dict[str, Any] = {
         "note": f"llama.cpp {base}, adopted from a proven carry",
         "provenance": {
             "carried_from": carried_from,
             "outcome": outcome,
             "proof": (f"unpatched: {len(unpatched.get('failed', []))} of {unpatched.get('runs')} scenario runs failed"
                       f"{' with the upstream symptom' if unpatched.get('upstream_symptom') else ''}; "
-                      f"patched: {'all ' + str(patched.get('runs')) + ' passed' if patched.get('passed') else 'not run'}"),
+                      f"patched: "
+                      f"{'all ' + str(patched.get('runs')) + ' passed' if patched.get('passed') else 'not run'}"),
             "proven": proven,
         },
     }

@@ -14,15 +14,15 @@ import os
 import platform
 import re
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Iterable
 
 from .errors import DfbuildError, UnsupportedBackendError
 
 try:  # Python 3.11+
-    import tomllib as _toml
+    import tomllib as _toml  # type: ignore[import-not-found]  # mypy checks as 3.10, which has none
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     _toml = None
 
@@ -43,7 +43,7 @@ def data_table(name: str) -> dict:
     return tomlkit.loads(text).unwrap()  # pragma: no cover
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def table() -> dict:
     """The parsed backends.toml (cached; treat it as read-only)."""
     return data_table("backends.toml")
@@ -78,7 +78,7 @@ def names() -> list[str]:
     return list(table()["backends"])
 
 
-def resolve(backend: "Backend | str") -> "Backend":
+def resolve(backend: Backend | str) -> Backend:
     """The backend record for a name (the CLI resolves once; stages pass the record on)."""
     return backend if isinstance(backend, Backend) else get(backend)
 
@@ -290,12 +290,12 @@ def arch_flags(host_os: str, arch: str) -> dict[str, str]:
     return {**table_.get(arch, {}), **table_.get(f"{host_os}-{arch}", {})}
 
 
-def host_cpu_variants(host: "Host") -> list[str]:
+def host_cpu_variants(host: Host) -> list[str]:
     """cpu_variants for a Host: a cross build for Windows compiles with GCC, not MSVC."""
     return cpu_variants(host.os, host.arch, msvc=host.os == "windows" and not host.cross)
 
 
-def cmake_flags(backend: "Backend | str", host_os: str, *, cuda_arch: str | Iterable[str] | None = None,
+def cmake_flags(backend: Backend | str, host_os: str, *, cuda_arch: str | Iterable[str] | None = None,
                 gpu_targets: str | Iterable[str] | None = None,
                 vulkan_include_dir: str | None = None,
                 nvcc_version: tuple[int, ...] | None = None, arch: str = "x64") -> dict[str, str]:

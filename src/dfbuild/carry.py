@@ -68,7 +68,8 @@ def nearest_bases(series: Series, tree: Path, rev: str) -> list[str]:
     by_history = {}
     for name, info in series.bases.items():
         commit = info.get("commit")
-        found = gitrun.run(tree, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}", check=False) if commit else None
+        found = (gitrun.run(tree, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}", check=False)
+                 if commit else None)
         if found is not None and found.returncode == 0:
             distance = history_distance(tree, found.stdout.strip(), rev)
             if distance is not None:

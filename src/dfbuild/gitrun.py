@@ -18,6 +18,7 @@ from git.exc import GitCommandError
 
 from . import proc
 
+
 class GitError(GitCommandError):
     """`git ARGS` exited non-zero: the command line, its exit code, stderr and stdout (GitPython's fields)."""
 
@@ -27,7 +28,10 @@ class GitError(GitCommandError):
         self.output_tail = proc.tail(stderr) or proc.tail(stdout)
 
 
-def command(tree: str | os.PathLike[str] | None, *args: str, git_dir: str | os.PathLike[str] | None = None) -> list[str]:
+Where = str | os.PathLike[str] | None   # a tree, a git dir or a working directory: a path, or none
+
+
+def command(tree: Where, *args: str, git_dir: Where = None) -> list[str]:
     """The argument list of `git -C TREE ARGS` (`git --git-dir GIT_DIR ARGS`; plain `git ARGS` without either)."""
     if git_dir is not None:
         return ["git", "--git-dir", str(git_dir), *args]
@@ -36,10 +40,9 @@ def command(tree: str | os.PathLike[str] | None, *args: str, git_dir: str | os.P
     return ["git", *args]
 
 
-def run(tree: str | os.PathLike[str] | None, *args: str, check: bool = True, git_dir: str | os.PathLike[str] | None = None,
+def run(tree: Where, *args: str, check: bool = True, git_dir: Where = None,
         extra_env: Mapping[str, str] | None = None, input: str | bytes | None = None, text: bool = True,
-        errors: str | None = None, timeout: float | None = None, cwd: str | os.PathLike[str] | None = None,
-        ) -> proc.CompletedProcess:
+        errors: str | None = None, timeout: float | None = None, cwd: Where = None) -> proc.CompletedProcess:
     """Run `git -C TREE ARGS` (output captured); CHECK raises GitError on a non-zero exit.
 
     The error names `git ARGS` (without -C TREE), as GitPython's own errors do.
@@ -51,12 +54,12 @@ def run(tree: str | os.PathLike[str] | None, *args: str, check: bool = True, git
     return result
 
 
-def out(tree: str | os.PathLike[str] | None, *args: str, **options) -> str:
+def out(tree: Where, *args: str, **options) -> str:
     """The stripped stdout of `git -C TREE ARGS`; GitError when it fails."""
     return run(tree, *args, **options).stdout.strip()
 
 
-def ok(tree: str | os.PathLike[str] | None, *args: str, **options) -> bool:
+def ok(tree: Where, *args: str, **options) -> bool:
     """Whether `git -C TREE ARGS` exits 0 (its output is dropped)."""
     return run(tree, *args, check=False, text=False, **options).returncode == 0
 

@@ -9,7 +9,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from . import pypi, series_model, ui
 from .errors import (
     DfbuildError,
@@ -23,7 +22,6 @@ from .gitfetch import (
 )
 from .paths import cache_dir
 from .tree_commits import FIXED_DATE
-
 
 GITHUB_LLAMA = "https://github.com/ggml-org/llama.cpp"
 
@@ -177,7 +175,8 @@ MAX_NAME_BYTES = 200
 
 def check_base_name(base: str) -> None:
     """Refuse a base that cannot name the branch dfbuild/BASE, before anything is cloned or written."""
-    if not base or base.startswith("-") or len(os.fsencode(base)) > MAX_NAME_BYTES or not valid_ref_name(f"refs/heads/{branch_for(base)}"):
+    if (not base or base.startswith("-") or len(os.fsencode(base)) > MAX_NAME_BYTES
+            or not valid_ref_name(f"refs/heads/{branch_for(base)}")):
         raise UsageError(
             f"'{base}' cannot name a branch (dfbuild/{base}); nothing was touched",
             "pass a commit id, a tag or a branch name as --base (not an expression like HEAD~3)",

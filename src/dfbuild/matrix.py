@@ -31,7 +31,7 @@ def _toolkit_label(toolkit: str | None) -> str:
     return ".".join(map(str, numbers[:2]))
 
 
-def artifact_label(os: str, backend: str, toolkit: str | None = None) -> str:  # noqa: A002
+def artifact_label(os: str, backend: str, toolkit: str | None = None) -> str:
     """The part between -bin- and -<arch>: ubuntu, ubuntu-vulkan, win-cuda-12.4, macos, ... (llama.cpp's names)."""
     spec = backends.get(backend)
     labels = backends.table()["common"]["artifact_os"]
@@ -45,7 +45,7 @@ def artifact_label(os: str, backend: str, toolkit: str | None = None) -> str:  #
     return "-".join(part for part in (labels[os], word) if part)
 
 
-def artifact_name(tag: str, os: str, backend: str, arch: str,  # noqa: A002 - mirrors the name's fields
+def artifact_name(tag: str, os: str, backend: str, arch: str,
                   toolkit: str | None = None) -> str:
     """llama-<tag>-dflash-bin-<label>-<arch>.tar.gz (.zip on Windows): llama.cpp's scheme with the dflash marker.
 
@@ -66,7 +66,7 @@ def cudart_name(toolkit: str, arch: str = "x64") -> str:
     return f"cudart-llama-dflash-bin-win-cuda-{_toolkit_label(toolkit)}-{arch}.zip"
 
 
-def entry_id(os: str, backend: str, arch: str, toolkit: str | None = None) -> str:  # noqa: A002
+def entry_id(os: str, backend: str, arch: str, toolkit: str | None = None) -> str:
     return "-".join(p for p in (os, backend, _toolkit_label(toolkit), arch) if p)
 
 

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -140,7 +141,7 @@ def _parse_version(spec: dict, output: str) -> str | None:
     return output.splitlines()[0].strip()
 
 
-def _header_dirs(spec: dict, extra_include_dirs: list[Path]) -> list[Path]:
+def _header_dirs(spec: dict, extra_include_dirs: Sequence[Path]) -> list[Path]:
     dirs = list(extra_include_dirs) + _env_dirs(spec, "include")
     near = spec.get("near_program")
     if near:
@@ -156,7 +157,7 @@ def _header_dirs(spec: dict, extra_include_dirs: list[Path]) -> list[Path]:
     return dirs
 
 
-def _probe_header(spec: dict, host: Host, extra_include_dirs: list[Path]) -> tuple[str | None, str | None]:
+def _probe_header(spec: dict, host: Host, extra_include_dirs: Sequence[Path]) -> tuple[str | None, str | None]:
     for directory in _header_dirs(spec, extra_include_dirs):
         if all((directory / header).is_file() for header in spec["headers"]):
             version = None
@@ -275,7 +276,7 @@ def _probe_msvc(spec: dict, host: Host) -> tuple[str | None, str | None]:
 # --- probing ---------------------------------------------------------------------
 
 
-def probe(name: str, host: Host, *, optional: bool = False, extra_include_dirs: list[Path] = ()) -> Probe:
+def probe(name: str, host: Host, *, optional: bool = False, extra_include_dirs: Sequence[Path] = ()) -> Probe:
     spec = backends.table()["probes"][name]
     kind = spec["kind"]
     if host.os == "windows" and not host.cross and spec.get("windows_kind"):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import IO, Any, Union
+from typing import IO, Any
 
 from .errors import DfbuildError
 
@@ -35,8 +35,8 @@ CalledProcessError = subprocess.CalledProcessError
 CompletedProcess = subprocess.CompletedProcess
 Popen = subprocess.Popen
 
-Arg = Union[str, "os.PathLike[str]"]
-File = Union[int, IO[Any], None]
+Arg = str | os.PathLike[str]
+File = int | IO[Any] | None
 
 # how many lines of a failed command's output its error carries
 TAIL_LINES = 20

@@ -14,7 +14,6 @@ from .backends import machine_facts
 from .errors import UsageError
 from .series_model import Series
 
-
 # --- the record of what was proved: series.toml's epochs ----------------------------------------------
 
 

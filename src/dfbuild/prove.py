@@ -44,10 +44,11 @@ import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from . import backends, build, carry, fixtures, gitrun, manifest, series, smoke, source, state, ui
-from .errors import BuildDirMismatchError, BuildError, FixtureError, NotApplicableError, PatchConflictError
 from .backends import machine_facts
+from .errors import BuildDirMismatchError, BuildError, FixtureError, NotApplicableError, PatchConflictError
 from .paths import sha256_file
 from .platforms import rocm_root
 
@@ -204,7 +205,7 @@ def _keep_unpatched(built: dict, folder: Path, key: str, commit: str) -> dict:
     return section
 
 
-def build_unpatched(tree: Path, backend: "backends.Backend | str", work: Path, commit: str, *,
+def build_unpatched(tree: Path, backend: backends.Backend | str, work: Path, commit: str, *,
                     targets=build.DEFAULT_TARGETS, options: dict | None = None) -> dict:
     """The unpatched build of TREE (its base COMMIT) in TREE's own build dir, kept in WORK/unpatched.
 
@@ -244,9 +245,9 @@ def build_unpatched(tree: Path, backend: "backends.Backend | str", work: Path, c
     return dict(kept, reused=False)
 
 
-def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, repo: str | None = None, pr: int | None = None,
-          patches_dir: Path | None = None, sets=None, scenarios=None, build_options: dict | None = None,
-          targets=build.DEFAULT_TARGETS, smoke_options: dict | None = None) -> dict:
+def prove(base: str, *, backend: backends.Backend | str = "cpu", work: Path, repo: str | None = None,
+          pr: int | None = None, patches_dir: Path | None = None, sets=None, scenarios=None,
+          build_options: dict | None = None, targets=build.DEFAULT_TARGETS, smoke_options: dict | None = None) -> dict:
     """Check out BASE under WORK, apply the series, build the base and then the patched tree in one
     build dir (the second build is incremental), smoke both; return the proof.
 
@@ -261,7 +262,7 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
     times: dict[str, float] = {}
     host = (build_options or {}).get("host")
     label = build.dir_label(backend, host)  # cpu, or cpu-windows for a cross build: its own dirs and record
-    proof = {"base": base, "backend": backend}
+    proof: dict[str, Any] = {"base": base, "backend": backend}
     if host is not None and host.cross:
         proof["os"] = host.os
         proof["arch"] = host.arch

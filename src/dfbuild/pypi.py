@@ -75,7 +75,7 @@ def _listing(project: str) -> tuple[dict[str, Sdist], dict]:
     return _listing_from(project, index_url(), _listing_path(project))
 
 
-@functools.lru_cache(maxsize=None)  # keyed by index and cache too: another $DFBUILD_PYPI_URL is another listing
+@functools.cache  # keyed by index and cache too: another $DFBUILD_PYPI_URL is another listing
 def _listing_from(project: str, index: str, saved_path: Path) -> tuple[dict[str, Sdist], dict]:
     """PROJECT's sdists by version and where that listing came from: {"from": "index"|"cache", ...}.
 

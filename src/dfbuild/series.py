@@ -21,13 +21,35 @@ from __future__ import annotations
 from .adopt import adopt, refresh
 from .carry import carry, has_dflash, history_distance, nearest_bases, tree_build
 from .series_apply import apply_series, plan, released_form
-from .series_check import (CARRIED, CONCERN_COMMITTERS, MAX_HISTORY, Step, check_skip, identify_base,
-                           series_start)
-from .series_model import (CONCERN_TRAILER, DECISIONS, SERIES_ENV, SPECULATIVE, VARIANT_STATUSES, Concern, Epoch,
-                           Series, Variant, base_build, carried_from, default_patches_dir, describe_proof,
-                           digest_without_proofs, load_series)
-from .series_patch import (Hunk, commit_message, describe_failure, hunks, patch_author, patch_path, patch_paths,
-                           patch_post_images, verify_patch)
+from .series_check import CARRIED, CONCERN_COMMITTERS, MAX_HISTORY, Step, check_skip, identify_base, series_start
+from .series_model import (
+    CONCERN_TRAILER,
+    DECISIONS,
+    SERIES_ENV,
+    SPECULATIVE,
+    VARIANT_STATUSES,
+    Concern,
+    Epoch,
+    Series,
+    Variant,
+    base_build,
+    carried_from,
+    default_patches_dir,
+    describe_proof,
+    digest_without_proofs,
+    load_series,
+)
+from .series_patch import (
+    Hunk,
+    commit_message,
+    describe_failure,
+    hunks,
+    patch_author,
+    patch_path,
+    patch_paths,
+    patch_post_images,
+    verify_patch,
+)
 
 __all__ = [
     "CARRIED", "CONCERN_COMMITTERS", "CONCERN_TRAILER", "DECISIONS", "MAX_HISTORY", "SERIES_ENV", "SPECULATIVE",

@@ -16,13 +16,22 @@ import git
 
 from . import carry, gitrun, journal, manifest, source, state, ui
 from .errors import DirtyTreeError, NotApplicableError, NotLlamaTreeError, NoVariantError, PatchConflictError
-from .series_check import (CARRIED, Step, _conflict_error, _index_blob, _plan_known, check_skip, identify_base,
-                           series_start)
+from .series_check import (
+    CARRIED,
+    Step,
+    _conflict_error,
+    _index_blob,
+    _plan_known,
+    check_skip,
+    identify_base,
+    series_start,
+)
 from .series_model import CONCERN_TRAILER, Series, base_build
 from .series_patch import commit_message, describe_failure, patch_author, patch_path, patch_paths, patch_post_images
 
 
-def plan(series: Series, tree: Path, base: str | None = None, *, skip: tuple[str, ...] = ()) -> tuple[str | None, list[Step]]:
+def plan(series: Series, tree: Path, base: str | None = None, *,
+         skip: tuple[str, ...] = ()) -> tuple[str | None, list[Step]]:
     """Check every concern in order against TREE without changing it.
 
     A base a variant was made on (known by blob) gets its own variants. Any
@@ -87,7 +96,8 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
                 "making them again")
     derived = base is None
     if derived and all(step.status == "not-applicable" for step in steps):
-        raise NotApplicableError(f"{tree} has no DFlash (common/speculative.cpp never mentions it); nothing was applied",
+        raise NotApplicableError(f"{tree} has no DFlash (common/speculative.cpp never mentions it); "
+                                 "nothing was applied",
                                  "the series fixes DFlash speculative decoding; pick a base that has it")
     for step in steps:
         if step.status == "no-variant":

@@ -8,12 +8,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from . import gitrun, proc, source, state
 from .errors import PatchConflictError, UsageError
 from .series_model import CONCERN_TRAILER, SPECULATIVE, Concern, Series, Variant
 from .series_patch import describe_failure, verify_patch
-
 
 # How many concern commits `series_start` looks through to find the commit the series went on.
 MAX_HISTORY = 64
@@ -131,7 +131,8 @@ def _plan_known(series: Series, tree: Path, base: str, skip: tuple[str, ...]) ->
             forward = _try_apply(tree, patch, apply_env)
             offsets = _OFFSETS.findall(forward.stderr)
             if forward.returncode != 0:
-                step.status, step.detail = "conflict", f"{step.variant.file}: {describe_failure(patch, forward.stderr)}"
+                step.status = "conflict"
+                step.detail = f"{cast(Variant, step.variant).file}: {describe_failure(patch, forward.stderr)}"
             elif offsets:
                 step.status = "offset"
                 step.detail = "; ".join(f"hunk #{n} at {at} (offset {off})" for n, at, off in offsets)

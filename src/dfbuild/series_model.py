@@ -20,7 +20,6 @@ import tomlkit
 from .errors import SeriesFileError
 from .gitfetch import release_build
 
-
 SPECULATIVE = "common/speculative.cpp"
 SERIES_ENV = "DFBUILD_PATCHES_DIR"
 CONCERN_TRAILER = "Dfbuild-Concern"
@@ -186,7 +185,7 @@ class Series:
 
 def carried_from(concerns: list[dict]) -> str:
     """Where a carried series came from, in words, from the concerns' `rule` and `variant` (apply --json)."""
-    rules = {(c.get("rule"), c.get("variant")) for c in concerns if c.get("rule")}
+    rules: set[tuple[str, str | None]] = {(c["rule"], c.get("variant")) for c in concerns if c.get("rule")}
     epochs = {(rule, variant) for rule, variant in rules if rule.startswith("epoch ")}
     if len(epochs) == 1 and len(rules) == 1:
         rule, variant = next(iter(epochs))
@@ -228,7 +227,7 @@ def _want(raw, key: str, kind: type, where: str, *, required: bool = True):
         if required:
             raise _Malformed(f"{where} has no '{key}' field")
         return None
-    if not isinstance(raw[key], kind) or isinstance(raw[key], bool) and kind is not bool:
+    if not isinstance(raw[key], kind) or (isinstance(raw[key], bool) and kind is not bool):
         raise _Malformed(f"{where}: {key} is {type(raw[key]).__name__}, not {kind.__name__}")
     return raw[key]
 
@@ -261,15 +260,15 @@ def _variant(concern_id: str, base: str, raw) -> Variant:
 
 
 def _epoch(raw: dict, bases: dict) -> Epoch:
-    ends = [release_build(raw.get(end)) for end in ("first", "last")]
-    if None in ends or ends[0] > ends[1]:
+    first, last = (release_build(raw.get(end)) for end in ("first", "last"))
+    if first is None or last is None or first > last:
         raise _Malformed(f"epoch {raw.get('first')}..{raw.get('last')} must name two releases bNNNN, oldest first")
     if raw.get("variant") not in bases:
         raise _Malformed(f"epoch {raw['first']}..{raw['last']} names variant {raw.get('variant')!r}, not a base")
     proofs = [dict(p) for p in raw.get("proof", [])]
     if any(not isinstance(p.get("release"), str) or not p.get("outcome") for p in proofs):
         raise _Malformed(f"epoch {raw['first']}..{raw['last']}: every proof needs a release and an outcome")
-    return Epoch(first=ends[0], last=ends[1], variant=raw["variant"], upstream_change=raw.get("upstream_change", ""),
+    return Epoch(first=first, last=last, variant=raw["variant"], upstream_change=raw.get("upstream_change", ""),
                  proofs=proofs)
 
 
@@ -308,7 +307,7 @@ def load_series(patches_dir: Path | None = None) -> Series:
                 for key in ("blob", "note", "commit", "sdist"):
                     _want(entry, key, str, f"base {name}", required=False)
         _want(doc, "epoch", list, "the top level", required=False)
-        concerns = []
+        concerns: list[Concern] = []
         for raw in doc["concern"]:
             variants = {base: _variant(raw["id"], base, v) for base, v in raw.get("variants", {}).items()}
             if any(c.id == raw["id"] for c in concerns):

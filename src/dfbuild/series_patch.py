@@ -10,17 +10,17 @@ import email.utils
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from .errors import PatchIntegrityError, SeriesFileError
 from .paths import sha256_file
 from .series_model import Concern, Series, Variant
 
-
 # --- patch files ------------------------------------------------------------------------
 
 
 def patch_path(series: Series, variant: Variant) -> Path:
-    return series.root / variant.file
+    return series.root / cast(str, variant.file)  # a variant with a patch file: the callers ask for no other
 
 
 def verify_patch(series: Series, concern: Concern, variant: Variant) -> Path:
@@ -32,7 +32,7 @@ def verify_patch(series: Series, concern: Concern, variant: Variant) -> Path:
     if actual != variant.sha256:
         raise PatchIntegrityError(
             f"patch {variant.file} does not match its sha256 in series.toml (got {actual[:12]}, "
-            f"want {variant.sha256[:12]}); refusing to apply anything",
+            f"want {cast(str, variant.sha256)[:12]}); refusing to apply anything",
             "restore the file from git, or run `dfbuild series refresh` if you changed it on purpose",
         )
     return path
@@ -76,7 +76,7 @@ def hunks(patch: Path) -> list[Hunk]:
             current, number = line.split(" b/", 1)[-1], 0
         elif line.startswith("@@ ") and current:
             number += 1
-            old_start = int(re.match(r"@@ -(\d+)", line).group(1))
+            old_start = int(cast(re.Match, re.match(r"@@ -(\d+)", line)).group(1))  # a hunk header
             found.append(Hunk(current, number, line.split(" @@")[0] + " @@", old_start))
     return found
 
@@ -101,7 +101,7 @@ def describe_failure(patch: Path, stderr: str) -> str:
 
 def patch_paths(patch: Path) -> list[str]:
     """Every path a patch file touches (both sides of each `diff --git a/X b/Y`)."""
-    found = []
+    found: list[str] = []
     for line in patch.read_text(encoding="utf-8", errors="replace").splitlines():
         match = re.match(r"^diff --git a/(.+) b/(.+)$", line)
         if match:
@@ -119,6 +119,6 @@ def patch_post_images(patch: Path) -> dict[str, list[str]]:
             current = match.group(2)
             continue
         match = re.match(r"^index [0-9a-f]+\.\.([0-9a-f]{7,})", line)
-        if match and current and not set(match.group(1)) == {"0"}:
+        if match and current and set(match.group(1)) != {"0"}:
             found.setdefault(current, []).append(match.group(1))
     return found

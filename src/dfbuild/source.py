@@ -54,23 +54,13 @@ from .gitfetch import (  # noqa: F401 - re-exported: callers and tests use them 
     resolve_commit,
     valid_ref_name,
 )
-from .paths import cache_dir, locked
-from .sdist import cached as cached_sdist  # noqa: F401 - re-exported
-from .sdist import fetch_sdist  # noqa: F401 - re-exported
-from .unpack import (  # noqa: F401 - re-exported
-    LIMIT_FLAG,
-    Limits,
-    _check_links_stay_in,
-    extract,
-    check_limits,
-    parse_size,
-)
 from .known_bases import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
     _RELEASE_SPELLING,
     BASE_ALIASES,
     GITHUB_LLAMA,
     KNOWN_BASES,
     MAX_NAME_BYTES,
+    KnownBase,
     _absolute_if_local,
     _unknown_base,
     branch_for,
@@ -79,13 +69,15 @@ from .known_bases import (  # noqa: F401 - re-exported: callers and tests use th
     check_known,
     check_repo_url,
     known_base,
-    KnownBase,
     named_bases,
     normal_name,
     offline_bases,
     offline_hint,
     unknown_base,
 )
+from .paths import cache_dir, locked
+from .sdist import cached as cached_sdist  # noqa: F401 - re-exported
+from .sdist import fetch_sdist  # noqa: F401 - re-exported
 from .staging import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
     _clear_debris,
     _move_into_place,
@@ -113,6 +105,14 @@ from .tree_import import (  # noqa: F401 - re-exported: callers and tests use th
     find_llama_root,
     import_archive,
     known_base_blob,
+)
+from .unpack import (  # noqa: F401 - re-exported
+    LIMIT_FLAG,
+    Limits,
+    _check_links_stay_in,
+    check_limits,
+    extract,
+    parse_size,
 )
 
 
@@ -271,7 +271,7 @@ def _materialise(cache: git.Repo, commit: str, dest: Path, branch: str, force: b
     repo.git.execute(["git", *fetch_args, *wanted])
     head = repo.head.commit.hexsha if repo.head.is_valid() else None
     on_branch = not repo.head.is_detached and repo.active_branch.name == branch
-    if keep_descendants and on_branch and head and repo.is_ancestor(commit, head):
+    if keep_descendants and on_branch and head and repo.is_ancestor(commit, head):  # type: ignore[arg-type]  # GitPython takes any rev
         return  # already the base plus commits on top of it, e.g. the applied series
     in_the_way = _ignored_in_the_way(repo, commit)
     if in_the_way:
@@ -285,7 +285,7 @@ def _materialise(cache: git.Repo, commit: str, dest: Path, branch: str, force: b
                        "--", *in_the_way)
         ui.warn(f"stashed your ignored files in the way ({', '.join(in_the_way[:3])}) "
                 f"in {dest} (see `git -C {dest} stash list`)")
-    if head and head != commit and not repo.is_ancestor(head, commit):
+    if head and head != commit and not repo.is_ancestor(head, commit):  # type: ignore[arg-type]  # GitPython takes any rev
         backup = _backup_ref(repo, branch)
         repo.git.update_ref(backup, head)
         ui.warn(f"{dest} was at {head[:12]}; that commit is kept as {backup}")
@@ -319,7 +319,8 @@ def checkout(base: str, *, pr: int | None = None, repo: str | None = None,
                               "drop --pr, or pass --repo URL_OR_PATH to fetch the PR from a repository")
         cache = _offline_cache_repo(known)
         commit = resolve_commit(cache, known.name)
-        origin, kind, tags = f"pypi:{known.sdist}", "sdist", []
+        tags: list[str] = []
+        origin, kind = f"pypi:{known.sdist}", "sdist"
     else:
         url = repo or known.repo
         if pr is None and known is not None and url == known.repo:

@@ -202,7 +202,8 @@ class TrackRecord:
     def __init__(self, path: Path):
         self.path = Path(path)
         data = state.read_json(self.path, "track record")
-        self.entries: dict = data.get("candidates") if isinstance(data.get("candidates"), dict) else {}
+        candidates = data.get("candidates")
+        self.entries: dict = candidates if isinstance(candidates, dict) else {}
 
     def get(self, candidate: Candidate, digest: str) -> dict | None:
         entry = self.entries.get(candidate.name)
@@ -294,7 +295,7 @@ def newest_proven(entries: list[dict]) -> dict | None:
     """What a release should ship: the newest release proven fixed (or fixed upstream), else the PR head."""
     proven = [e for e in entries if e.get("outcome") in RELEASABLE]
     releases = sorted((e for e in proven if e["kind"] == "release"), key=lambda e: e["build"], reverse=True)
-    best = (releases or [e for e in proven if e["kind"] == "pr-head"] or [None])[0]
+    best = next(iter(releases or [e for e in proven if e["kind"] == "pr-head"]), None)
     if best is None:
         return None
     return {k: best[k] for k in ("name", "kind", "build", "commit", "repo", "pr", "outcome", "proven_now")}

@@ -13,7 +13,6 @@ import git
 
 from . import gitrun
 
-
 # Commits dfbuild writes itself when it imports a tree use one identity and one
 # date, so the same input always gives the same commit id.
 FIXED_IDENTITY = {

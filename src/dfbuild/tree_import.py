@@ -24,17 +24,17 @@ from .gitfetch import (
     release_build,
     valid_ref_name,
 )
+from .known_bases import KNOWN_BASES, MAX_NAME_BYTES, KnownBase, _absolute_if_local, branch_for, known_base
 from .paths import cache_dir, locked
 from .sdist import cached as cached_sdist
 from .sdist import fetch_sdist
+from .staging import _clear_debris, _move_into_place, _staged
+from .tree_commits import FIXED_DATE, KEEP_BYTES, commit_fixed, is_llama_tree, speculative_blob
 from .unpack import (
     Limits,
     _check_links_stay_in,
     extract,
 )
-from .known_bases import KNOWN_BASES, KnownBase, MAX_NAME_BYTES, _absolute_if_local, branch_for, known_base
-from .staging import _clear_debris, _move_into_place, _staged
-from .tree_commits import FIXED_DATE, KEEP_BYTES, commit_fixed, is_llama_tree, speculative_blob
 
 
 def _offline_cache_repo(base: KnownBase) -> git.Repo:

@@ -16,16 +16,44 @@ from __future__ import annotations
 
 from . import cache_cmds, checkout_cmds, host_cmds, proof_cmds, release_cmds, series_cmds  # noqa: F401  (registers the commands)
 from .checkout_cmds import apply, checkout, import_
-from .common import (BASE_HELP, STATUS_STYLE, SeriesHelpOption, _default_dir_here, _locks, _render_concerns,
-                     _smoke_options, _utf8_path, _work_locks, base_option, json_option, known_bases_text, main,
-                     no_wait_option, patches_option, proof_options, smoke_run_options, source_options,
-                     toolchain_options)
+from .common import (
+    BASE_HELP,
+    STATUS_STYLE,
+    SeriesHelpOption,
+    _default_dir_here,
+    _locks,
+    _render_concerns,
+    _smoke_options,
+    _utf8_path,
+    _work_locks,
+    base_option,
+    json_option,
+    known_bases_text,
+    main,
+    no_wait_option,
+    patches_option,
+    proof_options,
+    smoke_run_options,
+    source_options,
+    toolchain_options,
+)
 from .exits import PROVE_EXIT, _fail, handle_errors
 from .host_cmds import doctor, matrix
 from .proof_cmds import OUTCOME_STYLE, fixtures, prove, smoke, track
 from .release_cmds import build, release_cmd, verify
-from .series_cmds import (dir_option, series_adopt, series_check, series_continue, series_epochs, series_group,
-                          series_list, series_record, series_record_proof, series_refresh, series_start)
+from .series_cmds import (
+    dir_option,
+    series_adopt,
+    series_check,
+    series_continue,
+    series_epochs,
+    series_group,
+    series_list,
+    series_record,
+    series_record_proof,
+    series_refresh,
+    series_start,
+)
 
 __all__ = [
     "BASE_HELP", "OUTCOME_STYLE", "PROVE_EXIT", "STATUS_STYLE", "SeriesHelpOption", "_default_dir_here", "_fail",

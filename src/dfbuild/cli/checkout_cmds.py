@@ -7,8 +7,20 @@ from pathlib import Path
 import click
 
 from .. import ui
-from .common import (_default_dir_here, _locks, _render_concerns, _utf8_path, default_tree_here, json_option_for,
-                     main, no_wait_option, patches_option, removed_if_left_empty_handed, shown, source_options)
+from .common import (
+    _default_dir_here,
+    _locks,
+    _render_concerns,
+    _utf8_path,
+    default_tree_here,
+    json_option_for,
+    main,
+    no_wait_option,
+    patches_option,
+    removed_if_left_empty_handed,
+    shown,
+    source_options,
+)
 from .exits import handle_errors
 
 
@@ -36,7 +48,8 @@ def checkout(base, pr, repo, dest, force, no_wait, as_json):
 
 @main.command("import")
 @click.argument("archive", type=click.Path(path_type=Path))
-@click.option("--tag", required=True, help="Tag (base name) to give the imported commit, e.g. the release it is, bNNNNN.")
+@click.option("--tag", required=True,
+              help="Tag (base name) to give the imported commit, e.g. the release it is, bNNNNN.")
 @click.option("--dir", "dest", type=click.Path(path_type=Path), default=None, callback=_utf8_path,
               help="Directory to create (default: ./llama.cpp-TAG).")
 @click.option("--max-unpacked-size", "max_unpacked", default=None, metavar="SIZE",
@@ -51,9 +64,8 @@ def import_(archive, tag, dest, max_unpacked, no_wait, as_json):
     source.check_tag_name(tag)  # before the name makes a path: '..' may not leave the current dir
     limits = source.Limits.raised_to(source.parse_size(max_unpacked) if max_unpacked else None)
     dest = dest or _default_dir_here(tag.replace("/", "-"))
-    with _locks(("tree", dest), no_wait=no_wait):
-        with ui.step(f"import {archive}"):
-            section = source.import_archive(archive, tag, dest, limits=limits)
+    with _locks(("tree", dest), no_wait=no_wait), ui.step(f"import {archive}"):
+        section = source.import_archive(archive, tag, dest, limits=limits)
     if as_json:
         ui.emit_json(section)
     else:

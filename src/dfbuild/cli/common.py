@@ -11,9 +11,9 @@ import click
 
 from .. import errors, ui
 
-
-no_wait_option = click.option("--no-wait", is_flag=True,
-                              help="Fail at once (exit 15) when another dfbuild is using the same dir, instead of waiting.")
+no_wait_option = click.option(
+    "--no-wait", is_flag=True,
+    help="Fail at once (exit 15) when another dfbuild is using the same dir, instead of waiting.")
 
 
 def _locks(*held: tuple[str, Path], no_wait: bool):
@@ -172,7 +172,7 @@ def _restyle(exc: click.ClickException) -> None:
     def show(file=None):
         show_error(exc.format_message(), hint, exc.exit_code, as_json=wants_json())
 
-    exc.show = show
+    exc.show = show  # type: ignore[method-assign]  # click calls exc.show(): ours, for this one error
 
 
 class DfbuildCommand(click.Command):
@@ -374,7 +374,8 @@ def _render_concerns(rows: list[dict]) -> None:
 def proof_options(func):
     """--set/--scenario/--cpu-variants/-j: how `prove` and `track` build and smoke both trees."""
     for option in reversed([
-        click.option("--set", "sets", multiple=True, help="Fixture set to smoke (repeatable; default: the standard ones)."),
+        click.option("--set", "sets", multiple=True,
+                     help="Fixture set to smoke (repeatable; default: the standard ones)."),
         click.option("--scenario", "scenarios", multiple=True, help="Scenario to run (repeatable; default: all)."),
         click.option("--cpu-variants", default=None,
                      help="CPU variants to build (default: all, as a release; e.g. x64,haswell or, with --arch arm64, "

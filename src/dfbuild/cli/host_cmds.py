@@ -25,7 +25,8 @@ def doctor(backend, target_os, target_arch, fetch_vulkan, as_json):
 
     from .. import doctor as doctor_stage
 
-    if fetch_vulkan:  # for: dfbuild build --backend vulkan --vulkan-include-dir "$(dfbuild doctor --fetch-vulkan-headers)"
+    # for: dfbuild build --backend vulkan --vulkan-include-dir "$(dfbuild doctor --fetch-vulkan-headers)"
+    if fetch_vulkan:
         click.echo(doctor_stage.fetch_debian_vulkan_headers())
         return
     from .. import platforms

@@ -9,8 +9,17 @@ import click
 from rich.markup import escape
 
 from .. import errors, ui
-from .common import (BASE_HELP, SeriesHelpOption, _canonical_base, _locks, _render_concerns, _utf8_path,
-                     json_option_for, main, patches_option)
+from .common import (
+    BASE_HELP,
+    SeriesHelpOption,
+    _canonical_base,
+    _locks,
+    _render_concerns,
+    _utf8_path,
+    json_option_for,
+    main,
+    patches_option,
+)
 from .exits import handle_errors
 
 

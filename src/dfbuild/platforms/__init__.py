@@ -79,8 +79,8 @@ def cross(host: Host):
         from . import linux_arm64
 
         return linux_arm64
-    raise UnsupportedBackendError(f"no cross toolchain for {host.os} {host.arch} on {host.build_os}",  # pragma: no cover
-                                  "drop --os / --arch")
+    raise UnsupportedBackendError(  # pragma: no cover
+        f"no cross toolchain for {host.os} {host.arch} on {host.build_os}", "drop --os / --arch")
 
 
 def by_elf_machine(machine: str, host: Host | None = None) -> Host | None:

@@ -32,8 +32,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from .. import backends, paths, proc, ui
 from ..errors import BuildError, SourceError, ToolchainMissingError, UsageError
@@ -67,7 +67,7 @@ exec chroot "$root" /usr/bin/env --chdir="$cwd" "$@"
 """
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def recipe() -> dict:
     """data/rocm_root.toml's [root] table, checked for the fields the root needs."""
     root = backends.data_table(RECIPE_FILE)["root"]

@@ -12,7 +12,7 @@ from .. import backends, proc
 from ..backends import Host
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def table() -> dict:
     """The parsed targets.toml (cached; treat it as read-only)."""
     return backends.data_table("targets.toml")
@@ -27,7 +27,7 @@ def cross_entry(host: Host) -> dict:
     return target["cross"][host.build_os]
 
 
-@functools.lru_cache(maxsize=None)  # asked by configure and by the manifest: run once per compiler
+@functools.cache  # asked by configure and by the manifest: run once per compiler
 def compiler_facts(compiler: str, header: str, macros: tuple[str, ...]) -> tuple[str | None, dict[str, str]]:
     """A cross compiler's version, and the values of MACROS once HEADER is included (the C library's
     or the runtime's version, which the compiler's own version does not say)."""

@@ -30,6 +30,7 @@ import shutil
 import signal
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from .. import paths, proc
@@ -141,7 +142,7 @@ def _cmake_list(items) -> str:
 
 
 def toolchain_text(host: Host, rules_path: Path, exit_object: Path | None = None,
-                   extra_roots: list[Path] = ()) -> str:
+                   extra_roots: Sequence[Path] = ()) -> str:
     e = entry(host)
     roots = " ".join([e["find_root"], *(Path(r).as_posix() for r in extra_roots)])
     link = _cmake_list([*e.get("link_flags", ()),
@@ -260,7 +261,7 @@ def exit_wrapper(host: Host, build_dir: Path) -> Path:
 
 
 
-def toolchain_versions(host: Host) -> dict[str, str]:
+def toolchain_versions(host: Host) -> dict[str, str | None]:
     """For the manifest and the OpenSSL build's key: the cross compiler's version and the mingw-w64 headers'."""
     return dict(_compiler_versions(_compiler(host)))
 
@@ -491,7 +492,8 @@ def start_display(host: Host) -> str:
                                         "machine's Vulkan driver under Wine only through a display",
                                         "apt-get install xvfb (or run with $DISPLAY set to an X display)")
         read_fd, write_fd = os.pipe()
-        log = tempfile.TemporaryFile()  # what it says on a failed start; never a pipe nobody reads
+        # what it says on a failed start; never a pipe nobody reads (closed below, once the display is known)
+        log = tempfile.TemporaryFile()  # noqa: SIM115
         try:
             process = proc.start([program, *command[1:], "-displayfd", str(write_fd)], pass_fds=(write_fd,),
                                  stdin=proc.DEVNULL, stdout=proc.DEVNULL, stderr=log,

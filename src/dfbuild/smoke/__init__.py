@@ -25,16 +25,43 @@ from __future__ import annotations
 
 from .client import Response, parse_sse, prometheus_counters
 from .devices import DeviceLines, backend_devices, backend_said, device_name, list_devices, no_device_error
-from .judge import (EXACT, IDENTITY_RULES, MAX_DISAGREE_ACCEPTANCE, MIN_ACCEPTANCE, N_PROBS, UPSTREAM_PATTERNS,
-                    identity_verdict, judge, upstream_symptom)
+from .judge import (
+    EXACT,
+    IDENTITY_RULES,
+    MAX_DISAGREE_ACCEPTANCE,
+    MIN_ACCEPTANCE,
+    N_PROBS,
+    UPSTREAM_PATTERNS,
+    identity_verdict,
+    judge,
+    upstream_symptom,
+)
 from .logscan import BEGIN_WARNING, FAILURE_PATTERNS, ZERO_FILL, begin_warnings, scan_log, tail, zero_filled_spans
 from .memo import RECORD_LAYOUT, memo_key, recall, remember
 from .plan import SHADER_CACHE_DIR_ENV, TABLE_ENV, TABLES, Plan, identity_for, plan, smoke_env_for, start_timeout_for
 from .run import fixtures_that_do_not_load, run_scenario, run_smoke, run_steps
-from .scenarios import (DEFAULT_SCENARIOS, DEFAULT_SETS, EDGE_SCENARIOS, N_PREDICT, SCENARIOS, SEED, SLOT_FILE,
-                        Scenario, Step, base_server_args)
-from .server import (DEFAULT_REQUEST_TIMEOUT, DEFAULT_START_TIMEOUT, START_TIMEOUT_ENV, LlamaServer,
-                     exe_start_timeout, free_port, launcher_for, server_binary)
+from .scenarios import (
+    DEFAULT_SCENARIOS,
+    DEFAULT_SETS,
+    EDGE_SCENARIOS,
+    N_PREDICT,
+    SCENARIOS,
+    SEED,
+    SLOT_FILE,
+    Scenario,
+    Step,
+    base_server_args,
+)
+from .server import (
+    DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_START_TIMEOUT,
+    START_TIMEOUT_ENV,
+    LlamaServer,
+    exe_start_timeout,
+    free_port,
+    launcher_for,
+    server_binary,
+)
 
 __all__ = [
     "BEGIN_WARNING", "DEFAULT_REQUEST_TIMEOUT", "DEFAULT_SCENARIOS", "DEFAULT_SETS", "DEFAULT_START_TIMEOUT",

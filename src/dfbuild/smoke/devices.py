@@ -9,7 +9,6 @@ from pathlib import Path
 from .. import errors, proc
 from .server import _cross_runner, launcher_for
 
-
 LIST_DEVICES_TIMEOUT = 120.0
 
 
@@ -30,7 +29,7 @@ def backend_said(how, said) -> list[str]:
     return [line for line in said if any(n in line.lower() for n in names) and _SAID.search(line)][:3]
 
 
-def list_devices(binary: Path, env: dict | None = None, timeout: float = LIST_DEVICES_TIMEOUT) -> list[str]:
+def list_devices(binary: Path, env: dict | None = None, timeout: float = LIST_DEVICES_TIMEOUT) -> DeviceLines:
     """The device lines of `llama-server --list-devices` (e.g. "Vulkan0: llvmpipe (LLVM 19.1.7, 256 bits) ..."),
     as a DeviceLines whose `said` holds the server's stderr lines (a backend says there why it has no device).
 

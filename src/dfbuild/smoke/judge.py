@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from .logscan import tail
 
-
 MIN_ACCEPTANCE = 0.9
 MAX_DISAGREE_ACCEPTANCE = 0.1
 
@@ -35,9 +34,10 @@ def identity_verdict(drafted: str, plain: str, plain_probs: list[dict], near_tie
     Returns {"noise": bool, "why": words, ...where it differs and by what margin}.
     """
     d_bytes, p_bytes = drafted.encode(), plain.encode()
-    first = next((i for i, (x, y) in enumerate(zip(d_bytes, p_bytes)) if x != y), min(len(d_bytes), len(p_bytes)))
+    first = next((i for i, (x, y) in enumerate(zip(d_bytes, p_bytes, strict=False)) if x != y),
+                 min(len(d_bytes), len(p_bytes)))
     offset = 0
-    for index, entry in enumerate(plain_probs):
+    for index, entry in enumerate(plain_probs):  # noqa: B007 - index is read after the loop
         piece = bytes(entry["bytes"])
         if offset + len(piece) > first:
             break
@@ -108,12 +108,13 @@ def judge(fixture_set: dict, spec_steps: list[dict], base_steps: list[dict] | No
         elif acceptance < MIN_ACCEPTANCE:
             failures.append(f"acceptance {acceptance:.2f} < {MIN_ACCEPTANCE} with an agreeing draft")
     elif agree is False and drafted and acceptance > MAX_DISAGREE_ACCEPTANCE:
-        failures.append(f"acceptance {acceptance:.2f} > {MAX_DISAGREE_ACCEPTANCE} with a disagreeing draft: counters are wrong")
+        failures.append(f"acceptance {acceptance:.2f} > {MAX_DISAGREE_ACCEPTANCE} with a disagreeing draft: "
+                        "counters are wrong")
 
     identical = None
     near_ties = []
     if base_steps is not None:
-        mismatched = [(s, b) for s, b in zip(spec_steps, base_steps)
+        mismatched = [(s, b) for s, b in zip(spec_steps, base_steps, strict=False)
                       if not s["error"] and not b["error"] and s["content"] != b["content"]]
         base_errors = [f"{b['label']}: {b['error']}" for b in base_steps if b["error"]]
         identical = not mismatched and not base_errors and len(spec_steps) == len(base_steps)

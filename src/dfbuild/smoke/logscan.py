@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-
 # Lines that mean the speculative path broke, whatever the HTTP status said.
 FAILURE_PATTERNS = {
     # llama_decode(ctx_dft) in DFlash v1 trees; llama_process(ctx_dft) from about b11400 on

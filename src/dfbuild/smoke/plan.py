@@ -13,7 +13,6 @@ from .judge import EXACT, IDENTITY_RULES
 from .scenarios import DEFAULT_SCENARIOS, DEFAULT_SETS, SCENARIOS
 from .server import DEFAULT_START_TIMEOUT, START_TIMEOUT_ENV, exe_start_timeout, server_binary
 
-
 # --- how a backend runs the smoke: its table, timeout, identity rule and shader cache ----------
 #
 # Everything here comes from the backend table (backends.toml, smoke.*), and the
@@ -56,6 +55,7 @@ class Plan:
 
 def start_timeout_for(how, override: float | None = None) -> float:
     """--start-timeout, else $DFBUILD_START_TIMEOUT, else the backend table's, else 180 s."""
+    value: float | str
     if override is not None:
         value, source = override, "--start-timeout"
     elif os.environ.get(START_TIMEOUT_ENV, "").strip():
@@ -122,6 +122,7 @@ def plan(how, build_dir: Path, *, table: str | None = None, start_timeout: float
     env = smoke_env_for(how)
     device, note, ran_on, fallback = None, "", "the CPU backend", False
     if how.smoke_device or (table == "auto" and software):
+        lines: list[str]
         try:
             lines = devices.list_devices(server_binary(build_dir), env)
             why = "`llama-server --list-devices` lists none"
@@ -130,7 +131,8 @@ def plan(how, build_dir: Path, *, table: str | None = None, start_timeout: float
             lines, why = [], f"`llama-server --list-devices` could not say ({exc})"
         mine = devices.backend_devices(how, lines) if how.smoke_device else lines
         if how.smoke_device and not mine and devices.backend_said(how, getattr(lines, "said", ())):
-            why += "; it said: " + " / ".join(devices.backend_said(how, lines.said))  # e.g. no ROCm-capable device
+            # e.g. no ROCm-capable device
+            why += "; it said: " + " / ".join(devices.backend_said(how, getattr(lines, "said", ())))
         if mine:
             names = [n.lower() for n in software.get("devices", ())]
             device = next((line for line in mine if any(n in line.lower() for n in names)), None)

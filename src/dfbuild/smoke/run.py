@@ -8,13 +8,24 @@ import re
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from .. import errors, fixtures
 from .client import prometheus_counters
-from .judge import EXACT, N_PROBS, judge, upstream_symptom, _excerpt
+from .judge import EXACT, N_PROBS, _excerpt, judge, upstream_symptom
 from .logscan import begin_warnings, scan_log, zero_filled_spans
-from .scenarios import (DEFAULT_SCENARIOS, DEFAULT_SETS, N_PREDICT, SCENARIOS, SEED, SLOT_FILE, Scenario, Step,
-                        _merge_args, base_server_args)
+from .scenarios import (
+    DEFAULT_SCENARIOS,
+    DEFAULT_SETS,
+    N_PREDICT,
+    SCENARIOS,
+    SEED,
+    SLOT_FILE,
+    Scenario,
+    Step,
+    _merge_args,
+    base_server_args,
+)
 from .server import DEFAULT_REQUEST_TIMEOUT, DEFAULT_START_TIMEOUT, LlamaServer, server_binary
 
 
@@ -110,7 +121,8 @@ def run_steps(server: LlamaServer, steps: tuple[Step, ...], images: dict[str, st
             outcomes = [None] * len(group)
 
             def worker(k: int) -> None:
-                outcomes[k] = _run_step(server, group[k], marker, images, n_probs)
+                # run and joined within this iteration: the loop's names are the ones meant
+                outcomes[k] = _run_step(server, group[k], marker, images, n_probs)  # noqa: B023
 
             threads = [threading.Thread(target=worker, args=(k,)) for k in range(len(group))]
             for t in threads:
@@ -299,7 +311,7 @@ def fixtures_that_do_not_load(binary: Path, fixtures_section: dict, log_dir: Pat
     for name in sorted(sets or fixtures_section["sets"]):
         entry = fixtures_section["sets"][name]
         args = _merge_args(base_server_args(entry, speculative=True), extra_server_args)
-        timeout = {"start_timeout": start_timeout} if start_timeout else {}
+        timeout: dict[str, Any] = {"start_timeout": start_timeout} if start_timeout else {}
         try:
             with LlamaServer(binary, args, Path(log_dir) / f"load-{name}.log", env=env, **timeout) as server:
                 props = server.request("GET", "/props").body or {}

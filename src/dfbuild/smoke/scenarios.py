@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 TEXT_PROMPT = "The quick brown fox jumps over the lazy dog. Once more: the quick brown fox"
 N_PREDICT = 16
 SEED = 42
@@ -37,7 +36,8 @@ TEXT_STREAM = Step("text-stream", TEXT_PROMPT, stream=True)
 IMAGE = Step("image", _image_prompt("here"), ("small",))
 IMAGE_STREAM = Step("image-stream", _image_prompt("again"), ("small",), stream=True)
 TEXT_AFTER = Step("text-after-image", "And now some plain text after that picture, then")
-TWO_IMAGES = Step("two-images", "USER: first {media} and second {media}\ncompare them. ASSISTANT: the first", ("small", "large"))
+TWO_IMAGES = Step("two-images", "USER: first {media} and second {media}\ncompare them. ASSISTANT: the first",
+                  ("small", "large"))
 LARGE_IMAGE = Step("large-image", _image_prompt("big"), ("large",))
 PREFIX_TEXT_A = Step("prefix-text-a", TEXT_PROMPT)
 PREFIX_TEXT_B = Step("prefix-text-b", TEXT_PROMPT + " jumps over the lazy dog again and")

@@ -15,11 +15,11 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import BinaryIO
 
 from .. import errors, proc
 from .client import Response, parse_sse
 from .logscan import tail
-
 
 # --- the server handle ----------------------------------------------------------
 
@@ -123,7 +123,7 @@ class LlamaServer:
         base_env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
         self.env = base_env | launch_env | (env or {})
         self.process: proc.Popen | None = None
-        self._log_file = None
+        self._log_file: BinaryIO | None = None
 
     @property
     def command(self) -> list[str]:
@@ -150,7 +150,7 @@ class LlamaServer:
                                           hint="build it first (`dfbuild build`) or pass the right --build-dir")
         self.port = free_port(self.host)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_file = open(self.log_path, "wb")
+        self._log_file = open(self.log_path, "wb")  # noqa: SIM115 - the server writes it until stop() closes it
         self._log_file.write(("$ " + " ".join(self.command) + "\n").encode())
         self._log_file.flush()
         self.process = proc.start(self.command, stdout=self._log_file, stderr=proc.STDOUT, stdin=proc.DEVNULL,
