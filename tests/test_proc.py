@@ -153,3 +153,13 @@ def test_git_failure_is_one_error_family_with_gitpython(repo: Path):
     assert exc.output_tail == "fatal: Needed a single revision"
     # no check: the result, as it came
     assert gitrun.run(repo, "rev-parse", "--verify", "nosuchref", check=False).returncode == 128
+
+
+def test_replace_with_becomes_the_program_in_this_process(tmp_path):
+    script = ("import os, sys\nfrom dfbuild import proc\n"
+              f"proc.replace_with([{PY!r}, '-c', 'import os; print(os.getpid(), os.environ.get(\"MARK\"))'], "
+              "{**os.environ, 'MARK': 'seen'})\nprint('not reached')\n")
+    started = proc.start([PY, "-c", script], stdout=proc.PIPE, text=True)
+    out, _ = started.communicate(timeout=60)
+    pid, mark = out.split()
+    assert int(pid) == started.pid and mark == "seen"  # the same process, now the other program

@@ -8,6 +8,7 @@ Every external program (git, compilers, pip, llama-server, apt-get...) starts he
 - `start()` starts a program that keeps running (a server, Xvfb) and returns its Popen.
 - `stream()` runs a program and hands each line of its output to a callback as it comes
   (a fetch's progress), keeping the tail for the error.
+- `replace_with()` execs a program in place of this process (a launcher).
 Arguments are always a list, never a shell string. `extra_env` is merged over the caller's
 environment (pip's extra_environ); `env` replaces it, as subprocess's does. `die_with=SIG`
 makes the child get SIG when dfbuild dies, even by kill -9 (Linux's PR_SET_PDEATHSIG).
@@ -22,7 +23,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 from .errors import DfbuildError
 
@@ -81,6 +82,14 @@ def die_with_parent(sig: int) -> None:  # pragma: no cover - runs in the child b
         ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)   # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+def replace_with(args: Sequence[Arg], env: Mapping[str, str]) -> NoReturn:
+    """Become ARGS (exec, found on PATH): this process's image is replaced and never returns.
+
+    For a launcher whose whole job is to start one program in its place (rocm_root's `python -m`)."""
+    command = [os.fspath(arg) for arg in args]
+    os.execvpe(command[0], command, dict(env))
 
 
 def _environment(env: Mapping[str, str] | None, extra_env: Mapping[str, str] | None) -> dict[str, str] | None:

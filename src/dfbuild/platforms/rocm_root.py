@@ -451,7 +451,7 @@ def main(argv: list[str]) -> int:
         return 2
     root, args = Path(argv[0]), argv[1:]
     full = command(root, args, cwd=os.getcwd())
-    os.execvpe(full[0], full, env(dict(os.environ)))
+    proc.replace_with(full, env(dict(os.environ)))
     return 127  # pragma: no cover - exec does not return
 
 
