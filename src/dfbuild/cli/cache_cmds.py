@@ -5,8 +5,9 @@ from __future__ import annotations
 import click
 
 from .. import ui
-from .common import main, patches_option
+from .app import main
 from .exits import handle_errors
+from .options import patches_option
 
 
 def _table(rows: list[list[str]], header: list[str]) -> None:

@@ -7,21 +7,10 @@ from pathlib import Path
 import click
 
 from .. import ui
-from .common import (
-    _default_dir_here,
-    _locks,
-    _render_concerns,
-    _utf8_path,
-    default_tree_here,
-    json_option_for,
-    main,
-    no_wait_option,
-    patches_option,
-    removed_if_left_empty_handed,
-    shown,
-    source_options,
-)
+from .app import main
+from .common import _default_dir_here, _locks, _render_concerns, default_tree_here, removed_if_left_empty_handed, shown
 from .exits import handle_errors
+from .options import _utf8_path, json_option_for, no_wait_option, patches_option, source_options
 
 
 @main.command()

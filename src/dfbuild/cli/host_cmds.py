@@ -7,8 +7,9 @@ import sys
 import click
 
 from .. import errors, ui
-from .common import arch_option, backend_option, json_option_for, main, os_option
+from .app import main
 from .exits import handle_errors
+from .options import arch_option, backend_option, json_option_for, os_option
 
 
 @main.command()

@@ -9,28 +9,23 @@ import click
 from rich.markup import escape
 
 from .. import errors, ui
-from .common import (
-    _cross_host,
-    _dir_label,
-    _locks,
+from .app import main
+from .common import _cross_host, _dir_label, _locks, _work_locks, check_can_build, removed_if_left_empty_handed
+from .exits import PROVE_EXIT, handle_errors
+from .options import (
     _smoke_options,
-    _work_locks,
     arch_option,
     backend_option,
     base_option,
-    check_can_build,
     json_option_for,
-    main,
     no_wait_option,
     os_option,
     patches_option,
     proof_options,
-    removed_if_left_empty_handed,
     smoke_run_options,
     toolchain_options,
     usable_path,
 )
-from .exits import PROVE_EXIT, handle_errors
 
 # --- fixtures & smoke ---------------------------------------------------------
 

@@ -7,27 +7,21 @@ from pathlib import Path
 import click
 
 from .. import errors, ui
-from .common import (
-    _cross_host,
-    _dir_label,
-    _locks,
+from .app import main
+from .common import _cross_host, _dir_label, _locks, _work_locks, check_can_build, removed_if_left_empty_handed, shown
+from .exits import handle_errors
+from .options import (
     _smoke_options,
-    _work_locks,
     arch_option,
     backend_option,
     base_option,
-    check_can_build,
     json_option_for,
-    main,
     no_wait_option,
     os_option,
-    removed_if_left_empty_handed,
-    shown,
     smoke_run_options,
     toolchain_options,
     usable_path,
 )
-from .exits import handle_errors
 
 # --- build --------------------------------------------------------------------
 

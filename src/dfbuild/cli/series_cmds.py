@@ -9,18 +9,10 @@ import click
 from rich.markup import escape
 
 from .. import errors, ui
-from .common import (
-    BASE_HELP,
-    SeriesHelpOption,
-    _canonical_base,
-    _locks,
-    _render_concerns,
-    _utf8_path,
-    json_option_for,
-    main,
-    patches_option,
-)
+from .app import main
+from .common import _locks, _render_concerns
 from .exits import handle_errors
+from .options import BASE_HELP, SeriesHelpOption, _canonical_base, _utf8_path, json_option_for, patches_option
 
 
 @main.group("series")
