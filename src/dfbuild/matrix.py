@@ -10,6 +10,7 @@ second copy of the table.
 from __future__ import annotations
 
 import re
+from typing import cast
 
 from . import backends
 from .errors import DfbuildError
@@ -137,7 +138,8 @@ def release_matrix(tag: str = TAG_PLACEHOLDER) -> list[dict]:
             raise DfbuildError(f"release entry {ident}: smoke_on_cpu, but the {backend} backend's smoke always runs on "
                                "the CPU", "fix the [[release]] table in backends.toml")
         nvcc = backends.version_tuple(toolkit) if (toolkit and backend == "cuda") else None
-        extra = [cudart_name(toolkit, arch)] if (backend == "cuda" and os_name == "windows") else []
+        # every CUDA row of backends.toml [[release]] names its toolkit (tests/test_matrix.py reads them all)
+        extra = [cudart_name(cast(str, toolkit), arch)] if (backend == "cuda" and os_name == "windows") else []
         flags = backends.cmake_flags(backend, os_name, nvcc_version=nvcc, arch=arch)
         build_os = row.get("build_os", "")
         if build_os and build_os != os_name:  # a cross build (--os): the target's flags on top (targets.toml)

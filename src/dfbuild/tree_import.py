@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import cast
 
 import git
 
@@ -44,10 +45,11 @@ def _offline_cache_repo(base: KnownBase) -> git.Repo:
         if path.exists():
             return git.Repo(path)
         build = release_build(base.name)
+        requirement = cast(str, base.sdist)  # an offline base: its sdist is what is imported
         # a clear "no such release" before any download; a cached sdist needs no index at all
-        if base.name not in KNOWN_BASES and build is not None and cached_sdist(base.sdist) is None:
+        if base.name not in KNOWN_BASES and build is not None and cached_sdist(requirement) is None:
             pypi.require_release(build)
-        archive = fetch_sdist(base.sdist)
+        archive = fetch_sdist(requirement)
         with state.temp_dir("import") as tmp:
             work = Path(tmp) / "tree"
             import_archive(archive, base.name, work, date=base.date,

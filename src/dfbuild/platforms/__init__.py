@@ -14,6 +14,7 @@ flags), and asks `cross(host)` how to build and run them here.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import cast
 
 from .. import backends
 from ..backends import Host
@@ -54,7 +55,8 @@ def target_host(os_name: str | None, host: Host | None = None, *, arch: str | No
                 f"--arch {arch} on this {host.os} {host.arch} host: dfbuild has no cross toolchain for "
                 f"{os_name} {arch} here", f"drop --arch (the default builds for {host.arch}), or build on an "
                 f"{arch} machine or runner (dfbuild matrix)")
-        return replace(host, arch=arch, build_os=host.os, build_arch=host.arch)
+        # another arch of this OS: ARCH was given (HOST's own arch returned HOST above)
+        return replace(host, arch=cast(str, arch), build_os=host.os, build_arch=host.arch)
     cross_spec = entry.get("cross", {}).get(host.os)
     if cross_spec is None:
         why = entry.get("refused", {}).get(host.os, f"dfbuild cannot build for {os_name} on {host.os}")

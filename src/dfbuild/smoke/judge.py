@@ -105,9 +105,9 @@ def judge(fixture_set: dict, spec_steps: list[dict], base_steps: list[dict] | No
         if drafted == 0:
             if any(s.get("generates", True) for s in spec_steps):
                 failures.append("no drafts at all")
-        elif acceptance < MIN_ACCEPTANCE:
+        elif acceptance is not None and acceptance < MIN_ACCEPTANCE:  # drafts, so a ratio
             failures.append(f"acceptance {acceptance:.2f} < {MIN_ACCEPTANCE} with an agreeing draft")
-    elif agree is False and drafted and acceptance > MAX_DISAGREE_ACCEPTANCE:
+    elif agree is False and drafted and acceptance is not None and acceptance > MAX_DISAGREE_ACCEPTANCE:
         failures.append(f"acceptance {acceptance:.2f} > {MAX_DISAGREE_ACCEPTANCE} with a disagreeing draft: "
                         "counters are wrong")
 

@@ -115,10 +115,11 @@ def run_steps(server: LlamaServer, steps: tuple[Step, ...], images: dict[str, st
                and steps[i + len(group)].parallel_group == steps[i].parallel_group):
             group.append(steps[i + len(group)])
         before = _metrics(server)
+        outcomes: list[Any]
         if len(group) == 1:
             outcomes = [_run_step(server, group[0], marker, images, n_probs)]
         else:
-            outcomes = [None] * len(group)
+            outcomes = [None] * len(group)  # each filled by its thread
 
             def worker(k: int) -> None:
                 # run and joined within this iteration: the loop's names are the ones meant
