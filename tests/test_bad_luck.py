@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from dfbuild import journal, locks, manifest, paths, series, source, state
+from dfbuild import gitrun, journal, locks, manifest, paths, series, source, state
 from dfbuild.errors import (
     ArchiveError,
     DirtyTreeError,
@@ -184,7 +184,7 @@ def test_item3_stale_index_lock_and_half_applied_series_are_dfbuilds_own(applied
 
 def test_item5_rollback_keeps_files_the_user_made_during_the_apply(syn, tree, monkeypatch):
     before = snapshot(tree)
-    real_git = series._git
+    real_git = gitrun.run
 
     def user_works_meanwhile(where, *args, **kwargs):
         if "apply" in args and "--index" in args and args[-1].endswith("0003-noise-block-base.patch"):
@@ -193,7 +193,7 @@ def test_item5_rollback_keeps_files_the_user_made_during_the_apply(syn, tree, mo
             (Path(where) / SPEC).write_text("// not what the patch expects\n")
         return real_git(where, *args, **kwargs)
 
-    monkeypatch.setattr(series, "_git", user_works_meanwhile)
+    monkeypatch.setattr(gitrun, "run", user_works_meanwhile)
     with pytest.raises(PatchConflictError):
         series.apply_series(series.load_series(syn.patches), tree)
     assert (tree / "mine" / "draft.txt").read_text() == "my work\n"

@@ -984,9 +984,9 @@ def test_item1_abort_never_overwrites_an_untracked_file_in_the_way(syn, new_epoc
 
 
 def test_item1_two_aborts_in_one_second_keep_two_saves(syn, new_epoch, tmp_path, monkeypatch):
-    from dfbuild import adopt
+    from dfbuild import curate
 
-    monkeypatch.setattr(adopt.time, "strftime", lambda fmt, *args: "20261202-120000")  # one and the same second
+    monkeypatch.setattr(curate.time, "strftime", lambda fmt, *args: "20261202-120000")  # one and the same second
     tree = tmp_path / "curate"
     edits = []
     for number in range(2):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import backends, doctor
+from dfbuild import backends, doctor, probes
 from dfbuild.backends import Host
 from dfbuild.cli import main
 from dfbuild.errors import ToolchainMissingError
@@ -182,7 +182,7 @@ def test_msvc_environment_reads_back_set(monkeypatch):
         calls.append((args, Path(args[3]).read_text()))
         return Result()
 
-    monkeypatch.setattr(doctor.subprocess, "run", fake_run)
+    monkeypatch.setattr(doctor.proc, "run", fake_run)
     env = doctor.msvc_environment(r"C:\Program Files\VS\vcvars64.bat")
     assert env == {"INCLUDE": "C:\\VS\\include", "PATH": "C:\\VS\\bin;C:\\Windows"}
     args, script = calls[0]
@@ -251,7 +251,7 @@ def test_debian_mirror_from_deb822_and_one_line_sources(tmp_path):
 
 
 def test_the_debian_12_hint_is_one_command():
-    hint = doctor._install_hint(backends.table()["probes"]["vulkan-headers"], LINUX)
+    hint = probes._install_hint(backends.table()["probes"]["vulkan-headers"], LINUX)
     assert "--vulkan-include-dir" in hint and "dfbuild doctor --fetch-vulkan-headers" in hint
 
 

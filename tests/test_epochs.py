@@ -63,7 +63,7 @@ def test_a_recorded_proof_stands_only_for_the_code_it_ran(tmp_path):
     import json
     import shutil
 
-    from dfbuild import adopt, series
+    from dfbuild import proof_record, series
 
     patches = tmp_path / "patches"
     shutil.copytree(series.default_patches_dir(), patches)
@@ -71,7 +71,7 @@ def test_a_recorded_proof_stands_only_for_the_code_it_ran(tmp_path):
     epoch = curated.epochs[-1]
     proof = json.loads((Path(__file__).parents[1] / "bench" / "proofs" / "proof-b11434.json").read_text())
     proof["base"] = f"b{epoch.first}"
-    adopt.record_proofs(curated, [proof], record_name="series.toml")
+    proof_record.record_proofs(curated, [proof], record_name="series.toml")
     curated = series.load_series(patches)
     assert curated.recorded_proof(epoch.first)["outcome"] == "fixed"
 
@@ -87,6 +87,6 @@ def test_a_recorded_proof_stands_only_for_the_code_it_ran(tmp_path):
     curated = series.load_series(patches)
     assert curated.recorded_proof(epoch.first) is None
     assert curated.recorded_proof(epoch.first, stale=True)["outcome"] == "fixed"
-    listed = [p for e in adopt.epochs_table(curated) if e["name"] == epoch.name for p in e["proofs"]]
+    listed = [p for e in proof_record.epochs_table(curated) if e["name"] == epoch.name for p in e["proofs"]]
     assert any(p["release"] == f"b{epoch.first}" and p["current"] is False for p in listed)
     assert "prove it again" in series.describe_proof(next(p for p in listed if p["release"] == f"b{epoch.first}"))

@@ -387,7 +387,7 @@ def test_a_gpu_proof_is_reused_only_where_it_ran(syn, tmp_path, fakes, monkeypat
     from dfbuild.errors import NoDeviceError
 
     listed: list[str] = []
-    monkeypatch.setattr(prove.smoke, "list_devices", lambda binary, env=None, timeout=0: list(listed))
+    monkeypatch.setattr(prove.smoke.devices, "list_devices", lambda binary, env=None, timeout=0: list(listed))
     tag = upstream(syn, tmp_path, MOVED)
 
     def run(**options):

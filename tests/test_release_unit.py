@@ -848,7 +848,7 @@ def test_a_gpu_release_records_its_device_and_a_cpu_pass_is_not_reused_on_the_gp
 
     inputs["sections"]["build"] = {**inputs["sections"]["build"], "backend": "vulkan"}
     listed: list[str] = []
-    monkeypatch.setattr(smoke, "list_devices", lambda binary, env=None, timeout=0: list(listed))
+    monkeypatch.setattr(smoke.devices, "list_devices", lambda binary, env=None, timeout=0: list(listed))
 
     def fake_smoke(build_dir, fixtures_dir, log_dir, backend="cpu", plan=None):
         stub_stages["smoke"] += 1

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import journal, paths, series, source, ui
+from dfbuild import gitrun, journal, paths, series, source, ui
 from dfbuild.errors import (
     DirtyTreeError,
     NoVariantError,
@@ -484,7 +484,7 @@ def test_conflict_rolls_back_and_names_patch_file_and_hunk(syn, tree):
 def test_conflict_found_only_while_applying_rolls_back_everything(syn, tree, monkeypatch):
     """The trial passed, then the real `git apply` of patch 3 fails (after two commits were made)."""
     before = snapshot(tree)
-    real_git = series._git
+    real_git = gitrun.run
 
     def git_with_a_surprise(where, *args, **kwargs):
         if "apply" in args and "--index" in args and args[-1].endswith("0003-noise-block-base.patch"):
@@ -493,7 +493,7 @@ def test_conflict_found_only_while_applying_rolls_back_everything(syn, tree, mon
             (Path(where) / "stray.o").write_text("left behind\n")
         return real_git(where, *args, **kwargs)
 
-    monkeypatch.setattr(series, "_git", git_with_a_surprise)
+    monkeypatch.setattr(gitrun, "run", git_with_a_surprise)
     with pytest.raises(PatchConflictError) as caught:
         series.apply_series(syn.load(), tree)
 

@@ -150,8 +150,8 @@ def test_prometheus_counters():
 
 
 def test_merge_args_lets_scenario_flags_win():
-    assert smoke._merge_args(["-m", "t", "-np", "1", "--metrics"], ["-np", "2"]) == ["-m", "t", "--metrics", "-np", "2"]
-    assert smoke._merge_args(["-m", "t", "--metrics"], ["--metrics"]) == ["-m", "t", "--metrics"]
+    assert smoke.scenarios._merge_args(["-m", "t", "-np", "1", "--metrics"], ["-np", "2"]) == ["-m", "t", "--metrics", "-np", "2"]
+    assert smoke.scenarios._merge_args(["-m", "t", "--metrics"], ["--metrics"]) == ["-m", "t", "--metrics"]
 
 
 def test_every_image_prompt_has_text_after_the_image():
@@ -339,11 +339,11 @@ def test_only_a_passed_run_is_remembered_and_an_unreadable_record_counts_as_none
                 smoke.memo_key("payload", {**fx, "seed": 1}, "cpu"),
                 smoke.memo_key("payload", fx, "cpu", scenarios=["image"])}) == 5
     # and so is what the record holds: a pass recorded in an older layout is no pass for today's manifest
-    monkeypatch.setattr(smoke, "RECORD_LAYOUT", smoke.RECORD_LAYOUT - 1)
+    monkeypatch.setattr(smoke.memo, "RECORD_LAYOUT", smoke.memo.RECORD_LAYOUT - 1)
     assert smoke.recall(smoke.memo_key("payload", fx, "cpu")) is None
     monkeypatch.undo()
     monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path / "cache"))
-    smoke._memo_path(key).write_text("{ half written")
+    smoke.memo._memo_path(key).write_text("{ half written")
     assert smoke.recall(key) is None
 
 

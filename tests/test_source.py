@@ -23,7 +23,7 @@ import git
 import pytest
 from filelock import FileLock
 
-from dfbuild import gitfetch, paths, pypi, source, ui
+from dfbuild import gitfetch, paths, pypi, source, tree_import, ui
 from dfbuild.errors import DirtyTreeError, NotLlamaTreeError, SourceError, UnknownBaseError
 from dfbuild.manifest import tree_manifest_path
 
@@ -478,7 +478,7 @@ def test_bad_dir_is_refused_before_any_download(upstream, dirty_checkout, monkey
     def no_download(requirement):
         raise AssertionError("downloaded although DIR was going to be refused")
 
-    monkeypatch.setattr(source, "fetch_sdist", no_download)
+    monkeypatch.setattr(tree_import, "fetch_sdist", no_download)
     result = dfbuild("checkout", "--base", "b10359", "--dir", dirty_checkout)
     assert result.exit_code == DirtyTreeError.exit_code
 
@@ -498,7 +498,7 @@ def test_offline_base_imports_its_sdist_once(tmp_path, monkeypatch):
     with tarfile.open(sdist, "w:gz") as tf:
         tf.add(tmp_path / "sdist" / "fake_pydist-1.0", arcname="fake_pydist-1.0")
     downloads = []
-    monkeypatch.setattr(source, "fetch_sdist", lambda req: downloads.append(req) or sdist)
+    monkeypatch.setattr(tree_import, "fetch_sdist", lambda req: downloads.append(req) or sdist)
     monkeypatch.setitem(source.KNOWN_BASES, "pydist-0.94.0",
                         dataclasses.replace(source.KNOWN_BASES["pydist-0.94.0"], sdist="fake-pydist==1.0"))
 
@@ -524,7 +524,7 @@ def test_a_tree_is_named_by_evidence_not_by_its_label(tmp_path, monkeypatch):
     sdist = tmp_path / "fake_pydist-1.0.tar.gz"
     with tarfile.open(sdist, "w:gz") as tf:
         tf.add(tmp_path / "sdist" / "fake_pydist-1.0", arcname="fake_pydist-1.0")
-    monkeypatch.setattr(source, "fetch_sdist", lambda req: sdist)
+    monkeypatch.setattr(tree_import, "fetch_sdist", lambda req: sdist)
     monkeypatch.setitem(source.KNOWN_BASES, "pydist-0.94.0",
                         dataclasses.replace(source.KNOWN_BASES["pydist-0.94.0"], sdist="fake-pydist==1.0"))
     monkeypatch.chdir(tmp_path)

@@ -2,7 +2,8 @@
 
 import sys
 
-if sys.argv and (sys.argv[0] == "-m" or sys.argv[0].replace("\\", "/").rsplit("/", 1)[-1] in ("dfbuild", "dfbuild.exe")):
+if sys.argv and (sys.argv[0] == "-m"
+                 or sys.argv[0].replace("\\", "/").rsplit("/", 1)[-1] in ("dfbuild", "dfbuild.exe")):
     # Run as the command (`python -m dfbuild` imports this package first, then runpy finds __main__; the
     # console script imports it too): Ctrl-C from here on exits 130 quietly, as _entry explains. Imported
     # as a library, dfbuild leaves the process's signal handlers alone. The C module _signal, not signal:
@@ -10,7 +11,7 @@ if sys.argv and (sys.argv[0] == "-m" or sys.argv[0].replace("\\", "/").rsplit("/
     import os as _os
 
     try:
-        import _signal
+        import _signal  # type: ignore[import-not-found]  # a C module without stubs
     except ImportError:  # pragma: no cover - every CPython has it
         import signal as _signal
 
@@ -23,9 +24,4 @@ if sys.argv and (sys.argv[0] == "-m" or sys.argv[0].replace("\\", "/").rsplit("/
 
     catch_early_interrupt()
 
-from importlib.metadata import PackageNotFoundError, version  # noqa: E402 - after the handler: it takes a while
-
-try:
-    __version__ = version("dfbuild")
-except PackageNotFoundError:  # running from a source tree without an install
-    __version__ = "0.0.0+unknown"
+from ._version import __version__  # noqa: F401 - after the handler: it takes a while

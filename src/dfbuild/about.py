@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
-from . import __version__
+from . import gitrun, proc
+from ._version import __version__
 
 
 def series_hash(patches_dir: Path | None = None) -> str | None:
@@ -27,13 +27,11 @@ def checkout_commit() -> str | None:
     if not (root / ".git").exists() or not (root / "src" / "dfbuild").is_dir():
         return None
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, timeout=10)
+        head = gitrun.run(root, "rev-parse", "--short=12", "HEAD", check=False, timeout=10)
         if head.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
+        dirty = gitrun.run(root, "status", "--porcelain", "--untracked-files=no", check=False, timeout=10)
+    except (OSError, proc.SubprocessError):
         return None
     return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
 

@@ -10,17 +10,19 @@ release entries, so the three can never disagree.
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import re
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Iterable
+from pathlib import Path
 
 from .errors import DfbuildError, UnsupportedBackendError
 
 try:  # Python 3.11+
-    import tomllib as _toml
+    import tomllib as _toml  # type: ignore[import-not-found]  # mypy checks as 3.10, which has none
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     _toml = None
 
@@ -41,7 +43,7 @@ def data_table(name: str) -> dict:
     return tomlkit.loads(text).unwrap()  # pragma: no cover
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def table() -> dict:
     """The parsed backends.toml (cached; treat it as read-only)."""
     return data_table("backends.toml")
@@ -76,7 +78,7 @@ def names() -> list[str]:
     return list(table()["backends"])
 
 
-def resolve(backend: "Backend | str") -> "Backend":
+def resolve(backend: Backend | str) -> Backend:
     """The backend record for a name (the CLI resolves once; stages pass the record on)."""
     return backend if isinstance(backend, Backend) else get(backend)
 
@@ -288,12 +290,12 @@ def arch_flags(host_os: str, arch: str) -> dict[str, str]:
     return {**table_.get(arch, {}), **table_.get(f"{host_os}-{arch}", {})}
 
 
-def host_cpu_variants(host: "Host") -> list[str]:
+def host_cpu_variants(host: Host) -> list[str]:
     """cpu_variants for a Host: a cross build for Windows compiles with GCC, not MSVC."""
     return cpu_variants(host.os, host.arch, msvc=host.os == "windows" and not host.cross)
 
 
-def cmake_flags(backend: "Backend | str", host_os: str, *, cuda_arch: str | Iterable[str] | None = None,
+def cmake_flags(backend: Backend | str, host_os: str, *, cuda_arch: str | Iterable[str] | None = None,
                 gpu_targets: str | Iterable[str] | None = None,
                 vulkan_include_dir: str | None = None,
                 nvcc_version: tuple[int, ...] | None = None, arch: str = "x64") -> dict[str, str]:
@@ -346,3 +348,17 @@ def cmake_args(flags: dict[str, str]) -> list[str]:
 def release_entries() -> list[dict]:
     """The raw [[release]] rows of the table (matrix.py turns them into the CI matrix)."""
     return [dict(row) for row in table()["release"]]
+
+
+def machine_facts() -> dict:
+    """Where a proof ran, as its record says it (`series record-proof` writes it into series.toml)."""
+    cpu = platform.processor()
+    try:  # Linux names the CPU model here; platform.processor() is often empty or just the arch
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.lower().startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cores": os.cpu_count(), "arch": platform.machine(), "cpu": cpu or None,
+            "system": f"{platform.system()} {platform.release()}"}

@@ -77,6 +77,8 @@ def known_bases(curated: series.Series | None = None, root: Path | None = None) 
     """Every base series.toml names ([bases], epoch ends, proven releases), oldest build first."""
     curated = curated or series.load_series()
     names: dict[str, dict] = {name: dict(info) for name, info in curated.bases.items()}
+    build: int | None
+    epoch: series.Epoch | None
     for epoch in curated.epochs:
         for build in (epoch.first, epoch.last):
             names.setdefault(f"b{build}", {})
@@ -95,7 +97,7 @@ def known_bases(curated: series.Series | None = None, root: Path | None = None) 
         rows.append(Base(name=name, build=build, epoch=epoch.name if epoch else None, variant=variant,
                          proven=curated.recorded_proof(build), source=where, cached=is_cached(name, root),
                          network=network, note=str(info.get("note", ""))))
-    first = {e.name: e.first for e in curated.epochs}
+    first: dict[str | None, int] = {e.name: e.first for e in curated.epochs}
     # by build; a base with none (an sdist's tree) at its epoch's first release; a PR head last
     rows.sort(key=lambda b: (b.build is None and b.epoch is None, b.build or first.get(b.epoch, 0), b.name))
     return rows

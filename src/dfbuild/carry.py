@@ -6,9 +6,8 @@ nearest known base (exactly, by offset, or by a conflict-free 3-way merge
 against the variant's pre-image), upstream as recorded for the nearest base,
 or a conflict that names the variants tried and the hunk.
 
-This builds on series.py's types and its git helpers and imports them at the
-top; series.py calls `carry` only from `plan`, importing it there, so loading
-either module never needs the other half-initialised.
+A function of the series as data (series_model) and its trial apply (series_check);
+series_apply's plan calls it for a base no variant was made on.
 """
 
 from __future__ import annotations
@@ -16,30 +15,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
-from . import source, state
-from .series import (
-    _OFFSETS,
-    CARRIED,
-    SPECULATIVE,
-    Concern,
-    Series,
-    Step,
-    Variant,
-    _git,
-    _index_blob,
-    _try_apply,
-    base_build,
-    describe_failure,
-    series_start,
-    verify_patch,
-)
+from . import gitrun, source, state
+from .series_check import _OFFSETS, CARRIED, Step, _index_blob, _try_apply, series_start
+from .series_model import SPECULATIVE, Concern, Series, Variant, base_build
+from .series_patch import describe_failure, verify_patch
 
 
 def has_dflash(tree: Path, rev: str) -> bool:
-    shown = _git(tree, "show", f"{rev}:{SPECULATIVE}", check=False)
+    shown = gitrun.run(tree, "show", f"{rev}:{SPECULATIVE}", check=False)
     return shown.returncode == 0 and "dflash" in shown.stdout.lower()
 
 
@@ -50,7 +35,7 @@ def tree_build(tree: Path, rev: str) -> int | None:
     recorded = manifest.load(manifest.tree_manifest_path(tree)).get("source", {})
     if recorded.get("commit") == rev and source.release_build(recorded.get("base")) is not None:
         return source.release_build(recorded.get("base"))
-    described = _git(tree, "describe", "--tags", "--match", "b[0-9]*", rev, check=False).stdout.strip()
+    described = gitrun.run(tree, "describe", "--tags", "--match", "b[0-9]*", rev, check=False).stdout.strip()
     match = re.match(r"b(\d+)", described)
     return int(match.group(1)) if match else None
 
@@ -63,17 +48,17 @@ def history_distance(tree: Path, one: str, other: str) -> int | None:
     close. The count stands only when the two meet and no commit counted is
     one whose parents were left out.
     """
-    shallow_file = _git(tree, "rev-parse", "--git-path", "shallow", check=False).stdout.strip()
+    shallow_file = gitrun.run(tree, "rev-parse", "--git-path", "shallow", check=False).stdout.strip()
     shallow_path = Path(shallow_file) if Path(shallow_file).is_absolute() else Path(tree) / shallow_file
     roots = set(shallow_path.read_text().split()) if shallow_file and shallow_path.is_file() else set()
     if roots:
-        if _git(tree, "merge-base", one, other, check=False).returncode != 0:
+        if gitrun.run(tree, "merge-base", one, other, check=False).returncode != 0:
             return None  # no common history here: unknown, not far
-        listed = _git(tree, "rev-list", f"{one}...{other}", check=False)
+        listed = gitrun.run(tree, "rev-list", f"{one}...{other}", check=False)
         if listed.returncode != 0 or roots & set(listed.stdout.split()):
             return None
         return len(listed.stdout.split())
-    count = _git(tree, "rev-list", "--count", f"{one}...{other}", check=False).stdout.strip()
+    count = gitrun.run(tree, "rev-list", "--count", f"{one}...{other}", check=False).stdout.strip()
     return int(count) if count.isdigit() else None
 
 
@@ -83,7 +68,8 @@ def nearest_bases(series: Series, tree: Path, rev: str) -> list[str]:
     by_history = {}
     for name, info in series.bases.items():
         commit = info.get("commit")
-        found = _git(tree, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}", check=False) if commit else None
+        found = (gitrun.run(tree, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}", check=False)
+                 if commit else None)
         if found is not None and found.returncode == 0:
             distance = history_distance(tree, found.stdout.strip(), rev)
             if distance is not None:
@@ -115,20 +101,19 @@ def _preimages(series: Series, tree: Path, base: str, tmp: Path) -> bool:
     blob = series.bases.get(base, {}).get("blob")
     if not blob:
         return False
-    if _git(tree, "cat-file", "-e", f"{blob}^{{blob}}", check=False).returncode != 0:
+    if gitrun.run(tree, "cat-file", "-e", f"{blob}^{{blob}}", check=False).returncode != 0:
         # a shallow checkout: the base's commit (or tag), fetched from the tree's origin on demand
         source.fetch_base_into(tree, base, series.bases.get(base, {}).get("commit"))
-    if _git(tree, "cat-file", "-e", f"{blob}^{{blob}}", check=False).returncode != 0:
+    if gitrun.run(tree, "cat-file", "-e", f"{blob}^{{blob}}", check=False).returncode != 0:
         data = source.known_base_blob(base, blob)
         if data is None:
             return False
-        written = subprocess.run(["git", "-C", str(tree), "hash-object", "-w", "--stdin"], input=data,
-                                 capture_output=True)
+        written = gitrun.run(tree, "hash-object", "-w", "--stdin", input=data, text=False, check=False)
         if written.stdout.decode().strip() != blob:
             return False
     env = {"GIT_INDEX_FILE": str(tmp / f"preimage-{base}")}
-    _git(tree, "read-tree", "--empty", env=env)
-    _git(tree, "update-index", "--add", "--cacheinfo", f"100644,{blob},{SPECULATIVE}", env=env)
+    gitrun.run(tree, "read-tree", "--empty", extra_env=env)
+    gitrun.run(tree, "update-index", "--add", "--cacheinfo", f"100644,{blob},{SPECULATIVE}", extra_env=env)
     for concern in series.concerns:
         variant = concern.variants.get(base)
         if variant is not None and variant.file:
@@ -251,13 +236,13 @@ def carry(series: Series, tree: Path, *, skip: tuple[str, ...] = (), build: int 
     with state.temp_dir("index") as tmp:
         index = tmp / "carry"
         env = {"GIT_INDEX_FILE": str(index)}
-        _git(tree, "read-tree", start, env=env)
+        gitrun.run(tree, "read-tree", start, extra_env=env)
         # Already in the tree (upstream made the change, or it was committed by hand): a known
         # variant reverse-applies. Undone last to first, as for a known base: neighbouring
         # concerns share context lines.
         present: dict[str, Variant] = {}
         undo_env = {"GIT_INDEX_FILE": str(tmp / "undo")}
-        _git(tree, "read-tree", start, env=undo_env)
+        gitrun.run(tree, "read-tree", start, extra_env=undo_env)
         for concern in reversed(series.concerns):
             for variant in (concern.variants[name] for name in order if name in concern.variants):
                 if variant.file and concern.id not in skip and _try_apply(
@@ -281,7 +266,7 @@ def carry(series: Series, tree: Path, *, skip: tuple[str, ...] = (), build: int 
             steps.append(step)
     for step in steps:
         step.rule = rule
-    head = _git(tree, "rev-parse", "HEAD").stdout.strip()
+    head = gitrun.run(tree, "rev-parse", "HEAD").stdout.strip()
     final = next((s.blob for s in reversed(steps) if s.blob), None)
     if head != start and final and source.committed_blob(tree, head) == final:
         for step in steps:

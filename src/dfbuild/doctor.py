@@ -2,8 +2,8 @@
 
 Each backend in backends.toml names its toolchain probes; a probe says what to
 look for (a program and its version, a header, a library) and what to install
-per host when it is missing. `dfbuild build` runs the same check first and
-fails fast with ToolchainMissingError.
+per host when it is missing (probes.py answers each probe). `dfbuild build` runs the
+same check first and fails fast with ToolchainMissingError.
 """
 
 from __future__ import annotations
@@ -11,316 +11,30 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
-import tempfile
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
-from . import backends
+from . import backends, proc
 from .backends import Host
 from .errors import ToolchainMissingError, UnsupportedBackendError
 
-
-@dataclass
-class Probe:
-    name: str
-    what: str
-    found: bool
-    optional: bool = False
-    path: str | None = None
-    version: str | None = None
-    problem: str | None = None     # set when found but unusable (too old, ...)
-    install: str | None = None     # what to do when not ok
-
-    @property
-    def ok(self) -> bool:
-        return self.found and self.problem is None
-
-    def as_dict(self) -> dict:
-        data = asdict(self)
-        data["ok"] = self.ok
-        return data
+# The probes, through doctor as before the split (build.py and the tests call them here; phase 2 of
+# issue 38 moves build.py to probes itself). check_backend's own calls go through these names too.
+from .probes import (  # noqa: F401
+    MSVC_HINT,
+    Probe,
+    find_msvc,
+    find_pypi_program,
+    msvc_environment,
+    probe,
+    run_version,
+    version_tuple,
+    vswhere_path,
+    vulkan_header_version,
+)
 
 
-# --- small helpers --------------------------------------------------------------
-
-
-def version_tuple(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in re.findall(r"\d+", text)[:4])
-
-
-def run_version(program: str, args: list[str], timeout: float = 30) -> str:
-    """First output of `program args` (stdout, else stderr); '' if it cannot run."""
-    try:
-        result = subprocess.run([program, *args], capture_output=True, text=True, timeout=timeout,
-                                errors="replace")
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return (result.stdout.strip() or result.stderr.strip())
-
-
-def _env_dirs(spec: dict, subdir: str) -> list[Path]:
-    dirs = []
-    for var in spec.get("dirs_env", ()):
-        value = os.environ.get(var)
-        if value:
-            dirs.append(Path(value) / spec.get("env_subdir", subdir))
-    return dirs
-
-
-def _which(names: list[str], extra_dirs: list[Path]) -> str | None:
-    for name in names:
-        found = shutil.which(name)
-        if found:
-            return found
-    for directory in extra_dirs:
-        for name in names:
-            found = shutil.which(name, path=str(directory))
-            if found:
-                return found
-    return None
-
-
-def _install_hint(spec: dict, host: Host) -> str | None:
-    install = spec.get("install", {})
-    for key in host.install_keys():
-        if key in install:
-            return install[key]
-    return None
-
-
-# --- probe kinds ----------------------------------------------------------------
-
-
-def _probe_program(spec: dict, host: Host) -> tuple[str | None, str | None]:
-    path = _which(spec["names"], _env_dirs(spec, "bin") + [Path(d) for d in spec.get("dirs", ())])
-    if path is None:
-        return None, None
-    output = run_version(path, spec.get("version_args", ["--version"]))
-    return path, _parse_version(spec, output)
-
-
-def _pypi_program_dir(name: str) -> str | None:
-    """Where the PyPI cmake / ninja packages (dfbuild dependencies) keep their binary."""
-    try:
-        if name == "cmake":
-            import cmake
-
-            return cmake.CMAKE_BIN_DIR
-        if name == "ninja":
-            import ninja
-
-            return ninja.BIN_DIR
-    except ImportError:
-        return None
-    return None
-
-
-def find_pypi_program(name: str) -> str | None:
-    """The PyPI package's binary first (a known version), else one on PATH."""
-    directory = _pypi_program_dir(name)
-    if directory:
-        found = shutil.which(name, path=directory)
-        if found:
-            return found
-    return shutil.which(name)
-
-
-def _probe_pypi(spec: dict, host: Host) -> tuple[str | None, str | None]:
-    path = find_pypi_program(spec["names"][0])
-    if path is None:
-        return None, None
-    return path, _parse_version(spec, run_version(path, spec.get("version_args", ["--version"])))
-
-
-def _parse_version(spec: dict, output: str) -> str | None:
-    if not output:
-        return None
-    regex = spec.get("version_regex")
-    if regex:
-        match = re.search(regex, output)
-        return match.group(1) if match else None
-    return output.splitlines()[0].strip()
-
-
-def _header_dirs(spec: dict, extra_include_dirs: list[Path]) -> list[Path]:
-    dirs = list(extra_include_dirs) + _env_dirs(spec, "include")
-    near = spec.get("near_program")
-    if near:
-        program = shutil.which(near)
-        candidates = [program] if program else []
-        for directory in _env_dirs({"dirs_env": ["CUDA_PATH", "CUDA_HOME"]}, "bin"):
-            candidates.append(str(directory / near))
-        for candidate in candidates:
-            root = Path(candidate).resolve().parent.parent
-            dirs.append(root / "include")
-            dirs.extend(sorted(root.glob("targets/*/include")))
-    dirs.extend(Path(d) for d in spec.get("dirs", ()))
-    return dirs
-
-
-def _probe_header(spec: dict, host: Host, extra_include_dirs: list[Path]) -> tuple[str | None, str | None]:
-    for directory in _header_dirs(spec, extra_include_dirs):
-        if all((directory / header).is_file() for header in spec["headers"]):
-            version = None
-            core = directory / "vulkan" / "vulkan_core.h"
-            if "vulkan/vulkan_core.h" in spec["headers"]:
-                version = vulkan_header_version(core)
-            return str(directory), version
-    return None, None
-
-
-def vulkan_header_version(vulkan_core_h: Path) -> str | None:
-    """'1.4.309' from vulkan_core.h's VK_HEADER_VERSION_COMPLETE and VK_HEADER_VERSION."""
-    try:
-        text = Path(vulkan_core_h).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
-    patch = re.search(r"#define\s+VK_HEADER_VERSION\s+(\d+)", text)
-    complete = re.search(r"#define\s+VK_HEADER_VERSION_COMPLETE\s+VK_MAKE_API_VERSION\(\s*\d+\s*,\s*(\d+)\s*,\s*(\d+)",
-                         text)
-    if not patch:
-        return None
-    major, minor = (complete.group(1), complete.group(2)) if complete else ("1", "?")
-    return f"{major}.{minor}.{patch.group(1)}"
-
-
-def _probe_library(spec: dict, host: Host) -> tuple[str | None, str | None]:
-    names = spec.get("libraries", {}).get(host.os, [])
-    dirs = _env_dirs(spec, "Lib" if host.os == "windows" else "lib") + [Path(d) for d in spec.get("dirs", ())]
-    for directory in dirs:
-        for name in names:
-            if (directory / name).exists():
-                return str(directory / name), None
-    return None, None
-
-
-def _probe_file(spec: dict, host: Host) -> tuple[str | None, str | None]:
-    for candidate in spec.get("files", {}).get(host.os, []):
-        if Path(candidate).is_file():
-            return candidate, None
-    return None, None
-
-
-def _probe_metal(spec: dict, host: Host) -> tuple[str | None, str | None]:
-    if host.os != "macos":
-        return None, None
-    located = run_version("xcrun", ["-sdk", "macosx", "--find", "metal"])
-    if not located or not Path(located.splitlines()[-1]).exists():
-        return None, None
-    version = run_version("xcrun", ["-sdk", "macosx", "metal", "--version"])
-    return located.splitlines()[-1], (version.splitlines()[0] if version else None)
-
-
-# --- Windows: MSVC ----------------------------------------------------------------
-
-
-def vswhere_path() -> Path:
-    root = os.environ.get("ProgramFiles(x86)", r"C:\Program Files (x86)")
-    return Path(root) / "Microsoft Visual Studio" / "Installer" / "vswhere.exe"
-
-
-def find_msvc(arch: str = "x64") -> dict | None:
-    """Locate MSVC: an active developer prompt (cl on PATH), else vcvars via vswhere.
-
-    Returns {"cl": path or None, "vcvars": path or None, "version": str or None}.
-    """
-    cl = shutil.which("cl")
-    if cl and os.environ.get("VCINSTALLDIR"):
-        return {"cl": cl, "vcvars": None, "version": os.environ.get("VCToolsVersion")}
-    vswhere = vswhere_path()
-    if not vswhere.is_file():
-        return None
-    install = run_version(str(vswhere), ["-latest", "-products", "*", "-requires",
-                                         "Microsoft.VisualStudio.Component.VC.Tools.x86.x64",
-                                         "-property", "installationPath"])
-    if not install:
-        return None
-    script = "vcvarsarm64.bat" if arch == "arm64" else "vcvars64.bat"
-    vcvars = Path(install.splitlines()[0].strip()) / "VC" / "Auxiliary" / "Build" / script
-    if not vcvars.is_file():
-        return None
-    version = run_version(str(vswhere), ["-latest", "-products", "*", "-property", "installationVersion"])
-    return {"cl": None, "vcvars": str(vcvars), "version": version or None}
-
-
-MSVC_HINT = ("open the 'x64 Native Tools Command Prompt for VS 2022' (or run vcvars64.bat) and rerun dfbuild "
-             "there, or install Visual Studio 2022 Build Tools with the 'Desktop development with C++' workload")
-
-
-def msvc_environment(vcvars: str) -> dict[str, str]:
-    """The environment a developer prompt would have: run vcvars in cmd and read back `set`.
-
-    The two commands go through a small .bat file: Python's list quoting (\\") is not
-    cmd's, so a vcvars path with spaces could not be passed inline.
-    """
-    with tempfile.TemporaryDirectory(prefix="dfbuild-msvc-") as tmp:
-        script = Path(tmp) / "msvc-env.bat"
-        script.write_text(f'@echo off\r\ncall "{vcvars}" >nul || exit /b 1\r\nset\r\n', encoding="utf-8")
-        result = subprocess.run(["cmd", "/d", "/c", str(script)], capture_output=True, text=True, errors="replace")
-    if result.returncode != 0:
-        raise ToolchainMissingError(f"{vcvars} failed (exit {result.returncode})", MSVC_HINT)
-    env = {}
-    for line in result.stdout.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key:
-            env[key] = value
-    return env
-
-
-def _probe_msvc(spec: dict, host: Host) -> tuple[str | None, str | None]:
-    found = find_msvc(host.arch)
-    if not found:
-        return None, None
-    return found["cl"] or found["vcvars"], found["version"]
-
-
-# --- probing ---------------------------------------------------------------------
-
-
-def probe(name: str, host: Host, *, optional: bool = False, extra_include_dirs: list[Path] = ()) -> Probe:
-    spec = backends.table()["probes"][name]
-    kind = spec["kind"]
-    if host.os == "windows" and not host.cross and spec.get("windows_kind"):
-        kind = spec["windows_kind"]
-    if kind == "program":
-        path, version = _probe_program(spec, host)
-    elif kind == "pypi":
-        path, version = _probe_pypi(spec, host)
-    elif kind == "header":
-        path, version = _probe_header(spec, host, list(extra_include_dirs))
-    elif kind == "library":
-        path, version = _probe_library(spec, host)
-    elif kind == "file":
-        path, version = _probe_file(spec, host)
-    elif kind == "metal":
-        path, version = _probe_metal(spec, host)
-    elif kind == "msvc":
-        path, version = _probe_msvc(spec, host)
-    else:  # pragma: no cover - a typo in backends.toml
-        raise ValueError(f"probe {name}: unknown kind {kind}")
-
-    result = Probe(name=name, what=spec["what"], found=path is not None, optional=optional,
-                   path=path, version=version)
-    minimum = spec.get("min_version")
-    if result.found and minimum:
-        if version is None:
-            result.problem = f"cannot tell its version (need >= {minimum})"
-        elif version_tuple(version) < version_tuple(minimum):
-            result.problem = f"version {version} is too old (need >= {minimum})"
-    if not result.ok:
-        hint = _install_hint(spec, host)
-        if kind == "msvc":
-            hint = MSVC_HINT
-        if hint and "{cuda_dash}" in hint:  # name the packages of the nvcc actually installed
-            nvcc = probe("nvcc", host) if name != "nvcc" else result
-            numbers = version_tuple(nvcc.version or "")[:2] if nvcc.found else ()
-            hint = hint.replace("{cuda_dash}", "-".join(map(str, numbers)) if len(numbers) == 2 else "12-8")
-        result.install = hint or f"install {spec['what']}"
-    return result
-
-
-def check_backend(backend: str, host: Host | None = None, *, extra_include_dirs: list[Path] = (),
+def check_backend(backend: str, host: Host | None = None, *, extra_include_dirs: Sequence[Path] = (),
                   _cache: dict | None = None) -> dict:
     """One backend's doctor entry: can it build on HOST, what was found, what to install."""
     host = host or backends.current_host()
@@ -429,7 +143,7 @@ def _dedupe(items) -> list[str]:
 
 
 def doctor(backend: str | None = None, *, host: Host | None = None,
-           extra_include_dirs: list[Path] = ()) -> dict:
+           extra_include_dirs: Sequence[Path] = ()) -> dict:
     """Per backend (or just BACKEND): what is present here and exactly what to install."""
     host = host or backends.current_host()
     chosen = [backend] if backend else backends.names()
@@ -445,7 +159,7 @@ def doctor(backend: str | None = None, *, host: Host | None = None,
     }
 
 
-def require(backend: str, host: Host | None = None, *, extra_include_dirs: list[Path] = ()) -> dict:
+def require(backend: str, host: Host | None = None, *, extra_include_dirs: Sequence[Path] = ()) -> dict:
     """check_backend, raising if BACKEND cannot build here.
 
     UnsupportedBackendError when the host can never build it (metal off macOS),
@@ -478,7 +192,8 @@ def toolchain_versions(entry: dict) -> dict[str, str | None]:
 
 def debian_mirror(sources_dir: Path = Path("/etc/apt")) -> str | None:
     """The Debian archive URI this machine's apt already uses (deb822 or one-line sources)."""
-    files = sorted((sources_dir / "sources.list.d").glob("*.sources")) if (sources_dir / "sources.list.d").is_dir() else []
+    parts = sources_dir / "sources.list.d"
+    files = sorted(parts.glob("*.sources")) if parts.is_dir() else []
     for path in files:
         for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
             if line.startswith("URIs:"):
@@ -520,8 +235,7 @@ def fetch_debian_vulkan_headers(suite: str = "trixie") -> Path:
                    "-o", f"Dir::State::Lists={apt / 'lists'}", "-o", f"Dir::Cache={apt / 'cache'}",
                    "-o", "Debug::NoLocking=1"]
         for args in (["update"], ["download", "libvulkan-dev"]):
-            result = subprocess.run(["apt-get", "-q", *options, *args], cwd=apt, capture_output=True, text=True,
-                                    errors="replace")
+            result = proc.run(["apt-get", "-q", *options, *args], cwd=apt, errors="replace")
             if result.returncode != 0:
                 last = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:]
                 raise ToolchainMissingError(f"apt-get {args[0]} for Debian {suite} failed: {' '.join(last)}",
@@ -529,5 +243,5 @@ def fetch_debian_vulkan_headers(suite: str = "trixie") -> Path:
         debs = sorted(apt.glob("libvulkan-dev_*.deb"))
         if not debs:
             raise ToolchainMissingError(f"apt-get download gave no libvulkan-dev package for {suite}")
-        subprocess.run(["dpkg-deb", "-x", str(debs[-1]), str(root)], check=True)
+        proc.run(["dpkg-deb", "-x", str(debs[-1]), str(root)], capture=False, check=True)
     return include

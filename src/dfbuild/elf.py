@@ -11,9 +11,11 @@ import io
 import os
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from . import proc
 
 ELF_MAGIC = b"\x7fELF"
 
@@ -70,7 +72,6 @@ def read(data: bytes | Path) -> ElfInfo:
     """The dynamic section's NEEDED, RUNPATH, RPATH and SONAME of an ELF file (bytes or path)."""
     from elftools.elf.dynamic import DynamicSection
     from elftools.elf.elffile import ELFFile
-
     from elftools.elf.gnuversions import GNUVerNeedSection
 
     raw = Path(data).read_bytes() if isinstance(data, (str, Path)) else data
@@ -88,6 +89,7 @@ def read(data: bytes | Path) -> ElfInfo:
             continue
         if not isinstance(section, DynamicSection):
             continue
+        tag: Any  # pyelftools gives each tag the attribute its d_tag names
         for tag in section.iter_tags():
             if tag.entry.d_tag == "DT_NEEDED":
                 info.needed.append(tag.needed)
@@ -121,8 +123,8 @@ def system_library_dirs() -> dict[str, Path]:
     if ldconfig is None:
         return found
     try:
-        output = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
+        output = proc.run([ldconfig, "-p"], timeout=60).stdout
+    except (OSError, proc.SubprocessError):
         return found
     machine = "x86-64" if os.uname().machine == "x86_64" else "AArch64" if os.uname().machine == "aarch64" else ""
     for line in output.splitlines():

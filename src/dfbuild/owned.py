@@ -14,8 +14,8 @@ be forged, the user's own cache cannot.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 from . import state
 from .errors import DfbuildError
@@ -93,7 +93,8 @@ def record_produced(path: Path) -> None:
     record = _produced_path()
     with state.hold(Path(str(record) + ".lock"), f"the record {record}", timeout=60):
         data = state.read_json(record, "record of produced archives")
-        produced = data.get("sha256") if isinstance(data.get("sha256"), dict) else {}
+        kept = data.get("sha256")
+        produced = kept if isinstance(kept, dict) else {}
         produced[digest] = Path(path).name
         state.atomic_write_text(record, json.dumps({"sha256": produced}, indent=2, sort_keys=True) + "\n")
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
-
 from contextlib import contextmanager
+from pathlib import Path
 
 import platformdirs
 

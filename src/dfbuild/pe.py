@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 MZ_MAGIC = b"MZ"
@@ -93,7 +94,7 @@ _BUILD_PATH = re.compile(rb"(?:/(?:home|root|tmp|work|build|usr/src|opt|var|srv|
                          rb"|[A-Za-z]:\\(?:Users|a|actions-runner|build|src|work)\\[\x21-\x7e]{2,})")
 
 
-def absolute_paths(data: bytes, extra: list[bytes] = ()) -> list[str]:
+def absolute_paths(data: bytes, extra: Sequence[bytes] = ()) -> list[str]:
     """Absolute build-machine paths found in DATA (at most a few, for the message).
 
     EXTRA: paths known to be this machine's (the work dir), found anywhere.

@@ -41,12 +41,13 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from . import backends, build, carry, fixtures, manifest, series, smoke, source, state, ui
+from . import backends, build, carry, fixtures, gitrun, manifest, series, smoke, source, state, ui
+from .backends import machine_facts
 from .errors import BuildDirMismatchError, BuildError, FixtureError, NotApplicableError, PatchConflictError
 from .paths import sha256_file
 from .platforms import rocm_root
@@ -107,22 +108,6 @@ class ProofRecord:
         state.atomic_write_text(self.path, manifest.dumps(self.data) + "\n")
 
 
-def machine_facts() -> dict:
-    """Where a proof ran, as its record says it (`series record-proof` writes it into series.toml)."""
-    import platform
-
-    cpu = platform.processor()
-    try:  # Linux names the CPU model here; platform.processor() is often empty or just the arch
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.lower().startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cores": os.cpu_count(), "arch": platform.machine(), "cpu": cpu or None,
-            "system": f"{platform.system()} {platform.release()}"}
-
-
 # --- the unpatched build: the base commit, built in the patched tree's own build dir -----------
 
 
@@ -178,8 +163,9 @@ def read_unpatched(work: Path, backend: str, key: str | None = None, commit: str
     return section
 
 
-def _git(tree: Path, *args: str, check: bool = True) -> str:
-    result = subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True, errors="replace")
+def _git_or_build_error(tree: Path, *args: str, check: bool = True) -> str:
+    """`git ARGS`'s stripped output; a failure (CHECK) is a BuildError naming the tree (a rerun mends it)."""
+    result = gitrun.run(tree, *args, check=False, errors="replace")
     if check and result.returncode != 0:
         raise BuildError(f"git {' '.join(args)} failed in {tree}: {result.stderr.strip()}",
                          "check the tree with `git status`; a rerun puts it back on the patched commit")
@@ -219,7 +205,7 @@ def _keep_unpatched(built: dict, folder: Path, key: str, commit: str) -> dict:
     return section
 
 
-def build_unpatched(tree: Path, backend: "backends.Backend | str", work: Path, commit: str, *,
+def build_unpatched(tree: Path, backend: backends.Backend | str, work: Path, commit: str, *,
                     targets=build.DEFAULT_TARGETS, options: dict | None = None) -> dict:
     """The unpatched build of TREE (its base COMMIT) in TREE's own build dir, kept in WORK/unpatched.
 
@@ -242,9 +228,9 @@ def build_unpatched(tree: Path, backend: "backends.Backend | str", work: Path, c
     if dirty:
         raise BuildError(f"{tree} has uncommitted changes, so its base cannot be built unpatched",
                          "commit or stash them (git stash), then rerun")
-    branch = _git(tree, "symbolic-ref", "-q", "--short", "HEAD", check=False)
+    branch = _git_or_build_error(tree, "symbolic-ref", "-q", "--short", "HEAD", check=False)
     if head != commit:
-        _git(tree, "checkout", "-q", "--detach", commit)
+        _git_or_build_error(tree, "checkout", "-q", "--detach", commit)
     try:
         built = build.build_tree(tree, backend, Path(work) / f"build-{label}", targets=targets, **options)
         # only a clean build of the base commit is kept as unpatched
@@ -255,13 +241,13 @@ def build_unpatched(tree: Path, backend: "backends.Backend | str", work: Path, c
         kept = _keep_unpatched(built, folder, key, commit)
     finally:
         if head != commit:  # back on the patched commit, whatever happened
-            _git(tree, "checkout", "-q", *([branch] if branch else ["--detach", head]))
+            _git_or_build_error(tree, "checkout", "-q", *([branch] if branch else ["--detach", head]))
     return dict(kept, reused=False)
 
 
-def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, repo: str | None = None, pr: int | None = None,
-          patches_dir: Path | None = None, sets=None, scenarios=None, build_options: dict | None = None,
-          targets=build.DEFAULT_TARGETS, smoke_options: dict | None = None) -> dict:
+def prove(base: str, *, backend: backends.Backend | str = "cpu", work: Path, repo: str | None = None,
+          pr: int | None = None, patches_dir: Path | None = None, sets=None, scenarios=None,
+          build_options: dict | None = None, targets=build.DEFAULT_TARGETS, smoke_options: dict | None = None) -> dict:
     """Check out BASE under WORK, apply the series, build the base and then the patched tree in one
     build dir (the second build is incremental), smoke both; return the proof.
 
@@ -276,7 +262,7 @@ def prove(base: str, *, backend: "backends.Backend | str" = "cpu", work: Path, r
     times: dict[str, float] = {}
     host = (build_options or {}).get("host")
     label = build.dir_label(backend, host)  # cpu, or cpu-windows for a cross build: its own dirs and record
-    proof = {"base": base, "backend": backend}
+    proof: dict[str, Any] = {"base": base, "backend": backend}
     if host is not None and host.cross:
         proof["os"] = host.os
         proof["arch"] = host.arch

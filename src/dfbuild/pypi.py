@@ -15,7 +15,6 @@ import functools
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 import urllib.error
@@ -24,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import fetch, state, ui
+from . import fetch, proc, state, ui
 from .errors import SourceError, UnknownBaseError
 from .paths import cache_dir, sha256_file
 
@@ -76,7 +75,7 @@ def _listing(project: str) -> tuple[dict[str, Sdist], dict]:
     return _listing_from(project, index_url(), _listing_path(project))
 
 
-@functools.lru_cache(maxsize=None)  # keyed by index and cache too: another $DFBUILD_PYPI_URL is another listing
+@functools.cache  # keyed by index and cache too: another $DFBUILD_PYPI_URL is another listing
 def _listing_from(project: str, index: str, saved_path: Path) -> tuple[dict[str, Sdist], dict]:
     """PROJECT's sdists by version and where that listing came from: {"from": "index"|"cache", ...}.
 
@@ -171,7 +170,7 @@ def _pip_download(requirement: str, target: Path) -> None:
     name = requirement.partition("==")[0]
     cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", name,
            "--dest", str(target), requirement]
-    result = subprocess.run(cmd, capture_output=True, text=True)
+    result = proc.run(cmd)
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
         raise SourceError(f"cannot download {requirement} with pip: {last}",

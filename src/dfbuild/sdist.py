@@ -145,7 +145,8 @@ def read_members(sdist: pypi.Sdist | str, wanted: Iterable[str], *, sha256: str 
     try:
         with urllib.request.urlopen(url, timeout=pypi.TIMEOUT_S) as response:
             reader = _Hashing(response)
-            with tarfile.open(fileobj=reader, mode="r|gz") as tar:  # a stream: no seeking, nothing on disk
+            # a stream: no seeking, nothing on disk (_Hashing reads like a file; typeshed wants a real one)
+            with tarfile.open(fileobj=reader, mode="r|gz") as tar:  # type: ignore[call-overload]
                 for member in tar:
                     path = member.name.split("/", 1)[1] if "/" in member.name else ""
                     if path in wanted and member.isfile():

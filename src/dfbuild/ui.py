@@ -28,9 +28,9 @@ class _Console(Console):
     def _size(self) -> ConsoleDimensions:
         if not self.is_terminal:
             return ConsoleDimensions(PIPE_WIDTH, 25)
-        return Console.size.fget(self)
+        return Console.size.fget(self)  # type: ignore[attr-defined]  # rich types size as overloaded
 
-    size = property(_size, Console.size.fset)
+    size = property(_size, Console.size.fset)  # type: ignore[attr-defined]
 
 
 console = _Console(stderr=True, highlight=False)  # talk
@@ -137,7 +137,8 @@ class Progress:
 
     def __enter__(self):
         if self.interactive:
-            from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
 
             self._bar = RichProgress(TextColumn("    {task.description}"), BarColumn(),
                                      TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(),

@@ -7,7 +7,8 @@ One module per command group, each command a thin skin over its stage:
 - proof_cmds: fixtures, smoke, prove, track
 - host_cmds: doctor, matrix
 - cache_cmds: bases, cache (show, dir, clean)
-common holds the `dfbuild` group and the shared options; exits maps every error
+app holds the `dfbuild` group, options the shared options, common the locks, dirs and
+tables the commands share; exits maps every error
 to its documented exit code (see errors.py and docs/exit-codes.md), in one place:
 everything below this layer raises, never exits.
 """
@@ -15,17 +16,41 @@ everything below this layer raises, never exits.
 from __future__ import annotations
 
 from . import cache_cmds, checkout_cmds, host_cmds, proof_cmds, release_cmds, series_cmds  # noqa: F401  (registers the commands)
+from .app import main
 from .checkout_cmds import apply, checkout, import_
-from .common import (BASE_HELP, STATUS_STYLE, SeriesHelpOption, _default_dir_here, _locks, _render_concerns,
-                     _smoke_options, _utf8_path, _work_locks, base_option, json_option, known_bases_text, main,
-                     no_wait_option, patches_option, proof_options, smoke_run_options, source_options,
-                     toolchain_options)
+from .common import STATUS_STYLE, _default_dir_here, _locks, _render_concerns, _work_locks
 from .exits import PROVE_EXIT, _fail, handle_errors
 from .host_cmds import doctor, matrix
+from .options import (
+    BASE_HELP,
+    SeriesHelpOption,
+    _smoke_options,
+    _utf8_path,
+    base_option,
+    json_option,
+    known_bases_text,
+    no_wait_option,
+    patches_option,
+    proof_options,
+    smoke_run_options,
+    source_options,
+    toolchain_options,
+)
 from .proof_cmds import OUTCOME_STYLE, fixtures, prove, smoke, track
 from .release_cmds import build, release_cmd, verify
-from .series_cmds import (dir_option, series_adopt, series_check, series_continue, series_epochs, series_group,
-                          series_list, series_record, series_record_proof, series_refresh, series_start)
+from .series_cmds import (
+    dir_option,
+    series_adopt,
+    series_check,
+    series_continue,
+    series_epochs,
+    series_group,
+    series_list,
+    series_record,
+    series_record_proof,
+    series_refresh,
+    series_start,
+)
 
 __all__ = [
     "BASE_HELP", "OUTCOME_STYLE", "PROVE_EXIT", "STATUS_STYLE", "SeriesHelpOption", "_default_dir_here", "_fail",

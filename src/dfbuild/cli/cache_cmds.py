@@ -5,15 +5,16 @@ from __future__ import annotations
 import click
 
 from .. import ui
-from .common import main, patches_option
+from .app import main
 from .exits import handle_errors
+from .options import patches_option
 
 
 def _table(rows: list[list[str]], header: list[str]) -> None:
     """Plain columns on stdout: no wrapping, no colour, one line per row (pipes and grep see whole lines)."""
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
-        click.echo("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
+        click.echo("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=False)).rstrip())
 
 
 @main.command()
@@ -86,7 +87,8 @@ def cache_dir_cmd():
               help="Only this base's source: its sdist and imported tree, e.g. b11434 (a git base: its URL's "
                    "cache repo).")
 @click.option("--dry-run", "-n", "dry_run", is_flag=True, help="Say what would be removed; remove nothing.")
-@click.option("--json", "as_json", is_flag=True, help="Print what was removed and skipped, and the bytes freed, as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print what was removed and skipped, and the bytes freed, as JSON.")
 @handle_errors
 def cache_clean(older_than, base, dry_run, as_json):
     """Remove what dfbuild cached: all, --older-than DAYS, or --base B.

@@ -7,9 +7,10 @@ from pathlib import Path
 import click
 
 from .. import ui
-from .common import (_default_dir_here, _locks, _render_concerns, _utf8_path, default_tree_here, json_option_for,
-                     main, no_wait_option, patches_option, removed_if_left_empty_handed, shown, source_options)
+from .app import main
+from .common import _default_dir_here, _locks, _render_concerns, default_tree_here, removed_if_left_empty_handed, shown
 from .exits import handle_errors
+from .options import _utf8_path, json_option_for, no_wait_option, patches_option, source_options
 
 
 @main.command()
@@ -19,12 +20,12 @@ from .exits import handle_errors
 @handle_errors
 def checkout(base, pr, repo, dest, force, no_wait, as_json):
     """Check out llama.cpp at a PR head or commit."""
-    from .. import adopt, manifest, source
+    from .. import curate, manifest, source
 
     source.check_known(base, repo)
     dest = dest or default_tree_here(base)
     with _made_by_this_run(dest), _locks(("tree", dest), no_wait=no_wait):
-        adopt.refuse_while_curating(dest, "checkout")
+        curate.refuse_while_curating(dest, "checkout")
         with ui.step(f"checkout {base}"):
             section = source.checkout(base, pr=pr, repo=repo, dest=dest, force=force)
         manifest.update_tree_manifest(Path(section["dir"]), "source", section)
@@ -36,7 +37,8 @@ def checkout(base, pr, repo, dest, force, no_wait, as_json):
 
 @main.command("import")
 @click.argument("archive", type=click.Path(path_type=Path))
-@click.option("--tag", required=True, help="Tag (base name) to give the imported commit, e.g. the release it is, bNNNNN.")
+@click.option("--tag", required=True,
+              help="Tag (base name) to give the imported commit, e.g. the release it is, bNNNNN.")
 @click.option("--dir", "dest", type=click.Path(path_type=Path), default=None, callback=_utf8_path,
               help="Directory to create (default: ./llama.cpp-TAG).")
 @click.option("--max-unpacked-size", "max_unpacked", default=None, metavar="SIZE",
@@ -51,9 +53,8 @@ def import_(archive, tag, dest, max_unpacked, no_wait, as_json):
     source.check_tag_name(tag)  # before the name makes a path: '..' may not leave the current dir
     limits = source.Limits.raised_to(source.parse_size(max_unpacked) if max_unpacked else None)
     dest = dest or _default_dir_here(tag.replace("/", "-"))
-    with _locks(("tree", dest), no_wait=no_wait):
-        with ui.step(f"import {archive}"):
-            section = source.import_archive(archive, tag, dest, limits=limits)
+    with _locks(("tree", dest), no_wait=no_wait), ui.step(f"import {archive}"):
+        section = source.import_archive(archive, tag, dest, limits=limits)
     if as_json:
         ui.emit_json(section)
     else:
@@ -70,7 +71,7 @@ def import_(archive, tag, dest, max_unpacked, no_wait, as_json):
 @handle_errors
 def apply(base, pr, repo, dest, force, patches_dir, skip, no_wait, as_json):
     """Check out BASE, then apply the curated DFlash patch series."""
-    from .. import adopt, manifest, series, source, state
+    from .. import curate, manifest, series, source, state
 
     curated = series.load_series(patches_dir)
     series.check_skip(curated, tuple(skip))
@@ -78,7 +79,7 @@ def apply(base, pr, repo, dest, force, patches_dir, skip, no_wait, as_json):
     dest = dest or default_tree_here(base)
     # one lock for checkout + apply + record: a second run waits, and never sees a half-applied tree
     with _made_by_this_run(dest), _locks(("tree", dest), no_wait=no_wait):
-        adopt.refuse_while_curating(dest, "apply")
+        curate.refuse_while_curating(dest, "apply")
         with ui.step(f"checkout {base}"):
             src = source.checkout(base, pr=pr, repo=repo, dest=dest, force=force, keep_descendants=True)
         tree = Path(src["dir"])

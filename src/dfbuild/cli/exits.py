@@ -12,7 +12,7 @@ import signal
 import sys
 
 from .. import errors, ui
-from .common import show_error
+from .app import show_error
 
 
 def _fail(exc: errors.DfbuildError, as_json: bool = False):

@@ -7,8 +7,9 @@ import sys
 import click
 
 from .. import errors, ui
-from .common import arch_option, backend_option, json_option_for, main, os_option
+from .app import main
 from .exits import handle_errors
+from .options import arch_option, backend_option, json_option_for, os_option
 
 
 @main.command()
@@ -25,7 +26,8 @@ def doctor(backend, target_os, target_arch, fetch_vulkan, as_json):
 
     from .. import doctor as doctor_stage
 
-    if fetch_vulkan:  # for: dfbuild build --backend vulkan --vulkan-include-dir "$(dfbuild doctor --fetch-vulkan-headers)"
+    # for: dfbuild build --backend vulkan --vulkan-include-dir "$(dfbuild doctor --fetch-vulkan-headers)"
+    if fetch_vulkan:
         click.echo(doctor_stage.fetch_debian_vulkan_headers())
         return
     from .. import platforms

@@ -9,11 +9,23 @@ import click
 from rich.markup import escape
 
 from .. import errors, ui
-from .common import (_cross_host, _dir_label, _locks, _smoke_options, _work_locks, backend_option, base_option,
-                     check_can_build, json_option_for, arch_option, main, no_wait_option, os_option, patches_option, proof_options,
-                     removed_if_left_empty_handed, smoke_run_options, toolchain_options, usable_path)
+from .app import main
+from .common import _cross_host, _dir_label, _locks, _work_locks, check_can_build, removed_if_left_empty_handed
 from .exits import PROVE_EXIT, handle_errors
-
+from .options import (
+    _smoke_options,
+    arch_option,
+    backend_option,
+    base_option,
+    json_option_for,
+    no_wait_option,
+    os_option,
+    patches_option,
+    proof_options,
+    smoke_run_options,
+    toolchain_options,
+    usable_path,
+)
 
 # --- fixtures & smoke ---------------------------------------------------------
 
@@ -122,7 +134,6 @@ def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, cu
     """
     from .. import prove as prove_stage
     from .. import release as release_stage
-
     from .. import source
 
     source.check_known(base, repo)

@@ -7,11 +7,21 @@ from pathlib import Path
 import click
 
 from .. import errors, ui
-from .common import (_cross_host, _dir_label, _locks, _smoke_options, _work_locks, backend_option, base_option,
-                     check_can_build, json_option_for, arch_option, main, no_wait_option, os_option, removed_if_left_empty_handed,
-                     shown, smoke_run_options, toolchain_options, usable_path)
+from .app import main
+from .common import _cross_host, _dir_label, _locks, _work_locks, check_can_build, removed_if_left_empty_handed, shown
 from .exits import handle_errors
-
+from .options import (
+    _smoke_options,
+    arch_option,
+    backend_option,
+    base_option,
+    json_option_for,
+    no_wait_option,
+    os_option,
+    smoke_run_options,
+    toolchain_options,
+    usable_path,
+)
 
 # --- build --------------------------------------------------------------------
 
@@ -45,13 +55,8 @@ from .exits import handle_errors
 def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_targets, vulkan_include_dir, cmake_args,
           jobs, reconfigure, fresh, no_ccache, target_os, target_arch, no_wait, as_json):
     """Configure and build a llama.cpp tree for one backend (checks the toolchain first)."""
-    from .. import backends
+    from .. import backends, journal, manifest, paths, platforms
     from .. import build as build_stage
-    from .. import manifest
-
-    from .. import journal, paths
-
-    from .. import platforms
 
     backend = backend.lower()
     spec = backends.get(backend)  # resolved once, here; the stage gets the record
@@ -87,7 +92,7 @@ def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_target
 
 # --- release ------------------------------------------------------------------
 
-def _human_size(n: int) -> str:
+def _human_size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
@@ -105,7 +110,8 @@ def _human_size(n: int) -> str:
               help="Where the artifacts, SHA256SUMS and manifest.json go.")
 @click.option("--work", type=click.Path(path_type=Path, file_okay=False), callback=usable_path,
               default=None,
-              help="Working dir: checkout, build dirs, fixtures, smoke logs (default: ./dfbuild-BASE). Reruns resume here.")
+              help="Working dir: checkout, build dirs, fixtures, smoke logs (default: ./dfbuild-BASE). "
+                   "Reruns resume here.")
 @click.option("--skip-smoke", is_flag=True, help="Package without smoke tests (recorded in the manifest as skipped).")
 @click.option("--reprove", is_flag=True,
               help="Prove a carried base again even when series.toml records its proof (by default the recorded "
@@ -129,10 +135,9 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, reprove, targets
                 vulkan_include_dir, target_os, target_arch, cmake_args, jobs, start_timeout, smoke_table,
                 allow_cpu_fallback, no_wait, as_json):
     """Checkout, apply, build, smoke and package BASE: archive, wheel, SHA256SUMS, manifest.json."""
-    from .. import backends
+    from .. import backends, source
     from .. import build as build_stage
     from .. import release as release_stage
-    from .. import source
 
     backend = backend.lower()
     spec = backends.get(backend)  # resolved once, here; every stage gets the record

@@ -9,9 +9,10 @@ import click
 from rich.markup import escape
 
 from .. import errors, ui
-from .common import (BASE_HELP, SeriesHelpOption, _canonical_base, _locks, _render_concerns, _utf8_path,
-                     json_option_for, main, patches_option)
+from .app import main
+from .common import _locks, _render_concerns
 from .exits import handle_errors
+from .options import BASE_HELP, SeriesHelpOption, _canonical_base, _utf8_path, json_option_for, patches_option
 
 
 @main.group("series")
@@ -195,16 +196,16 @@ def _finish_curation(data: dict, tree: Path, as_json: bool) -> None:
 
 
 def _abort_curation(tree: Path, as_json: bool) -> None:
-    from .. import adopt
+    from .. import curate
 
-    adopt.require_git_tree(tree, "series continue --abort")
+    curate.require_git_tree(tree, "series continue --abort")
     with _locks(("tree", tree), no_wait=False):
-        result = adopt.curate_abort(tree)
+        result = curate.curate_abort(tree)
     if as_json:
         ui.emit_json(result)
         return
     if result["saved"]:  # one line: where the bytes went, and how to get them back
-        ui.result(adopt.saved_words(tree, result["saved"]), soft_wrap=True, markup=False)
+        ui.result(curate.saved_words(tree, result["saved"]), soft_wrap=True, markup=False)
     if result["head"]:
         ui.result(f"{tree}: back on {result['head'][:12]}; the curation of {result['base']} is forgotten")
     else:
@@ -212,11 +213,11 @@ def _abort_curation(tree: Path, as_json: bool) -> None:
 
 
 def _restore_curation(tree: Path, as_json: bool) -> None:
-    from .. import adopt
+    from .. import curate
 
-    adopt.require_git_tree(tree, "series continue --restore")
+    curate.require_git_tree(tree, "series continue --restore")
     with _locks(("tree", tree), no_wait=False):
-        result = adopt.curate_restore(tree)
+        result = curate.curate_restore(tree)
     if as_json:
         ui.emit_json(result)
         return
@@ -243,7 +244,7 @@ def series_start(base, repo, tree, abort, patches_dir, as_json):
     Stops at the first concern that does not carry (exit 21) and says what to do: write it by
     hand, commit it with its Dfbuild-Concern trailer, then `dfbuild series continue`.
     """
-    from .. import adopt, manifest, series, source
+    from .. import curate, manifest, series, source
 
     if abort:
         return _abort_curation(tree, as_json)
@@ -253,15 +254,15 @@ def series_start(base, repo, tree, abort, patches_dir, as_json):
     source.check_known(base, repo)
     with _locks(("tree", tree), no_wait=False):
         # before the checkout, which would move the tree off the curation's commits
-        known = adopt.read_curation(tree) if (tree / ".git").exists() else None
+        known = curate.read_curation(tree) if (tree / ".git").exists() else None
         if known and known.get("finished") is not True:
-            raise errors.UsageError(adopt.in_progress(tree, known), f"dfbuild series continue --dir {tree} [--abort]")
+            raise errors.UsageError(curate.in_progress(tree, known), f"dfbuild series continue --dir {tree} [--abort]")
         with ui.step(f"checkout {base}"):
             section = source.checkout(base, repo=repo, dest=tree)
         tree = Path(section["dir"])
         manifest.update_tree_manifest(tree, "source", section)
         with ui.step("carry each concern, one commit each"):
-            data = adopt.curate_start(curated, tree, base)
+            data = curate.curate_start(curated, tree, base)
     _finish_curation(data, tree, as_json)
 
 
@@ -278,7 +279,7 @@ def series_start(base, repo, tree, abort, patches_dir, as_json):
 @handle_errors
 def series_continue(tree, upstream_note, abort, restore, patches_dir, as_json):
     """(Curators) Resume after the hand-written commit: carry the remaining concerns the same way."""
-    from .. import adopt, series
+    from .. import curate, series
 
     if abort and restore:
         raise errors.UsageError("--abort and --restore contradict each other", "pass one of them")
@@ -287,9 +288,9 @@ def series_continue(tree, upstream_note, abort, restore, patches_dir, as_json):
     if restore:
         return _restore_curation(tree, as_json)
     curated = series.load_series(patches_dir)
-    adopt.require_git_tree(tree, "series continue")
+    curate.require_git_tree(tree, "series continue")
     with _locks(("tree", tree), no_wait=False):
-        data = adopt.curate_continue(curated, tree, upstream_note)
+        data = curate.curate_continue(curated, tree, upstream_note)
     _finish_curation(data, tree, as_json)
 
 
@@ -317,15 +318,15 @@ def _decisions(pairs: tuple[str, ...], option: str = "--upstream") -> dict[str, 
 @handle_errors
 def series_record(tree, onto, upstream, not_needed, note, patches_dir, as_json):
     """(Curators) Record the concern commits as ONTO's variant: patch files, sha256, blob, build, sdist."""
-    from .. import adopt, series
+    from .. import curate, series
 
     curated = series.load_series(patches_dir)
     decisions, unneeded = _decisions(upstream), _decisions(not_needed, "--not-needed")
     for concern in (*decisions, *unneeded):
         curated.concern(concern)  # a typo is an error, not a silent new decision
-    adopt.require_git_tree(tree, "series record")
+    curate.require_git_tree(tree, "series record")
     with _locks(("tree", tree), no_wait=False):
-        result = adopt.record(curated, tree, onto, decisions=decisions, note=note, not_needed=unneeded)
+        result = curate.record(curated, tree, onto, decisions=decisions, note=note, not_needed=unneeded)
     if as_json:
         ui.emit_json(result)
         return
@@ -356,7 +357,7 @@ def series_record_proof(work, proof_files, epoch_first, epoch_last, variant, cha
     Each proof goes with its outcome, counts, fixtures, where (cores, CPU) and when. An epoch is
     never made silently: --epoch-first, --epoch-last, --variant and --change make one.
     """
-    from .. import adopt, series
+    from .. import proof_record, series
 
     files = list(proof_files) + (sorted(Path(work).glob("proof-*.json")) if work else [])
     if not files and work is not None:
@@ -374,10 +375,10 @@ def series_record_proof(work, proof_files, epoch_first, epoch_last, variant, cha
                                     "or none of them, to record into the epoch that holds each release")
         new_epoch = {"first": epoch_first, "last": epoch_last, "variant": variant, "change": change}
     curated = series.load_series(patches_dir)
-    proofs = [(proof, path) for path in files for proof in adopt.read_proofs(path)]
+    proofs = [(proof, path) for path in files for proof in proof_record.read_proofs(path)]
     result = {"series": str(curated.path), "created_epoch": None, "proofs": []}
     for number, (proof, path) in enumerate(proofs):
-        done = adopt.record_proofs(curated, [proof], record_name=path.name,
+        done = proof_record.record_proofs(curated, [proof], record_name=path.name,
                                    new_epoch=new_epoch if number == 0 else None)
         result["created_epoch"] = result["created_epoch"] or done["created_epoch"]
         result["proofs"] += done["proofs"]
@@ -398,10 +399,10 @@ def series_record_proof(work, proof_files, epoch_first, epoch_last, variant, cha
 @handle_errors
 def series_epochs(patches_dir, as_json):
     """The epochs series.toml records: releases, serving variant, upstream change, and their proofs."""
-    from .. import adopt, series
+    from .. import proof_record, series
 
     curated = series.load_series(patches_dir)
-    table = adopt.epochs_table(curated)
+    table = proof_record.epochs_table(curated)
     if as_json:
         ui.emit_json({"series": str(curated.path), "epochs": table})
         return

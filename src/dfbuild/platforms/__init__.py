@@ -13,21 +13,16 @@ flags), and asks `cross(host)` how to build and run them here.
 
 from __future__ import annotations
 
-import functools
-import os
-import subprocess
-import tempfile
-from pathlib import Path
 from dataclasses import replace
+from typing import cast
 
 from .. import backends
 from ..backends import Host
 from ..errors import UnsupportedBackendError
 
-@functools.lru_cache(maxsize=None)
-def table() -> dict:
-    """The parsed targets.toml (cached; treat it as read-only)."""
-    return backends.data_table("targets.toml")
+# the shared facts and helpers live in targets.py (the platform modules import them from there);
+# the package keeps offering them as before
+from .targets import compiler_facts, cross_entry, table, write_if_changed  # noqa: F401
 
 
 def names() -> list[str]:
@@ -60,13 +55,14 @@ def target_host(os_name: str | None, host: Host | None = None, *, arch: str | No
                 f"--arch {arch} on this {host.os} {host.arch} host: dfbuild has no cross toolchain for "
                 f"{os_name} {arch} here", f"drop --arch (the default builds for {host.arch}), or build on an "
                 f"{arch} machine or runner (dfbuild matrix)")
-        return replace(host, arch=arch, build_os=host.os, build_arch=host.arch)
-    cross_entry = entry.get("cross", {}).get(host.os)
-    if cross_entry is None:
+        # another arch of this OS: ARCH was given (HOST's own arch returned HOST above)
+        return replace(host, arch=cast(str, arch), build_os=host.os, build_arch=host.arch)
+    cross_spec = entry.get("cross", {}).get(host.os)
+    if cross_spec is None:
         why = entry.get("refused", {}).get(host.os, f"dfbuild cannot build for {os_name} on {host.os}")
         raise UnsupportedBackendError(f"--os {os_name} on this {host.os} host: {why}",
                                       f"drop --os (the default builds for {host.os}), or build on a {os_name} machine")
-    target_arch = cross_entry.get("arch", host.arch)
+    target_arch = cross_spec.get("arch", host.arch)
     if arch is not None and arch != target_arch:
         raise UnsupportedBackendError(f"--os {os_name} --arch {arch}: dfbuild cross-builds {os_name} for "
                                       f"{target_arch} only here", f"drop --arch, or build on a {os_name} {arch} runner")
@@ -85,17 +81,8 @@ def cross(host: Host):
         from . import linux_arm64
 
         return linux_arm64
-    raise UnsupportedBackendError(f"no cross toolchain for {host.os} {host.arch} on {host.build_os}",  # pragma: no cover
-                                  "drop --os / --arch")
-
-
-def cross_entry(host: Host) -> dict:
-    """targets.toml's [targets.<os>.cross.<build os>] for a cross HOST (another OS), or
-    [targets.<os>.arch.<arch>.cross.<build os>] for another arch of the same OS."""
-    target = table()["targets"][host.os]
-    if host.build_os == host.os:
-        return target["arch"][host.arch]["cross"][host.build_os]
-    return target["cross"][host.build_os]
+    raise UnsupportedBackendError(  # pragma: no cover
+        f"no cross toolchain for {host.os} {host.arch} on {host.build_os}", "drop --os / --arch")
 
 
 def by_elf_machine(machine: str, host: Host | None = None) -> Host | None:
@@ -106,43 +93,3 @@ def by_elf_machine(machine: str, host: Host | None = None) -> Host | None:
         if cross_ and cross_.get("elf_machine") == machine and cross_.get("build_arch", host.arch) == host.arch:
             return replace(host, arch=arch, build_os=host.os, build_arch=host.arch)
     return None
-
-
-@functools.lru_cache(maxsize=None)  # asked by configure and by the manifest: run once per compiler
-def compiler_facts(compiler: str, header: str, macros: tuple[str, ...]) -> tuple[str | None, dict[str, str]]:
-    """A cross compiler's version, and the values of MACROS once HEADER is included (the C library's
-    or the runtime's version, which the compiler's own version does not say)."""
-    version = subprocess.run([compiler, "-dumpfullversion"], capture_output=True, text=True).stdout.strip()
-    defined = subprocess.run([compiler, "-E", "-dM", "-x", "c", "-"], input=f"#include <{header}>\n",
-                             capture_output=True, text=True).stdout
-    found = {}
-    for line in defined.splitlines():
-        parts = line.split()
-        if len(parts) == 3 and parts[1] in macros:
-            found[parts[1]] = parts[2]
-    return version or None, found
-
-
-def write_if_changed(path: Path, text: str) -> None:
-    """Same bytes: keep the file (and its time: ninja rebuilds nothing). Atomic otherwise."""
-    try:
-        if path.read_text(encoding="utf-8") == text:
-            return
-    except OSError:
-        pass
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
-
-
-def die_with_parent(sig: int) -> None:  # pragma: no cover - runs in the child between fork and exec
-    """In a child, before exec: get SIG when dfbuild dies, even by kill -9 (no atexit runs then).
-    Linux's PR_SET_PDEATHSIG; elsewhere (no prctl) nothing. The signal comes when the thread that
-    started the child ends, so only the main thread should ask for it."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)   # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..backends import Host
 from ..errors import ToolchainMissingError
-from . import compiler_facts, cross_entry, write_if_changed
+from .targets import compiler_facts, cross_entry, write_if_changed
 
 TOOLCHAIN_NAME = "dfbuild-toolchain-linux-arm64.cmake"
 

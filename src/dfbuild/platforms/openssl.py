@@ -24,10 +24,9 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
-from .. import fetch, paths, ui, unpack
+from .. import fetch, paths, proc, ui, unpack
 from ..errors import BuildError, SourceError, ToolchainMissingError
 
 BUILT_NAME = "dfbuild-openssl.json"  # written last: a folder without it is not a usable build
@@ -126,7 +125,7 @@ def _build_in(spec: dict, tools: dict[str, str], source: Path, prefix: Path, par
         for command in (configure_command(spec, tools), ["make", f"-j{jobs}", "build_libs"]):
             log.write("$ " + " ".join(command) + "\n")
             log.flush()
-            done = subprocess.run(command, cwd=tree, stdout=log, stderr=subprocess.STDOUT, env=env)
+            done = proc.run(command, cwd=tree, stdout=log, stderr=proc.STDOUT, env=env)
             if done.returncode != 0:
                 raise BuildError(f"building OpenSSL {spec['version']} failed ({command[0]} {command[1]}: "
                                  f"exit {done.returncode})", f"full log: {log_path}")

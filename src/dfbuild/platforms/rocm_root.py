@@ -28,17 +28,15 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
-from .. import backends, paths, ui
+from .. import backends, paths, proc, ui
 from ..errors import BuildError, SourceError, ToolchainMissingError, UsageError
-from . import die_with_parent
 
 RECORD_NAME = "dfbuild-root.json"   # written last: a root without it is not a usable root
 RECIPE_FILE = "rocm_root.toml"
@@ -69,7 +67,7 @@ exec chroot "$root" /usr/bin/env --chdir="$cwd" "$@"
 """
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def recipe() -> dict:
     """data/rocm_root.toml's [root] table, checked for the fields the root needs."""
     root = backends.data_table(RECIPE_FILE)["root"]
@@ -228,8 +226,8 @@ def _make_in(root: dict, path: Path, partial: Path) -> None:
     with open(log_path, "w", encoding="utf-8") as log:
         log.write("$ " + " ".join(command) + "\n")
         log.flush()
-        done = subprocess.run(contained(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                              preexec_fn=functools.partial(die_with_parent, signal.SIGKILL))  # --kill-child then ends mmdebstrap
+        done = proc.run(contained(command), stdout=log, stderr=proc.STDOUT, stdin=proc.DEVNULL,
+                        die_with=signal.SIGKILL)  # --kill-child then ends mmdebstrap
     wall = time.monotonic() - start
     if done.returncode != 0:
         text = log_path.read_text(encoding="utf-8", errors="replace")
@@ -358,9 +356,9 @@ def env(base: dict[str, str]) -> dict[str, str]:
 def run(root: Path, args: list[str], *, cwd: Path | str = "/", timeout: float = 120) -> str:
     """ARGS's output, run inside ROOT ('' when it cannot run)."""
     try:
-        done = subprocess.run(command(root, args, cwd=cwd), capture_output=True, text=True, errors="replace",
-                              timeout=timeout, env=env(dict(os.environ)), stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError):
+        done = proc.run(command(root, args, cwd=cwd), errors="replace", timeout=timeout, env=env(dict(os.environ)),
+                        stdin=proc.DEVNULL)
+    except (OSError, proc.SubprocessError):
         return ""
     return done.stdout.strip() if done.returncode == 0 else ""
 
@@ -385,9 +383,9 @@ def wanted(backend: str, host) -> bool:
         return False
     if choice == "forky":
         return True
-    from .. import doctor
+    from .. import probes
 
-    return not doctor.probe("hip-clang", host).found
+    return not probes.probe("hip-clang", host).found
 
 
 def runs_here() -> bool:
@@ -453,7 +451,7 @@ def main(argv: list[str]) -> int:
         return 2
     root, args = Path(argv[0]), argv[1:]
     full = command(root, args, cwd=os.getcwd())
-    os.execvpe(full[0], full, env(dict(os.environ)))
+    proc.replace_with(full, env(dict(os.environ)))
     return 127  # pragma: no cover - exec does not return
 
 

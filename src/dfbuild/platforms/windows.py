@@ -24,20 +24,20 @@ arguments:
 from __future__ import annotations
 
 import atexit
-import functools
 import os
 import re
 import shutil
 import signal
-import subprocess
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
-from .. import paths
+from .. import paths, proc
 from ..backends import Host
 from ..errors import BuildError, ToolchainMissingError
-from . import compiler_facts, cross_entry, die_with_parent, write_if_changed, openssl
+from . import openssl
+from .targets import compiler_facts, cross_entry, write_if_changed
 
 TOOLCHAIN_NAME = "dfbuild-toolchain-windows.cmake"
 RULES_NAME = "dfbuild-rules-windows.cmake"
@@ -120,7 +120,7 @@ def missing_declarations(host: Host) -> list[str]:
             test, _ = _CHECKS[name]
             source = Path(tmp) / "check.c"
             source.write_text("#include <windows.h>\n" + test, encoding="utf-8")
-            result = subprocess.run([compiler, "-fsyntax-only", str(source)], capture_output=True, text=True)
+            result = proc.run([compiler, "-fsyntax-only", str(source)])
             if result.returncode != 0:
                 missing.append(name)
     return missing
@@ -142,7 +142,7 @@ def _cmake_list(items) -> str:
 
 
 def toolchain_text(host: Host, rules_path: Path, exit_object: Path | None = None,
-                   extra_roots: list[Path] = ()) -> str:
+                   extra_roots: Sequence[Path] = ()) -> str:
     e = entry(host)
     roots = " ".join([e["find_root"], *(Path(r).as_posix() for r in extra_roots)])
     link = _cmake_list([*e.get("link_flags", ()),
@@ -253,8 +253,7 @@ def exit_wrapper(host: Host, build_dir: Path) -> Path:
     obj = Path(build_dir) / f"{EXIT_NAME}.obj"
     write_if_changed(source, EXIT_SOURCE)
     if not obj.is_file() or obj.stat().st_mtime_ns < source.stat().st_mtime_ns:
-        result = subprocess.run([_compiler(host), "-O2", "-c", str(source), "-o", str(obj)],
-                                capture_output=True, text=True)
+        result = proc.run([_compiler(host), "-O2", "-c", str(source), "-o", str(obj)])
         if result.returncode != 0:
             raise BuildError(f"the cross compiler cannot compile {source.name}: {result.stderr.strip()[-300:]}",
                              install_line(host))
@@ -262,7 +261,7 @@ def exit_wrapper(host: Host, build_dir: Path) -> Path:
 
 
 
-def toolchain_versions(host: Host) -> dict[str, str]:
+def toolchain_versions(host: Host) -> dict[str, str | None]:
     """For the manifest and the OpenSSL build's key: the cross compiler's version and the mingw-w64 headers'."""
     return dict(_compiler_versions(_compiler(host)))
 
@@ -281,7 +280,7 @@ def runtime_dlls(host: Host) -> dict[str, Path]:
     compiler = _compiler(host)
     found = {}
     for name in entry(host).get("runtime_dlls", ()):
-        result = subprocess.run([compiler, f"-print-file-name={name}"], capture_output=True, text=True)
+        result = proc.run([compiler, f"-print-file-name={name}"])
         path = Path(result.stdout.strip())
         if not path.is_absolute() or not path.is_file():
             root = Path(entry(host)["find_root"])
@@ -434,13 +433,12 @@ def vulkan_setup(host: Host, build_dir: Path, doctor_entry: dict) -> dict:
             raise ToolchainMissingError(f"{entry(host)['dlltool']} (binutils for mingw-w64) is not installed",
                                         install_line(host))
         tmp = library.with_name(library.name + ".tmp")
-        result = subprocess.run([tool, "-d", str(definition), "-D", spec["import_dll"], "-l", str(tmp)],
-                                capture_output=True, text=True)
+        result = proc.run([tool, "-d", str(definition), "-D", spec["import_dll"], "-l", str(tmp)])
         if result.returncode != 0:
             raise BuildError(f"dlltool could not make {library.name}: {result.stderr.strip()[-300:]}",
                              install_line(host))
         os.replace(tmp, library)
-    from ..doctor import vulkan_header_version
+    from ..probes import vulkan_header_version
 
     version = vulkan_header_version(headers / "vulkan" / "vulkan_core.h")
     return {"flags": {"Vulkan_INCLUDE_DIR": str(include), "Vulkan_LIBRARY": str(library),
@@ -475,7 +473,7 @@ def _stop_display() -> None:
         process.terminate()
         try:
             process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
+        except proc.TimeoutExpired:
             process.kill()
             process.wait()
 
@@ -494,12 +492,13 @@ def start_display(host: Host) -> str:
                                         "machine's Vulkan driver under Wine only through a display",
                                         "apt-get install xvfb (or run with $DISPLAY set to an X display)")
         read_fd, write_fd = os.pipe()
-        log = tempfile.TemporaryFile()  # what it says on a failed start; never a pipe nobody reads
+        # what it says on a failed start; never a pipe nobody reads (closed below, once the display is known)
+        log = tempfile.TemporaryFile()  # noqa: SIM115
         try:
-            process = subprocess.Popen([program, *command[1:], "-displayfd", str(write_fd)], pass_fds=(write_fd,),
-                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                                       preexec_fn=(functools.partial(die_with_parent, signal.SIGTERM)
-                                                   if threading.current_thread() is threading.main_thread() else None))
+            process = proc.start([program, *command[1:], "-displayfd", str(write_fd)], pass_fds=(write_fd,),
+                                 stdin=proc.DEVNULL, stdout=proc.DEVNULL, stderr=log,
+                                 die_with=(signal.SIGTERM if threading.current_thread() is threading.main_thread()
+                                           else None))
         except OSError:
             os.close(read_fd)
             log.close()
@@ -513,7 +512,7 @@ def start_display(host: Host) -> str:
         return _display["name"]
 
 
-def _read_display_number(read_fd: int, process: subprocess.Popen, timeout: float, log) -> str:
+def _read_display_number(read_fd: int, process: proc.Popen, timeout: float, log) -> str:
     """The display number Xvfb writes to its -displayfd once it accepts connections."""
     import select
 
