@@ -290,6 +290,14 @@ def test_item6_fuzzed_records_warn_and_the_rerun_recovers(world, tmp_path):
         _write_over(path, value)
         result = dfbuild(*apply_args(syn, bare, dest))
         out = said(result)
+        if name.startswith("journal: ") and isinstance(value, dict):
+            # issue 39: a journal that reads but names what dfbuild never writes is refused (15), never
+            # acted on nor removed unseen; once the user has removed it, the rerun recovers
+            assert result.exit_code == 15 and "not a journal dfbuild wrote" in out, (name, out)
+            assert journal.journal_path(dest).exists(), name
+            journal.journal_path(dest).unlink()
+            result = dfbuild(*apply_args(syn, bare, dest))
+            out = "warning: refused until removed; " + said(result)
         assert result.exit_code == 0, (name, out, result.exception)
         assert "Traceback" not in out and result.exception is None or isinstance(result.exception, SystemExit)
         if name != "tree lock: a directory":
@@ -301,13 +309,13 @@ def test_item6_fuzzed_records_warn_and_the_rerun_recovers(world, tmp_path):
     _report("fuzzed records", {"records": len(outcomes), "outcomes": outcomes})
 
 
-def test_item6_invalid_journal_is_named_in_the_warning(world, tmp_path):
+def test_item6_invalid_journal_is_named_in_the_error(world, tmp_path):
     syn, bare, expected, prepared = world
     dest = fresh_copy(prepared, tmp_path / "llama")
     _write_over(journal.journal_path(dest), {"op": "apply", "original_head": "deadbeef", "paths": ["a"]})
     result = dfbuild(*apply_args(syn, bare, dest))
-    assert result.exit_code == 0, said(result)
-    assert "invalid journal" in said(result) and "original_head" in said(result)
+    assert result.exit_code == 15, said(result)  # issue 39: refused, never acted on (was: a warning, exit 0)
+    assert "not a journal dfbuild wrote" in said(result) and "original_head" in said(result)
 
 
 # --- item 7: the README's codes, not tracebacks --------------------------------------------------------
