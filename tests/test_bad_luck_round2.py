@@ -321,7 +321,7 @@ def test_item6_invalid_journal_is_named_in_the_error(world, tmp_path):
 # --- item 7: the README's codes, not tracebacks --------------------------------------------------------
 
 
-def _archive_with_a_dangling_hardlink(tmp_path: Path) -> Path:
+def _archive_with_a_dangling_hardlink(tmp_path: Path, link: bool = True) -> Path:
     archive = tmp_path / "bad.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
         for name in ("llama/CMakeLists.txt", "llama/common/speculative.cpp"):
@@ -331,10 +331,11 @@ def _archive_with_a_dangling_hardlink(tmp_path: Path) -> Path:
             import io
 
             tar.addfile(info, io.BytesIO(data))
-        link = tarfile.TarInfo("llama/link")
-        link.type = tarfile.LNKTYPE
-        link.linkname = "llama/not-there"
-        tar.addfile(link)
+        if link:
+            hard = tarfile.TarInfo("llama/link")
+            hard.type = tarfile.LNKTYPE
+            hard.linkname = "llama/not-there"
+            tar.addfile(hard)
     return archive
 
 
@@ -354,7 +355,7 @@ def test_item7_names_over_255_bytes(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("error", [errno.ENOSPC, errno.EROFS])
 def test_item7_full_disk_or_read_only_is_16_not_a_bad_download(tmp_path, monkeypatch, error):
-    archive = _archive_with_a_dangling_hardlink(tmp_path)
+    archive = _archive_with_a_dangling_hardlink(tmp_path, link=False)  # a good archive: the disk fails
 
     def no_room(self, *args, **kwargs):
         raise OSError(error, os.strerror(error), str(tmp_path / "d" / "x"))
@@ -424,8 +425,8 @@ def test_item9_a_users_marker_file_is_never_overwritten(tmp_path):
 # --- structure: the lowest floor depends on nothing above it -----------------------------------------
 
 
-FLOORS = {"errors": set(), "ui": set(), "locks": {"errors", "ui"}, "paths": {"errors", "locks"},
-          "state": {"errors", "ui", "locks", "paths"}}
+FLOORS = {"errors": set(), "ui": set(), "readers": set(), "locks": {"errors", "ui", "readers"},
+          "paths": {"errors", "locks"}, "state": {"errors", "ui", "locks", "paths", "readers"}}
 
 
 def test_the_lowest_floor_imports_nothing_above_it():

@@ -26,7 +26,7 @@ import subprocess
 import time
 from pathlib import Path, PurePosixPath
 
-from . import state, ui
+from . import readers, state, ui
 from .errors import ForeignStateError, LockedError
 from .paths import git_dir
 
@@ -82,7 +82,7 @@ def begin(tree: Path, op: str, **data) -> None:
 
 def update(tree: Path, **data) -> None:
     """Add DATA to the journal in progress."""
-    record = json.loads(state.read_state_bytes(journal_path(tree), "journal").decode("utf-8"))
+    record = readers.loads_json(state.read_state_bytes(journal_path(tree), "journal"))
     record.update(data)
     state.atomic_write_text(journal_path(tree), json.dumps(record, indent=2, sort_keys=True) + "\n")
 
@@ -220,7 +220,7 @@ def _inside(real_git_dir: str, lock: Path) -> bool:
 def held_by_another(tree: Path, lock: Path) -> LockedError:
     """LOCK was found held while this run's git needed it: note it in the journal as not ours to remove."""
     try:
-        record = json.loads(state.read_state_bytes(journal_path(tree), "journal").decode("utf-8"))
+        record = readers.loads_json(state.read_state_bytes(journal_path(tree), "journal"))
         held = record.get("foreign_locks") if isinstance(record.get("foreign_locks"), list) else []
         update(tree, foreign_locks=sorted({*held, lock.relative_to(git_dir(tree)).as_posix()}))
     except (OSError, ValueError, AttributeError):
