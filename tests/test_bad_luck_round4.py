@@ -139,6 +139,7 @@ from test_bad_luck_round3 import _artifact, _edit_release, _resign, release_dir 
 from test_release_unit import fake_wheel, inputs, write_wheel  # noqa: E402, F401
 
 BAD = 51  # errors.VerifyError
+REPOSITORY = 17  # errors.RepositoryError
 REAL_RUN = verify._run_version  # release_dir replaces it with a stub that records the runs
 has_gnu_tar = pytest.mark.skipif(shutil.which("tar") is None, reason="needs GNU tar to show what it extracts")
 
@@ -573,3 +574,46 @@ def test_a_directory_where_a_cache_lock_belongs_is_15_not_a_traceback(release_di
 
     assert getattr(caught.value, "exit_code", None) == IN_USE, repr(caught.value)
     assert str(lock) in str(caught.value) and (lock / "something").read_text() == "kept\n"
+
+
+# --- git's own errors: a corrupt index, a damaged import repo --------------------------------------------------
+
+
+@posix_only
+def test_a_corrupt_index_is_a_code_and_a_hint_not_a_raw_git_error(world, tmp_path):
+    syn, bare, expected, prepared = world
+    dest = fresh_copy(prepared, tmp_path / "llama")
+    index = dest / ".git" / "index"
+    index.write_bytes(b"DIRC" + os.urandom(64))
+
+    result = dfbuild(*apply_args(syn, bare, dest))
+
+    text = no_traceback(result)
+    assert result.exit_code == REPOSITORY, text
+    assert "index file corrupt" in text and "rm .git/index && git reset" in text
+
+
+@posix_only
+@pytest.mark.parametrize("damage", ["objects gone", "HEAD garbage", "config garbage"])
+def test_a_damaged_cache_repo_is_a_code_and_a_hint_not_a_raw_git_error(world, tmp_path, damage):
+    from dfbuild import paths
+
+    syn, bare, expected, prepared = world
+    assert dfbuild(*apply_args(syn, bare, tmp_path / "first")).exit_code == 0  # fills the cache
+    repos = [p for p in (paths.cache_dir() / "repos").iterdir() if p.name.endswith(".git")]
+    assert repos
+    for repo in repos:
+        if damage == "objects gone":
+            for pack in (repo / "objects").rglob("*"):
+                if pack.is_file():
+                    pack.write_bytes(b"garbage")
+        elif damage == "HEAD garbage":
+            (repo / "HEAD").write_bytes(b"\x00garbage")
+        else:
+            (repo / "config").write_bytes(b"[core\n\x00")
+
+    result = dfbuild(*apply_args(syn, bare, tmp_path / "second"))
+
+    text = no_traceback(result)
+    assert result.exit_code == REPOSITORY, text
+    assert "dfbuild cache clean" in text, text

@@ -107,6 +107,13 @@ def from_os_error(exc: OSError) -> DfbuildError | None:
     return CannotWriteError(f"cannot write {where}: {known[0]}", known[1])
 
 
+class RepositoryError(DfbuildError):
+    """git cannot read a repository dfbuild uses: a corrupt index or object, a damaged cache repo (its config,
+    HEAD or objects). git's own words are quoted; the hint says how to repair the tree or clear the cache entry."""
+
+    exit_code = 17
+
+
 class PatchIntegrityError(DfbuildError):
     """A patch file does not match the sha256 recorded in series.toml."""
 
