@@ -617,3 +617,29 @@ def test_a_damaged_cache_repo_is_a_code_and_a_hint_not_a_raw_git_error(world, tm
     text = no_traceback(result)
     assert result.exit_code == REPOSITORY, text
     assert "dfbuild cache clean" in text, text
+
+
+@posix_only
+@pytest.mark.parametrize("field", [{"branch": "../../x/victim"}, {"branch": "-f"}, {"stash": "--index"}])
+def test_a_saved_changes_record_with_a_crafted_name_is_ignored(tmp_path, field):
+    """series continue --restore hands a save's branch and stash to git: only names dfbuild writes get there."""
+    from dfbuild import curate
+
+    from helpers import run_git
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    run_git(tree, "init", "-q")
+    run_git(tree, "commit", "-q", "--allow-empty", "-m", "base")
+    head_ = run_git(tree, "rev-parse", "HEAD")
+    ref = f"{curate.SAVED_REFS}/1"
+    run_git(tree, "update-ref", ref, head_)
+    folder = curate.curate_state_path(tree).parent / curate.SAVED_DIR
+    folder.mkdir(parents=True)
+    record = {"stamp": "1", "why": "abort", "ref": ref, "stash": None, "head": head_, "branch": None,
+              "curation": None, "made_ns": 1}
+    (folder / "1.json").write_text(json.dumps(record))
+    assert [r["ref"] for r in curate.saved_records(tree)] == [ref]  # the positive control
+    (folder / "1.json").write_text(json.dumps({**record, **field}))
+
+    assert curate.saved_records(tree) == []

@@ -107,7 +107,7 @@ def _safe_rel(rel: object) -> bool:
     return not PurePosixPath(rel).is_absolute() and ".." not in parts and parts[:1] != (".git",)
 
 
-def _branch_ok(branch: object) -> bool:
+def branch_ok(branch: object) -> bool:
     """A branch name git accepts whose lock file (refs/heads/BRANCH.lock) a file system can hold: every
     component, with ".lock" added, within NAME_MAX (a 300-character name is refused here, not by an OSError)."""
     if not (isinstance(branch, str) and branch and not branch.startswith("-") and "\0" not in branch
@@ -130,7 +130,7 @@ def problem(tree: Path, record: dict) -> str | None:
         return "pid is not a number"
     if not isinstance(record.get("started", 0), (int, float)) or isinstance(record.get("started", 0), bool):
         return "started is not a time"
-    if record.get("branch") is not None and not _branch_ok(record["branch"]):
+    if record.get("branch") is not None and not branch_ok(record["branch"]):
         return "branch is not a branch name"
     foreign = record.get("foreign_locks", [])
     if not isinstance(foreign, list) or not all(f in _lock_names(record.get("branch")) for f in foreign):
@@ -149,7 +149,7 @@ def problem(tree: Path, record: dict) -> str | None:
     elif op == "checkout":
         if not _commit_exists(tree, record.get("commit")):
             return "commit is not a commit of this tree"
-        if not _branch_ok(record.get("branch")):
+        if not branch_ok(record.get("branch")):
             return "branch is not a branch name"
         if record.get("previous") is not None and not _commit_exists(tree, record["previous"]):
             return "previous is not a commit of this tree"
@@ -208,7 +208,7 @@ def git_locks(tree: Path, branch: object = None) -> list[Path]:
     only a lock whose folder is inside the git dir (refs/heads as a symlink elsewhere is never entered)."""
     found = git_dir(tree)
     real = os.path.realpath(found)
-    names = _lock_names(branch if _branch_ok(branch) else None)
+    names = _lock_names(branch if branch_ok(branch) else None)
     return [found / n for n in names if _inside(real, found / n) and (found / n).is_file()]
 
 

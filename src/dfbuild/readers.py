@@ -35,6 +35,9 @@ NAME_MAX = 255          # bytes in one path component (Linux, macOS, NTFS)
 PATH_MAX = 4095         # bytes in a whole path (Linux's PATH_MAX less the NUL)
 MAX_JSON_DEPTH = 64     # dfbuild's records nest 5 deep; a deeper one is not dfbuild's
 _CHUNK = 1 << 20
+_SPECIAL = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX
+_SPECIAL_WORDS = ("setuid, setgid or sticky, which unpackers keep or drop differently (GNU tar run as root "
+                  "keeps them, unzip and pip drop them)")
 
 
 class FormatError(ValueError):
@@ -240,9 +243,11 @@ _PAX_NUMBER = re.compile(r"[0-9]{1,18}")
 _PAX_TIME = re.compile(r"-?[0-9]{1,18}(\.[0-9]{1,9})?")
 
 
-def _octal(field: bytes, what: str, label: str) -> int:
+def _octal(field: bytes, what: str, label: str, blank_ok: bool = False) -> int:
     """A ustar number: octal digits (spaces before, NULs or spaces after), as GNU tar and Python both read it;
-    no base-256, no blank field (GNU tar refuses it, Python reads 0)."""
+    no base-256, no blank field (GNU tar refuses it, Python reads 0) unless BLANK_OK (a device number)."""
+    if blank_ok and not field.strip(b"\0 "):
+        return 0
     match = re.fullmatch(rb" *([0-7]+)[ \0]*", field)
     if not match:
         raise FormatError(f"{label}: a tar header's {what} field {field!r} is not an octal number")
@@ -296,6 +301,9 @@ def _tar_header(block: bytes, label: str) -> dict:
         raise FormatError(f"{label}: a tar header is not POSIX ustar (magic {block[257:265]!r}): GNU's old format "
                           "and v7 headers read their name fields differently")
     typeflag = block[156:157]
+    # read by Python's tarfile for every member (a bad one stops it), ignored by GNU tar but for devices
+    _octal(block[329:337], "devmajor", label, blank_ok=True)
+    _octal(block[337:345], "devminor", label, blank_ok=True)
     return {"type": typeflag, "name": _nts(block[0:100]), "prefix": _nts(block[345:500]),
             "link": _nts(block[157:257]), "mode": _octal(block[100:108], "mode", label),
             "uid": _octal(block[108:116], "uid", label), "gid": _octal(block[116:124], "gid", label),
@@ -363,8 +371,8 @@ def read_tar_gz(path: Path, limits: Limits | None = None, *, with_data: bool = T
             if kind != "file" and size:
                 raise FormatError(f"{label}: member {name!r} is a {kind} with {size} bytes of data (tools skip "
                                   "them differently)")
-            if header["mode"] > 0o7777:
-                raise FormatError(f"{label}: member {name!r} has mode {header['mode']:o}")
+            if header["mode"] > 0o7777 or header["mode"] & _SPECIAL:
+                raise FormatError(f"{label}: member {name!r} has mode {header['mode']:o}: {_SPECIAL_WORDS}")
             link = None
             if kind == "link":
                 link = record.get("linkpath") or _decode_name(header["link"], "a symlink target")
@@ -494,6 +502,8 @@ def read_zip(path: Path, limits: Limits | None = None, *, with_data: bool = True
                                   f"{'directory' if is_dir else 'regular file'} (unzip would make "
                                   f"{'a link' if stat.S_ISLNK(unix) else 'something else'})")
             mode = stat.S_IMODE(unix)
+            if mode & _SPECIAL:
+                raise FormatError(f"{label}: entry {clean!r} has mode {mode:04o}: {_SPECIAL_WORDS}")
         elif made_system != _UNIX and (made_system != 0 or external >> 16):
             # MS-DOS (no mode) or unix only: pip reads a unix mode whatever the system, unzip only from unix
             raise FormatError(f"{label}: entry {clean!r} was made on system {made_system} with attributes "
