@@ -35,9 +35,6 @@ NAME_MAX = 255          # bytes in one path component (Linux, macOS, NTFS)
 PATH_MAX = 4095         # bytes in a whole path (Linux's PATH_MAX less the NUL)
 MAX_JSON_DEPTH = 64     # dfbuild's records nest 5 deep; a deeper one is not dfbuild's
 _CHUNK = 1 << 20
-_SPECIAL = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX
-_SPECIAL_WORDS = ("setuid, setgid or sticky, which unpackers keep or drop differently (GNU tar run as root "
-                  "keeps them, unzip and pip drop them)")
 
 
 class FormatError(ValueError):
@@ -100,14 +97,14 @@ def name_problem(name: str) -> str | None:
     if not name:
         return "has an empty name"
     if name.startswith("/") or re.match(r"^[A-Za-z]:", name):
-        return f"{name!r} is an absolute path"
+        return f"{name!r} has an absolute or '..' path"
     if any(ord(c) < 0x20 or c == "\x7f" for c in name):
         return f"{name!r} holds a control character"
     if "\\" in name:
         return f"{name!r} holds a backslash (a folder separator to Windows tools, a letter to others)"
     parts = name.split("/")
     if ".." in parts:
-        return f"{name!r} climbs out with '..'"
+        return f"{name!r} has an absolute or '..' path"
     if "" in parts or "." in parts:
         return f"{name!r} is not in canonical form (an empty or '.' part)"
     encoded = name.encode("utf-8", "surrogateescape")
@@ -371,8 +368,8 @@ def read_tar_gz(path: Path, limits: Limits | None = None, *, with_data: bool = T
             if kind != "file" and size:
                 raise FormatError(f"{label}: member {name!r} is a {kind} with {size} bytes of data (tools skip "
                                   "them differently)")
-            if header["mode"] > 0o7777 or header["mode"] & _SPECIAL:
-                raise FormatError(f"{label}: member {name!r} has mode {header['mode']:o}: {_SPECIAL_WORDS}")
+            if header["mode"] > 0o7777:
+                raise FormatError(f"{label}: member {name!r} has mode {header['mode']:o}")
             link = None
             if kind == "link":
                 link = record.get("linkpath") or _decode_name(header["link"], "a symlink target")
@@ -502,8 +499,6 @@ def read_zip(path: Path, limits: Limits | None = None, *, with_data: bool = True
                                   f"{'directory' if is_dir else 'regular file'} (unzip would make "
                                   f"{'a link' if stat.S_ISLNK(unix) else 'something else'})")
             mode = stat.S_IMODE(unix)
-            if mode & _SPECIAL:
-                raise FormatError(f"{label}: entry {clean!r} has mode {mode:04o}: {_SPECIAL_WORDS}")
         elif made_system != _UNIX and (made_system != 0 or external >> 16):
             # MS-DOS (no mode) or unix only: pip reads a unix mode whatever the system, unzip only from unix
             raise FormatError(f"{label}: entry {clean!r} was made on system {made_system} with attributes "

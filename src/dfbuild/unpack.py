@@ -48,10 +48,13 @@ def _strict(archive: Path, limits: Limits) -> list[readers.Member]:
     except readers.LimitError as exc:
         raise ArchiveError(exc.message, exc.hint) from None
     except readers.FormatError as exc:
-        raise ArchiveError(f"archive {archive.name} is refused: {exc.message.removeprefix(archive.name + ': ')}; "
-                           "refusing the whole archive",
-                           "the file is truncated, damaged or not a .tar.gz/.zip that tar and Python read "
-                           "alike; download it again, and only use archives from a source you trust") from None
+        what = exc.message.removeprefix(f"{archive.name}: ")
+        if what.startswith("unsafe member "):
+            raise ArchiveError(f"archive {what.removeprefix('unsafe ')}; refusing the whole archive",
+                               "only use archives from a source you trust") from None
+        raise ArchiveError(f"cannot read archive {archive}: {what}; refusing the whole archive",
+                           "the file is truncated, damaged, or not a .tar.gz/.zip that GNU tar, unzip and Python "
+                           "read alike (docs/verify.md); download it again") from None
 
 
 def extract(archive: Path, into: Path, limits: Limits | None = None) -> None:
