@@ -182,11 +182,14 @@ class _Gunzip:
         self.handle, self.label = handle, label
         self.inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip wrapper only
         self.buffer = bytearray()
-        self.offset = 0          # bytes of tar handed out so far
+        self.pos = 0             # where the unread tar starts in buffer
         self.done = False
 
     def _fill(self, want: int) -> None:
-        while len(self.buffer) < want and not self.done:
+        if self.pos > _CHUNK:  # drop what was read, now and then (not at every block: that is quadratic)
+            del self.buffer[:self.pos]
+            self.pos = 0
+        while len(self.buffer) - self.pos < want and not self.done:
             if self.inflater.unconsumed_tail:
                 chunk = self.inflater.unconsumed_tail
             else:
@@ -194,7 +197,7 @@ class _Gunzip:
                 if not chunk:
                     raise FormatError(f"{self.label}: the gzip stream is truncated (gzip -t fails)")
             try:
-                self.buffer += self.inflater.decompress(chunk, max(want - len(self.buffer), _CHUNK))
+                self.buffer += self.inflater.decompress(chunk, _CHUNK)
             except zlib.error as exc:
                 raise FormatError(f"{self.label}: the gzip stream is damaged ({exc}; gzip -t fails)") from None
             if self.inflater.eof:
@@ -205,25 +208,27 @@ class _Gunzip:
 
     def read(self, size: int) -> bytes:
         self._fill(size)
-        if len(self.buffer) < size:
+        if len(self.buffer) - self.pos < size:
             raise FormatError(f"{self.label}: the tar ends in the middle of a member (truncated)")
-        data = bytes(self.buffer[:size])
-        del self.buffer[:size]
-        self.offset += size
+        data = bytes(self.buffer[self.pos:self.pos + size])
+        self.pos += size
         return data
 
     def skip(self, size: int) -> None:
         while size > 0:
             step = min(size, _CHUNK)
-            self.read(step)
+            self._fill(step)
+            if len(self.buffer) - self.pos < step:
+                raise FormatError(f"{self.label}: the tar ends in the middle of a member (truncated)")
+            self.pos += step
             size -= step
 
     def rest_is_zero(self) -> bool:
         """Read to the end of the gzip member: True when every byte left is zero."""
         while True:
-            if any(self.buffer):
+            if any(memoryview(self.buffer)[self.pos:]):
                 return False
-            self.buffer.clear()
+            self.pos = len(self.buffer)
             if self.done:
                 return True
             self._fill(_CHUNK)
