@@ -501,7 +501,8 @@ def test_deep_state_files_are_ignored_with_a_warning_not_a_traceback(world, tmp_
 
     syn, bare, expected, prepared = world
     dest = fresh_copy(prepared, tmp_path / "llama")
-    for path in (journal.journal_path(dest), manifest.tree_manifest_path(dest), dest / ".git" / "dfbuild" / "curate.json"):
+    curate = dest / ".git" / "dfbuild" / "curate.json"
+    for path in (journal.journal_path(dest), manifest.tree_manifest_path(dest), curate):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(DEEP)
     paths.cache_dir().mkdir(parents=True, exist_ok=True)
