@@ -459,8 +459,9 @@ def unlisted_entries(directory: Path, sums: dict[str, str]) -> list[str]:
         path = directory / entry
         record = entry in (SUMS_NAME, MANIFEST_NAME, owned.MARKER_NAME) or _MERGED_MANIFEST.fullmatch(entry)
         if record and _is_regular(path):
-            if entry == owned.MARKER_NAME and _marker_problem(path):
-                problems.append(_marker_problem(path))
+            why = _marker_problem(path) if entry == owned.MARKER_NAME else None
+            if why:
+                problems.append(why)
             continue
         try:
             mode = os.lstat(path).st_mode
