@@ -345,6 +345,27 @@ def test_a_zip_whose_local_header_disagrees_fails(tmp_path):
     assert result.exit_code == BAD and "local header" in text, text
 
 
+@posix_only
+@pytest.mark.skipif(shutil.which("unzip") is None, reason="needs unzip to show what it makes of the entry")
+def test_a_zip_entry_whose_internal_attributes_unzip_reads_fails(tmp_path):
+    """Found by the zzuf campaign: internal attribute bit 2 makes unzip write the file with mode 000, while
+    Python (and verify) read 0644; the manifest's mode matched what verify read."""
+    from dfbuild import readers
+
+    info = _unix("a/f.txt", stat.S_IFREG | 0o644)
+    info.internal_attr = 4
+    path = tmp_path / "a.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(_unix("a/", stat.S_IFDIR | 0o755), b"")
+        zf.writestr(info, b"hello\n")
+        zf.writestr(_unix("a/g.txt", stat.S_IFREG | 0o644), b"an entry after it\n")
+    subprocess.run(["unzip", "-qq", "-o", str(path), "-d", str(tmp_path / "x")], check=True)
+    assert stat.S_IMODE((tmp_path / "x" / "a" / "f.txt").stat().st_mode) == 0  # what unzip makes of it
+
+    with pytest.raises(readers.FormatError, match="internal attributes"):
+        readers.read_zip(path)
+
+
 def test_the_zip_reader_refuses_hidden_bytes_and_comments(tmp_path):
     from dfbuild import readers  # (here: the module is new; the other tests also run against older code)
 

@@ -459,7 +459,7 @@ def read_zip(path: Path, limits: Limits | None = None, *, with_data: bool = True
         raw_name = raw[pos + _CENTRAL.size:pos + _CENTRAL.size + name_len]
         extra = raw[pos + _CENTRAL.size + name_len:pos + _CENTRAL.size + name_len + extra_len]
         entries.append((made_system, need, flags, method, mtime, mdate, crc, csize, usize, raw_name, extra,
-                        comment_len, disk_start, external, offset))
+                        comment_len, disk_start, internal, external, offset))
         pos = end
     if pos != eocd_at:
         raise FormatError(f"{label}: the central directory holds more than its {total} entries")
@@ -469,7 +469,7 @@ def read_zip(path: Path, limits: Limits | None = None, *, with_data: bool = True
     tree = _Tree(label)
     expected_at = 0
     for (made_system, need, flags, method, mtime, mdate, crc, csize, usize, raw_name, extra, comment_len,
-         disk_start, external, offset) in sorted(entries, key=lambda e: e[14]):
+         disk_start, internal, external, offset) in sorted(entries, key=lambda e: e[-1]):
         if flags & ~_ZIP_FLAGS_OK:
             why = "is encrypted" if flags & 0x1 else f"has flags 0x{flags:04x} (a data descriptor or more)"
             raise FormatError(f"{label}: entry {raw_name[:60]!r} {why}; it cannot be vetted")
@@ -484,6 +484,9 @@ def read_zip(path: Path, limits: Limits | None = None, *, with_data: bool = True
                               "e.g. deflate64, bzip2, lzma, which unzip or Python cannot read)")
         if need > 20 or comment_len or disk_start:
             raise FormatError(f"{label}: entry {name!r} needs zip version {need / 10:.1f}, or has a comment")
+        if internal > 1:  # bit 0: text (only unzip -a reads it); unzip gives a file with bit 2 set mode 000
+            raise FormatError(f"{label}: entry {name!r} has internal attributes 0x{internal:04x}, which unzip "
+                              "reads (bit 2: it writes the file with mode 000) and Python ignores")
         _zip_extras(extra, label, name)
         is_dir = name.endswith("/")
         clean = name[:-1] if is_dir else name
