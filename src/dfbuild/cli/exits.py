@@ -69,26 +69,25 @@ def git_failure(exc: BaseException) -> errors.RepositoryError | None:
     Failures dfbuild expects (a patch that does not apply, a missing revision) are mapped where they happen;
     what reaches here is damage, whichever repository it is in: quote git, say how to repair or clear it."""
     import configparser
-    import subprocess
 
-    try:
-        import git
-        import gitdb.exc
-    except ImportError:  # pragma: no cover - GitPython is a dependency
-        return None
-    if isinstance(exc, git.GitCommandError):
+    from git import exc as git_exc  # GitPython's errors, gitdb's (ODBError) re-exported among them
+
+    from .. import proc
+
+    if isinstance(exc, git_exc.GitCommandError):  # gitrun's GitError is one
         said = (exc.stderr or "").strip().strip("'").strip() or str(exc)
         words = [line.strip() for line in said.splitlines() if line.strip()]
         what = f"git {exc.command[1] if len(exc.command) > 1 else ''} failed: {words[-1] if words else said}"
-    elif isinstance(exc, subprocess.CalledProcessError) and exc.cmd and Path(str(exc.cmd[0])).name == "git":
+    elif isinstance(exc, proc.CalledProcessError) and exc.cmd and Path(str(exc.cmd[0])).name == "git":
+        # a module phase 2 of issue 38 has not yet moved onto gitrun (journal) runs git with check=True
         said = exc.stderr.decode("utf-8", "replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
         words = [line.strip() for line in said.splitlines() if line.strip()]
         what = f"git failed: {words[-1] if words else f'exit {exc.returncode}'}"
-    elif isinstance(exc, (git.InvalidGitRepositoryError, git.NoSuchPathError)):
+    elif isinstance(exc, (git_exc.InvalidGitRepositoryError, git_exc.NoSuchPathError)):
         what = f"{exc} is not a git repository git can read (its HEAD, config or objects are damaged)"
     elif isinstance(exc, configparser.Error):
         what = f"a git config does not parse: {str(exc).splitlines()[0]}"
-    elif isinstance(exc, (gitdb.exc.ODBError, ValueError)) and type(exc).__module__.startswith(("git", "gitdb")):
+    elif isinstance(exc, (git_exc.ODBError, ValueError)) and type(exc).__module__.startswith(("git", "gitdb")):
         what = f"git cannot read an object: {exc}"
     else:
         return None
