@@ -151,7 +151,7 @@ def check_file(label: str, name: str, data: bytes, problems: list[str],
     try:
         info = read(data)
         problem = search_path_problem(info)
-    except Exception as exc:  # noqa: BLE001 - a damaged ELF is a finding, not a crash
+    except Exception as exc:  # a damaged ELF is a finding, not a crash
         info, problem = None, f"cannot be read as ELF ({exc})"
     if problem:
         problems.append(f"{label}: {name} {problem}")

@@ -61,7 +61,7 @@ class Limits:
     ratio: int | None = 100           # unpacked / archive size, checked past 64 MiB; None: not checked
 
     @classmethod
-    def raised_to(cls, size: int | None) -> "Limits":
+    def raised_to(cls, size: int | None) -> Limits:
         """The default caps, or (--max-unpacked-size) SIZE bytes with the ratio check off."""
         return cls() if size is None else cls(unpacked_bytes=size, members=max(cls.members, size // 4096),
                                                ratio=None)
@@ -449,7 +449,7 @@ def read_zip(path: Path, limits: Limits | None = None, *, with_data: bool = True
     for _ in range(total):
         if pos + _CENTRAL.size > eocd_at:
             raise FormatError(f"{label}: the central directory is truncated")
-        (sig, made_version, made_system, need, flags, method, mtime, mdate, crc, csize, usize, name_len,
+        (sig, _made_version, made_system, need, flags, method, mtime, mdate, crc, csize, usize, name_len,
          extra_len, comment_len, disk_start, internal, external, offset) = _CENTRAL.unpack_from(raw, pos)
         if sig != b"PK\x01\x02":
             raise FormatError(f"{label}: a central directory entry has a bad signature")

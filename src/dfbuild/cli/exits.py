@@ -45,7 +45,7 @@ def handle_errors(func):
         except UnicodeError as exc:
             _fail(errors.UsageError(f"a path or name is not valid UTF-8 ({exc.reason})",
                                     "use names that are valid UTF-8"), as_json)
-        except Exception as exc:  # noqa: BLE001 - only git's own failures are mapped; anything else re-raises
+        except Exception as exc:  # only git's own failures are mapped; anything else re-raises
             known = git_failure(exc)
             if known is None:
                 raise
