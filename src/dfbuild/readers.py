@@ -145,7 +145,9 @@ class _Tree:
     through the link, or fail)."""
 
     def __init__(self, label: str):
-        self.label, self.kinds, self.below = label, {}, set()
+        self.label = label
+        self.kinds: dict[str, str] = {}   # name: file | dir | link
+        self.below: set[str] = set()      # the names some member lies below
 
     def add(self, name: str, kind: str) -> None:
         if name in self.kinds:
@@ -471,8 +473,8 @@ def read_zip(path: Path, limits: Limits | None = None, *, with_data: bool = True
     for (made_system, need, flags, method, mtime, mdate, crc, csize, usize, raw_name, extra, comment_len,
          disk_start, internal, external, offset) in sorted(entries, key=lambda e: e[-1]):
         if flags & ~_ZIP_FLAGS_OK:
-            why = "is encrypted" if flags & 0x1 else f"has flags 0x{flags:04x} (a data descriptor or more)"
-            raise FormatError(f"{label}: entry {raw_name[:60]!r} {why}; it cannot be vetted")
+            refused = "is encrypted" if flags & 0x1 else f"has flags 0x{flags:04x} (a data descriptor or more)"
+            raise FormatError(f"{label}: entry {raw_name[:60]!r} {refused}; it cannot be vetted")
         if flags & 0x0800:
             name = _decode_name(raw_name, "a zip entry name")
         else:  # no UTF-8 flag: the name is in the zip's old code page (cp437), which tools read differently
