@@ -89,7 +89,8 @@ def check_wheel(path: Path, embedded_by_version: dict[tuple, dict], problems: li
     except OSError as exc:
         problems.append(f"{path.name}: cannot be read: {exc.strerror or exc}")
         return
-    contents = {m.name: m.data for m in members if m.kind == "file"}
+    # read with data (read_zip's default), so every file has its bytes: the test only narrows the type
+    contents = {m.name: m.data for m in members if m.kind == "file" and m.data is not None}
     if not wheel_format_ok(path.name, contents, fields, problems):
         return  # what pip would refuse (or install otherwise than vetted) is not read further
     if not _layout_ok(path.name, contents, fields, package, problems):
