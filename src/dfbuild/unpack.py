@@ -21,12 +21,11 @@ from pathlib import Path, PurePosixPath
 from . import readers
 from .errors import ArchiveError, UsageError, from_os_error
 
+# the caps live with the strict readers, which apply them while they read; imported (not assigned), so
+# Limits stays a type for the modules that annotate with it (tree_import, source)
+from .readers import LIMIT_FLAG, Limits, check_limits  # noqa: F401 - re-exported
 
 # --- archives ---------------------------------------------------------------------
-
-
-# the caps live with the strict readers, which apply them while they read
-Limits, LIMIT_FLAG, check_limits = readers.Limits, readers.LIMIT_FLAG, readers.check_limits
 
 
 def parse_size(text: str) -> int:
