@@ -67,6 +67,8 @@ def add_tar_member(tf: tarfile.TarFile, name: str, data: bytes = b"x", **attrs) 
     info.size = len(data)
     for key, value in attrs.items():
         setattr(info, key, value)
+    if not info.isfile():
+        info.size = 0  # a link's header says 0 bytes: GNU tar and Python's tarfile skip a link's data differently
     tf.addfile(info, io.BytesIO(data) if info.isfile() else None)
 
 

@@ -145,8 +145,10 @@ def fake_build_wheel(*, bin_dir, version, manifest_bytes, license_path, out_dir,
     plat = "manylinux_2_17_x86_64" if HOST.os == "linux" else "macosx_11_0_arm64"
     path = Path(out_dir) / f"{package}-{version}-py3-none-{plat}.whl"
     Path(out_dir).mkdir(parents=True, exist_ok=True)
+    launcher = {f"{package}/{p.name}": p.read_bytes() for p in (release.builder_dir() / "src" / release.WHEEL_DIST).glob("*.py")}
+    launcher[f"{package}/_version.py"] = f'__version__ = "{version}"\n'.encode()
     write_wheel(path, {**{f"{package}/bin/{file.name}": file.read_bytes() for file in sorted(Path(bin_dir).iterdir())},
-                       f"{package}/manifest.json": manifest_bytes})
+                       f"{package}/manifest.json": manifest_bytes, **launcher})
     return path
 
 
@@ -528,16 +530,21 @@ def test_verify_fails_every_unlisted_entry_symlinks_too_never_followed(release_c
 def test_two_backends_share_one_out_dir_and_verify(inputs, fake_wheel, tmp_path):
     """As in CI's merge job: each entry's artifacts side by side, one SHA256SUMS over all of them."""
     out = tmp_path / "out"
-    first = run_package(inputs, out)
+    first = write_full_release(inputs, out)
+    first_manifest = (out / "manifest.json").read_bytes()
     inputs["sections"]["build"] = {**inputs["sections"]["build"], "backend": "vulkan"}
     second = write_full_release(inputs, out)
     names = {a["name"] for a in first["artifacts"] + second["artifacts"]}
     assert len(names) == 4  # the backend is in both the archive name and the wheel version
     assert set(release.read_sha256sums(out / "SHA256SUMS")) == names
-    report = verify.verify(out)
+    report = verify.verify(out)  # one out dir, two releases: manifest.json is the last one's
     assert report["ok"], report["problems"]
     (out / "manifest.json").rename(out / "manifest-vulkan.json")  # a merged dir: one manifest-ID.json per entry
-    assert verify.verify(out)["ok"]
+    (out / "manifest-cpu.json").write_bytes(first_manifest)
+    assert verify.verify(out)["ok"], verify.verify(out)["problems"]
+    (out / "manifest-cpu.json").unlink()  # issue 39: one entry's manifest removed is a problem
+    problems = verify.verify(out)["problems"]
+    assert any(first["archive"] in p and "described by no manifest-ID.json" in p for p in problems), problems
     (out / "manifest-vulkan.json").unlink()  # none at all: something is missing
     assert not verify.verify(out)["ok"]
 

@@ -11,16 +11,15 @@ from __future__ import annotations
 import gzip
 import io
 import os
-import re
 import stat
 import tarfile
 import time
 import zipfile
-import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from .errors import ArchiveError, ReleaseError, VerifyError
+from . import readers
+from .errors import ReleaseError, VerifyError
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".zip")
 ZIP_EPOCH_MIN = 315532800            # 1980-01-01: the earliest date a zip entry can hold
@@ -67,13 +66,9 @@ def _resolve_link(entries_by_path: dict[str, Entry], entry: Entry) -> Entry:
 
 
 def unsafe_member(name: str) -> str | None:
-    """Why an archive member name is unsafe to extract, or None."""
-    posix = name.replace("\\", "/")
-    if not posix or posix.startswith("/") or re.match(r"^[A-Za-z]:", posix):
-        return f"{name!r} is an absolute path"
-    if ".." in PurePosixPath(posix).parts:
-        return f"{name!r} climbs out with '..'"
-    return None
+    """Why an archive member name is unsafe to extract, or None (readers.name_problem: also a backslash,
+    an empty or '.' part, a part over 255 bytes)."""
+    return readers.name_problem(name)
 
 
 def _member_name(root: str | None, path: str) -> str:
@@ -161,81 +156,46 @@ def write_archive(path: Path, root: str | None, entries: list[Entry], mtime: int
     return path
 
 
-@dataclass
-class Member:
-    name: str
-    kind: str                     # file | dir | link | other
-    mode: int
-    data: bytes | None = None
-    link: str | None = None
+# --- reading back: readers.py's strict readers (one for each format, shared with unpack.py) -----------------
 
-
-# what Python's zipfile (and so pip and verify) can read; deflate64 (9), PPMd, ... it cannot
-ZIP_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate", zipfile.ZIP_BZIP2: "bzip2",
-               zipfile.ZIP_LZMA: "lzma"}
-
-
-def zip_member_problem(info: zipfile.ZipInfo) -> str | None:
-    """Why a zip member cannot be read and vetted (encrypted, an unsupported method), or None."""
-    if info.flag_bits & 0x1:
-        return "is encrypted"
-    if info.compress_type not in ZIP_METHODS:
-        return f"uses compression method {info.compress_type} (not stored, deflate, bzip2 or lzma: e.g. deflate64)"
-    return None
+Member = readers.Member
 
 
 def read_members(path: Path, limits=None) -> list[Member]:
-    """Every member of a .tar.gz or .zip, with file contents, once the sizes are within LIMITS."""
-    from . import source  # the size caps are the ones `dfbuild import` applies
-
-    members = []
-    limits = limits or source.Limits()
+    """Every member of a .tar.gz or .zip, with file contents, read strictly (readers.read_archive) within
+    LIMITS; VerifyError (51) for anything the strict reader refuses."""
     try:
-        if path.name.endswith(".zip"):
-            with zipfile.ZipFile(path) as zf:
-                source.check_limits(path, [info.file_size for info in zf.infolist()], limits)
-                for info in zf.infolist():
-                    why = zip_member_problem(info)
-                    if why:
-                        raise VerifyError(f"{path.name}: member {info.filename} {why}; it cannot be vetted",
-                                          "rebuild the archive with dfbuild release")
-                    mode = (info.external_attr >> 16) & 0o7777
-                    if info.is_dir():
-                        members.append(Member(info.filename.rstrip("/"), "dir", mode))
-                    else:
-                        members.append(Member(info.filename, "file", mode, data=zf.read(info)))
-        else:
-            with tarfile.open(path, "r:*") as tar:
-                source.check_limits(path, [info.size for info in tar.getmembers() if info.isfile()], limits)
-                for info in tar.getmembers():
-                    if info.isdir():
-                        members.append(Member(info.name, "dir", info.mode))
-                    elif info.issym():
-                        members.append(Member(info.name, "link", info.mode, link=info.linkname))
-                    elif info.isfile():
-                        members.append(Member(info.name, "file", info.mode, data=tar.extractfile(info).read()))
-                    else:
-                        members.append(Member(info.name, "other", info.mode))
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, zlib.error, RuntimeError,
-            NotImplementedError, ValueError) as exc:  # zipfile: RuntimeError (encrypted), NotImplementedError
-        raise VerifyError(f"{path.name} cannot be read: {exc}", "download it again") from None
-    except ArchiveError as exc:
-        raise VerifyError(exc.message, exc.hint) from None
-    return members
+        return readers.read_archive(Path(path), limits)
+    except readers.FormatError as exc:
+        raise VerifyError(exc.message if exc.message.startswith(Path(path).name) else f"{Path(path).name}: "
+                          f"{exc.message}", exc.hint or "rebuild the archive with dfbuild release") from None
+    except OSError as exc:
+        raise VerifyError(f"{Path(path).name} cannot be read: {exc.strerror or exc}", "download it again") from None
 
 
 def extract_members(members: list[Member], into: Path) -> None:
-    """Write already-checked members under INTO, restoring modes and links."""
+    """Write already-checked members under INTO, restoring modes and links.
+
+    Every file is made new (O_EXCL, never through a symlink) and every folder must be a real directory
+    made here: should two members still collide, VerifyError, never a write outside INTO."""
     into = Path(into)
     for member in sorted(members, key=lambda m: m.name):
         target = into / member.name
-        if member.kind == "dir":
-            target.mkdir(parents=True, exist_ok=True)
-        elif member.kind == "file":
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(member.data)
-            if os.name != "nt":
-                target.chmod(member.mode & 0o755)
-        elif member.kind == "link":
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(member.link, target)
+        try:
+            for parent in reversed(target.relative_to(into).parents[:-1]):
+                folder = into / parent
+                if not folder.is_dir() or folder.is_symlink():
+                    folder.mkdir()
+            if member.kind == "dir":
+                target.mkdir()
+            elif member.kind == "file":
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(member.data or b"")
+                if os.name != "nt" and member.mode is not None:
+                    target.chmod(member.mode & 0o755)
+            elif member.kind == "link":
+                os.symlink(member.link, target)
+        except (FileExistsError, NotADirectoryError) as exc:
+            raise VerifyError(f"cannot unpack {member.name}: {exc.strerror} ({exc.filename})",
+                              "the archive is not one dfbuild wrote; do not publish it") from None

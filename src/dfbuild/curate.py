@@ -17,7 +17,7 @@ from typing import Any, cast
 import git
 
 from . import carry as carrying
-from . import gitrun, manifest, source, state, ui
+from . import gitrun, journal, manifest, source, state, ui
 from .adopt import refresh
 from .errors import DirtyTreeError, NotLlamaTreeError, UsageError
 from .series_check import CARRIED, _try_apply
@@ -373,6 +373,13 @@ def saved_records(tree: Path) -> list[dict]:
         record = state.read_json(path, "saved-changes record")
         ref = record.get("ref")
         if not isinstance(ref, str) or not ref.startswith(SAVED_REFS + "/"):
+            continue
+        branch, stash = record.get("branch"), record.get("stash")
+        if (branch is not None and not journal.branch_ok(branch)) or (
+                stash is not None and not (isinstance(stash, str) and re.fullmatch(r"[0-9a-f]{40}([0-9a-f]{24})?",
+                                                                                    stash))):
+            # every name a record gives reaches git only once checked: a crafted branch or stash is not ours
+            ui.warn(f"ignoring the saved-changes record {path}: its branch or stash is not one dfbuild writes")
             continue
         if gitrun.run(tree, "rev-parse", "--verify", "--quiet", ref, check=False).returncode == 0:
             records.append({**record, "path": str(path)})

@@ -132,3 +132,39 @@ def system_library_dirs() -> dict[str, Path]:
         if match and (not machine or machine in match.group(2)):
             found.setdefault(match.group(1), Path(match.group(3)))
     return found
+
+
+# --- what verify checks of every shipped ELF file ---------------------------------------------------------
+
+
+def check_file(label: str, name: str, data: bytes, problems: list[str],
+               glibc: dict[str, tuple[int, ...]] | None = None, want_machine: str | None = None) -> int:
+    """RUNPATH must be exactly $ORIGIN (or absent): an empty entry would load libraries from the current dir.
+    With WANT_MACHINE (x86-64, AArch64), the file must be an ELF file for it. Problems go to PROBLEMS,
+    labelled LABEL: NAME.
+
+    GLIBC, when given, gets NAME's highest GLIBC_ symbol version (the oldest glibc it starts on).
+    Returns 1 for an ELF file, 0 otherwise.
+    """
+    if not is_elf(data):
+        return 0
+    try:
+        info = read(data)
+        problem = search_path_problem(info)
+    except Exception as exc:  # a damaged ELF is a finding, not a crash
+        info, problem = None, f"cannot be read as ELF ({exc})"
+    if problem:
+        problems.append(f"{label}: {name} {problem}")
+    if want_machine and info is not None and info.machine != want_machine:
+        problems.append(f"{label}: {name} is an ELF file for {info.machine}, not {want_machine}")
+    if glibc is not None and info is not None and info.glibc:
+        glibc[name] = info.glibc
+    return 1
+
+
+def glibc_note(label: str, needs: dict[str, tuple[int, ...]]) -> str:
+    """One line: the highest glibc any ELF of LABEL needs, and which one."""
+    top = max(needs.values())
+    which = sorted(name for name, version in needs.items() if version == top)
+    return (f"{label}: needs glibc {version_text(top)} or newer "
+            f"(GLIBC_{version_text(top)} in {', '.join(which[:3])}{' ...' if len(which) > 3 else ''})")

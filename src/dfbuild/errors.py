@@ -70,6 +70,17 @@ class StateFileError(LockedError):
         self.path = path
 
 
+class ForeignStateError(LockedError):
+    """A state file of dfbuild's reads, but holds what dfbuild never writes there (a journal whose branch
+    climbs out of refs/heads, a key no journal has): refused (15), never acted on and never removed unseen."""
+
+    def __init__(self, path, why: str, what: str):
+        super().__init__(f"{path} is not a {what} dfbuild wrote ({why}); nothing was done",
+                         f"look at it and check the tree with `git status`; then remove it (rm '{path}') "
+                         "and run again")
+        self.path = path
+
+
 class CannotWriteError(DfbuildError):
     """A directory dfbuild must write is read-only, not ours to write, or on a full disk."""
 
@@ -94,6 +105,13 @@ def from_os_error(exc: OSError) -> DfbuildError | None:
         return None
     where = exc.filename if exc.filename is not None else "a file"
     return CannotWriteError(f"cannot write {where}: {known[0]}", known[1])
+
+
+class RepositoryError(DfbuildError):
+    """git cannot read a repository dfbuild uses: a corrupt index or object, a damaged cache repo (its config,
+    HEAD or objects). git's own words are quoted; the hint says how to repair the tree or clear the cache entry."""
+
+    exit_code = 17
 
 
 class PatchIntegrityError(DfbuildError):

@@ -26,8 +26,8 @@ import subprocess
 import time
 from pathlib import Path, PurePosixPath
 
-from . import state, ui
-from .errors import LockedError
+from . import readers, state, ui
+from .errors import ForeignStateError, LockedError
 from .paths import git_dir
 
 JOURNAL_NAME = "journal.json"
@@ -38,6 +38,11 @@ _GIT_LOCKS = ("index.lock", "HEAD.lock", "ORIG_HEAD.lock", "config.lock", "refs/
 _HEX = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 _ABBREV = re.compile(r"^[0-9a-f]{7,64}$")
 _OPS = ("apply", "checkout", "stash")
+# the keys each operation's journal holds (begin/update/held_by_another write no others)
+_KEYS = {"apply": {"original_head", "branch", "paths", "wrote"}, "checkout": {"commit", "branch", "previous"},
+         "stash": set()}
+_COMMON_KEYS = {"op", "pid", "started", "foreign_locks"}
+_NAME_MAX = 255  # bytes in one file name (NAME_MAX on Linux, macOS and Windows' NTFS)
 
 
 def record_dir(tree: Path) -> Path:
@@ -77,7 +82,7 @@ def begin(tree: Path, op: str, **data) -> None:
 
 def update(tree: Path, **data) -> None:
     """Add DATA to the journal in progress."""
-    record = json.loads(state.read_state_bytes(journal_path(tree), "journal").decode("utf-8"))
+    record = readers.loads_json(state.read_state_bytes(journal_path(tree), "journal"))
     record.update(data)
     state.atomic_write_text(journal_path(tree), json.dumps(record, indent=2, sort_keys=True) + "\n")
 
@@ -102,10 +107,15 @@ def _safe_rel(rel: object) -> bool:
     return not PurePosixPath(rel).is_absolute() and ".." not in parts and parts[:1] != (".git",)
 
 
-def _branch_ok(branch: object) -> bool:
-    return (isinstance(branch, str) and bool(branch) and not branch.startswith("-") and "\0" not in branch
-            and subprocess.run(["git", "check-ref-format", f"refs/heads/{branch}"],
-                               capture_output=True).returncode == 0)
+def branch_ok(branch: object) -> bool:
+    """A branch name git accepts whose lock file (refs/heads/BRANCH.lock) a file system can hold: every
+    component, with ".lock" added, within NAME_MAX (a 300-character name is refused here, not by an OSError)."""
+    if not (isinstance(branch, str) and branch and not branch.startswith("-") and "\0" not in branch
+            and len(branch.encode("utf-8", "surrogateescape")) <= 200):
+        return False
+    if any(len(part.encode("utf-8", "surrogateescape")) + len(".lock") > _NAME_MAX for part in branch.split("/")):
+        return False
+    return subprocess.run(["git", "check-ref-format", f"refs/heads/{branch}"], capture_output=True).returncode == 0
 
 
 def problem(tree: Path, record: dict) -> str | None:
@@ -113,15 +123,21 @@ def problem(tree: Path, record: dict) -> str | None:
     op = record.get("op")
     if op not in _OPS:
         return f"unknown operation {op!r}"
+    unknown = sorted(set(record) - _COMMON_KEYS - _KEYS[op])
+    if unknown:  # every name a journal holds is checked before use: a key no check knows is not dfbuild's
+        return f"{', '.join(map(repr, unknown))} is not part of a {op} journal"
     if not isinstance(record.get("pid", 0), int) or isinstance(record.get("pid", 0), bool):
         return "pid is not a number"
-    if not isinstance(record.get("started", 0), (int, float)):
+    if not isinstance(record.get("started", 0), (int, float)) or isinstance(record.get("started", 0), bool):
         return "started is not a time"
+    if record.get("branch") is not None and not branch_ok(record["branch"]):
+        return "branch is not a branch name"
+    foreign = record.get("foreign_locks", [])
+    if not isinstance(foreign, list) or not all(f in _lock_names(record.get("branch")) for f in foreign):
+        return "foreign_locks is not a list of git's lock files"
     if op == "apply":
         if not _commit_exists(tree, record.get("original_head")):
             return "original_head is not a commit of this tree"
-        if record.get("branch") is not None and not _branch_ok(record["branch"]):
-            return "branch is not a branch name"
         paths = record.get("paths")
         if not isinstance(paths, list) or not all(_safe_rel(p) for p in paths):
             return "paths is not a list of paths inside the tree"
@@ -133,7 +149,7 @@ def problem(tree: Path, record: dict) -> str | None:
     elif op == "checkout":
         if not _commit_exists(tree, record.get("commit")):
             return "commit is not a commit of this tree"
-        if not _branch_ok(record.get("branch")):
+        if not branch_ok(record.get("branch")):
             return "branch is not a branch name"
         if record.get("previous") is not None and not _commit_exists(tree, record["previous"]):
             return "previous is not a commit of this tree"
@@ -152,8 +168,9 @@ def pending(tree: Path) -> dict | None:
         return {"op": "unknown"}
     why = problem(tree, data)
     if why:
-        ui.warn(f"ignoring the invalid journal {path} ({why}); it is treated as unreadable")
-        return {"op": "unknown"}
+        # it reads, but it names what dfbuild never writes (a branch out of refs/heads, a path out of the
+        # tree): acting on it, or removing it unseen, could do what its writer wanted; the user looks
+        raise ForeignStateError(path, why, "journal")
     return data
 
 
@@ -187,14 +204,23 @@ def _lock_names(branch: object) -> list[str]:
 
 
 def git_locks(tree: Path, branch: object = None) -> list[Path]:
+    """git's lock files that exist in TREE's git dir; BRANCH's only when it is a valid branch name, and
+    only a lock whose folder is inside the git dir (refs/heads as a symlink elsewhere is never entered)."""
     found = git_dir(tree)
-    return [found / n for n in _lock_names(branch) if (found / n).is_file()]
+    real = os.path.realpath(found)
+    names = _lock_names(branch if branch_ok(branch) else None)
+    return [found / n for n in names if _inside(real, found / n) and (found / n).is_file()]
+
+
+def _inside(real_git_dir: str, lock: Path) -> bool:
+    folder = os.path.realpath(lock.parent)
+    return folder == real_git_dir or folder.startswith(real_git_dir + os.sep)
 
 
 def held_by_another(tree: Path, lock: Path) -> LockedError:
     """LOCK was found held while this run's git needed it: note it in the journal as not ours to remove."""
     try:
-        record = json.loads(state.read_state_bytes(journal_path(tree), "journal").decode("utf-8"))
+        record = readers.loads_json(state.read_state_bytes(journal_path(tree), "journal"))
         held = record.get("foreign_locks") if isinstance(record.get("foreign_locks"), list) else []
         update(tree, foreign_locks=sorted({*held, lock.relative_to(git_dir(tree)).as_posix()}))
     except (OSError, ValueError, AttributeError):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from . import ui
+from . import readers, ui
 from .errors import LockedError, StateFileError
 
 try:
@@ -81,6 +81,24 @@ def open_state_file(path: Path, flags: int, what: str, mode: int = 0o644) -> int
     raise StateFileError(path, kind_of(info.st_mode), what)
 
 
+def folder_ready(folder: Path, what: str) -> None:
+    """Make FOLDER (and its parents); a file, FIFO or device where it (or a parent) belongs is refused with
+    StateFileError (exit 15) naming it, never a FileExistsError traceback."""
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = Path(folder)
+        for candidate in (Path(folder), *Path(folder).parents):
+            if os.path.lexists(candidate) and not candidate.is_dir():
+                blocker = candidate
+                break
+        try:
+            kind = kind_of(os.lstat(blocker).st_mode)
+        except OSError:
+            kind = "not a directory"
+        raise StateFileError(blocker, kind if kind != "not a regular file" else "a file", what) from None
+
+
 def read_state_bytes(path: Path, what: str) -> bytes:
     """The bytes of dfbuild's state file PATH, opened the safe way (see open_state_file)."""
     fd = open_state_file(path, os.O_RDONLY, what)
@@ -122,7 +140,10 @@ class _Flock:
         self.path, self.what, self.fd = path, what, None
 
     def acquire(self, timeout: float = -1) -> None:
-        fd = open_state_file(Path(self.path), os.O_RDWR | os.O_CREAT, self.what)
+        try:
+            fd = open_state_file(Path(self.path), os.O_RDWR | os.O_CREAT, self.what)
+        except IsADirectoryError:  # a folder where the lock file belongs: maybe someone's, never removed here
+            raise StateFileError(Path(self.path), "a directory", self.what) from None
         try:
             if timeout is not None and timeout < 0:
                 fcntl.flock(fd, fcntl.LOCK_EX)  # Ctrl-C interrupts it (KeyboardInterrupt)
@@ -164,8 +185,8 @@ def _command_line() -> str:
 
 def _holder(info_path: Path) -> str:
     try:
-        data = json.loads(read_state_bytes(info_path, "lock owner note").decode("utf-8"))
-        return f"pid {data['pid']} ({data['command']}, since {data['since']})"
+        data = readers.loads_json(read_state_bytes(info_path, "lock owner note"))
+        return f"pid {int(data['pid'])} ({str(data['command'])[:200]}, since {str(data['since'])[:40]})"
     except (OSError, ValueError, KeyError, TypeError, LockedError):
         return "another dfbuild process"
 
@@ -186,7 +207,7 @@ def hold(lock_file: Path, what: str, *, wait: bool = True, timeout: float = -1, 
         finally:
             _held[key][1] -= 1
         return
-    Path(lock_file).parent.mkdir(parents=True, exist_ok=True)
+    folder_ready(Path(lock_file).parent, "folder of lock files")
     info_path = Path(key + ".owner")
     lock = _new_lock(key)
     try:

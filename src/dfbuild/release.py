@@ -44,7 +44,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-from . import backends, build, carry, elf, fixtures, manifest, matrix, owned, paths, prove, series, smoke, source, state, ui
+from . import (backends, build, carry, elf, fixtures, manifest, matrix, owned, paths, prove, readers, series, smoke,
+               source, state, ui)
 from .archive import ZIP_EPOCH_MIN, Entry, archive_root, write_archive
 from .errors import ReleaseError, SmokeFailedError, StillBrokenError, VerifyError
 from .paths import sha256_file
@@ -411,23 +412,14 @@ def parse_wheel_name(name: str) -> dict | None:
 
 # --- SHA256SUMS ----------------------------------------------------------------------
 
-_SUMS_LINE = re.compile(r"^([0-9a-fA-F]{64}) [ *](.+)$")
 
 
 def read_sha256sums(path: Path) -> dict[str, str]:
-    sums = {}
+    """{name: sha256} of a SHA256SUMS file, read strictly (readers.read_sha256sums); VerifyError (51) otherwise."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise VerifyError(f"{Path(path).name} is not UTF-8 text", "regenerate it with dfbuild release") from None
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        match = _SUMS_LINE.match(line)
-        if not match:
-            raise VerifyError(f"{path.name} line {number} is not '<sha256>  <name>'", "regenerate it with dfbuild release")
-        sums[match.group(2)] = match.group(1).lower()
-    return sums
+        return readers.read_sha256sums(Path(path))
+    except readers.FormatError as exc:
+        raise VerifyError(exc.message, "regenerate it with dfbuild release") from None
 
 
 def release_files(out_dir: Path) -> set[str]:

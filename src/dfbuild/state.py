@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -28,9 +27,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-# the lowest floor: errors, ui, locks and paths only (never manifest, source or anything above)
-from . import ui
-from .locks import adopt, hold, hold_dir, read_state_bytes
+# the lowest floor: errors, ui, locks, readers and paths only (never manifest, source or anything above)
+from . import readers, ui
+from .locks import adopt, folder_ready, hold, hold_dir, read_state_bytes
 from .paths import cache_dir, git_dir, is_git_tree
 
 # --- atomic files -----------------------------------------------------------------------
@@ -87,11 +86,12 @@ def read_json(path: Path, what: str = "record") -> dict:
     """
     path = Path(path)
     try:
-        data = json.loads(read_state_bytes(path, what).decode("utf-8"))
+        data = readers.loads_json(read_state_bytes(path, what))
     except FileNotFoundError:
         return {}
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        ui.warn(f"ignoring the unreadable {what} {path} ({type(exc).__name__}); it is treated as absent")
+    except (OSError, ValueError) as exc:  # readers.FormatError: not UTF-8 or JSON, a key twice, too deep
+        why = exc.message if isinstance(exc, readers.FormatError) else type(exc).__name__
+        ui.warn(f"ignoring the unreadable {what} {path} ({why}); it is treated as absent")
         return {}
     if not isinstance(data, dict):
         ui.warn(f"ignoring the {what} {path}: it is not a JSON object; it is treated as absent")
@@ -112,7 +112,7 @@ def clear_non_file(path: Path, what: str = "record") -> None:
 
 def lock_dir() -> Path:
     folder = cache_dir() / "locks"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder_ready(folder, "folder of lock files")
     return folder
 
 
@@ -232,8 +232,10 @@ def hold_path(kind: str, target: Path, *, wait: bool = True):
 
 
 def tmp_root() -> Path:
+    """CACHE/tmp, dfbuild's folder of scratch dirs; a file there is refused (15), never removed: a --cache-dir
+    pointed at the wrong folder may hold a file of the user's by that name."""
     folder = cache_dir() / "tmp"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder_ready(folder, "folder of scratch dirs")
     return folder
 
 

@@ -1,8 +1,10 @@
 """Safe unpacking of archives and sdists: no member outside the target, no link out, no bomb.
 
 Every archive dfbuild unpacks (an sdist vendoring llama.cpp, a tarball for
-`dfbuild import`) goes through extract, which refuses the whole archive
-before anything is written when one member is unsafe.
+`dfbuild import`) goes through extract, which reads it whole with the strict
+reader verify uses (readers.py) and refuses the whole archive before anything
+is written when one member is unsafe or the archive is not one every tool reads
+alike.
 """
 
 from __future__ import annotations
@@ -13,41 +15,17 @@ import posixpath
 import re
 import tarfile
 import zipfile
-from dataclasses import dataclass
+import zlib
 from pathlib import Path, PurePosixPath
 
+from . import readers
 from .errors import ArchiveError, UsageError, from_os_error
 
+# the caps live with the strict readers, which apply them while they read; imported (not assigned), so
+# Limits stays a type for the modules that annotate with it (tree_import, source)
+from .readers import LIMIT_FLAG, Limits, check_limits  # noqa: F401 - re-exported
 
 # --- archives ---------------------------------------------------------------------
-
-
-def _check_member(name: str) -> None:
-    posix = PurePosixPath(name.replace("\\", "/"))
-    if posix.is_absolute() or re.match(r"^[A-Za-z]:", name) or ".." in posix.parts:
-        raise ArchiveError(f"archive member '{name}' has an absolute or '..' path; refusing the whole archive",
-                           "only use archives from a source you trust")
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Caps on what dfbuild unpacks from an archive (a small archive can unpack to a huge tree)."""
-
-    unpacked_bytes: int = 4 << 30     # total size of the members
-    members: int = 200_000
-    ratio: int | None = 100           # unpacked / archive size, checked past 64 MiB; None: not checked
-
-    @classmethod
-    def raised_to(cls, size: int | None) -> "Limits":
-        """The default caps, or (--max-unpacked-size) SIZE bytes with the ratio check off."""
-        return cls() if size is None else cls(unpacked_bytes=size, members=max(cls.members, size // 4096),
-                                               ratio=None)
-
-
-LIMIT_FLAG = "--max-unpacked-size"
-
-
-_RATIO_FLOOR = 64 << 20
 
 
 def parse_size(text: str) -> int:
@@ -59,58 +37,71 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * scale)
 
 
-def check_limits(archive: Path, sizes: list[int], limits: Limits) -> None:
-    """Refuse an archive whose members would unpack past LIMITS, before anything is unpacked."""
-    total, packed = sum(sizes), max(archive.stat().st_size, 1)
-    hint = f"if you trust it, raise the cap with {LIMIT_FLAG} SIZE (e.g. {LIMIT_FLAG} 16G)"
-    if len(sizes) > limits.members:
-        raise ArchiveError(f"archive {archive.name} has {len(sizes)} members, more than the cap of "
-                           f"{limits.members}; nothing was unpacked", hint)
-    if total > limits.unpacked_bytes:
-        raise ArchiveError(f"archive {archive.name} unpacks to {total} bytes, more than the cap of "
-                           f"{limits.unpacked_bytes}; nothing was unpacked", hint)
-    if limits.ratio and total > _RATIO_FLOOR and total > limits.ratio * packed:
-        raise ArchiveError(f"archive {archive.name} ({packed} bytes) unpacks to {total} bytes, over "
-                           f"{limits.ratio} times its size (an archive bomb?); nothing was unpacked", hint)
+def _strict(archive: Path, limits: Limits) -> list[readers.Member]:
+    """The archive's members as the strict reader reads them (no data kept): the whole archive is read and
+    vetted (gzip CRC, tar checksums and end, zip headers, names, kinds, caps) before anything is written."""
+    try:
+        if zipfile.is_zipfile(archive):
+            return readers.read_zip(archive, limits, with_data=False)
+        return readers.read_tar_gz(archive, limits, with_data=False)
+    except readers.LimitError as exc:
+        raise ArchiveError(exc.message, exc.hint) from None
+    except readers.FormatError as exc:
+        what = exc.message.removeprefix(f"{archive.name}: ")
+        if what.startswith("unsafe member "):
+            raise ArchiveError(f"archive {what.removeprefix('unsafe ')}; refusing the whole archive",
+                               "only use archives from a source you trust") from None
+        raise ArchiveError(f"cannot read archive {archive}: {what}; refusing the whole archive",
+                           "the file is truncated, damaged, or not a .tar.gz/.zip that GNU tar, unzip and Python "
+                           "read alike (docs/verify.md); download it again") from None
 
 
 def extract(archive: Path, into: Path, limits: Limits | None = None) -> None:
-    """Unpack ARCHIVE (.zip or a tarball) into INTO, refusing the whole archive if one member is unsafe."""
-    limits = limits or Limits()
+    """Unpack ARCHIVE (.zip or a tarball) into INTO, refusing the whole archive if one member is unsafe.
+
+    The strict reader (readers.py) vets the whole archive first; Python's zipfile or tarfile (with its
+    "data" filter) then writes it, and must see the very members the strict reader saw."""
+    archive, limits = Path(archive), limits or Limits()
     try:
+        vetted = _strict(archive, limits)
+        for member in vetted:
+            if member.kind == "link":
+                _check_link_target(member.name, member.link)
+        expected = sorted((m.name, m.kind, m.size) for m in vetted)
         if zipfile.is_zipfile(archive):
             with zipfile.ZipFile(archive) as zf:
-                for name in zf.namelist():
-                    _check_member(name)
-                check_limits(archive, [info.file_size for info in zf.infolist()], limits)
-                bad = zf.testzip()
-                if bad:
-                    raise ArchiveError(f"archive {archive} is corrupt at member {bad}", "download it again")
+                seen = sorted((i.filename.rstrip("/"), "dir" if i.is_dir() else "file", i.file_size)
+                              for i in zf.infolist())
+                _same(archive, expected, seen)
                 zf.extractall(into)
             return
         with tarfile.open(archive) as tf:
-            members = tf.getmembers()  # reads the whole index, so truncation shows here
-            check_limits(archive, [m.size for m in members if m.isfile()], limits)
-            for member in members:
-                _check_member(member.name)
-                if (member.issym() or member.islnk()):
-                    _check_link(member)
+            members = tf.getmembers()
+            seen = sorted((m.name, "dir" if m.isdir() else "link" if m.issym() else "file",
+                           m.size if m.isfile() else 0) for m in members)
+            _same(archive, expected, seen)
             # the "data" filter also drops owners, so root-extracted trees stay usable by git
             if hasattr(tarfile, "data_filter"):
                 tf.extractall(into, members=members, filter="data")
             else:  # Python < 3.10.12 / 3.11.4 (Debian 12 has 3.11.2): the same checks by hand
                 tf.extractall(into, members=[_data_member(m) for m in members])
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, KeyError, RuntimeError,
-            NotImplementedError) as exc:  # zipfile: an encrypted member, an unsupported method (deflate64)
+            NotImplementedError, zlib.error) as exc:
         if isinstance(exc, OSError) and from_os_error(exc):  # a full disk is not a bad download
             raise from_os_error(exc) from None
-        if isinstance(exc, KeyError):  # a hard link to a member the archive does not hold
-            raise ArchiveError(f"archive {archive} has a link to a member it does not hold ({exc}); "
-                               "refusing the whole archive", "only use archives from a source you trust") from None
         # tarfile lists every compression it tried on separate lines; one line is enough
         reason = (str(exc).splitlines() or [type(exc).__name__])[0].rstrip(":")
         raise ArchiveError(f"cannot read archive {archive}: {reason}",
                            "the file is truncated or not a .tar.gz/.zip; download it again") from None
+
+
+def _same(archive: Path, expected: list, seen: list) -> None:
+    """Python's reader must list what the strict reader vetted, member for member."""
+    if expected != seen:
+        differ = next((e, s) for e, s in zip(expected + [None], seen + [None]) if e != s)
+        raise ArchiveError(f"archive {archive.name} reads differently in Python than in the strict reader "
+                           f"({differ[0]} / {differ[1]}); refusing the whole archive",
+                           "only use archives from a source you trust")
 
 
 def _data_member(member: tarfile.TarInfo) -> tarfile.TarInfo:
@@ -130,10 +121,10 @@ def _data_member(member: tarfile.TarInfo) -> tarfile.TarInfo:
     return clean
 
 
-def _check_link(member: tarfile.TarInfo) -> None:
-    target = PurePosixPath(member.name).parent / member.linkname
-    if PurePosixPath(member.linkname).is_absolute() or ".." in PurePosixPath(posixpath.normpath(str(target))).parts:
-        raise ArchiveError(f"archive link '{member.name}' points outside the tree; refusing the whole archive",
+def _check_link_target(name: str, link: str) -> None:
+    target = PurePosixPath(name).parent / link
+    if PurePosixPath(link).is_absolute() or ".." in PurePosixPath(posixpath.normpath(str(target))).parts:
+        raise ArchiveError(f"archive link '{name}' points outside the tree; refusing the whole archive",
                            "only use archives from a source you trust")
 
 

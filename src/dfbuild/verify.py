@@ -10,25 +10,22 @@ an older glibc than one of its ELFs needs.
 
 from __future__ import annotations
 
-import base64
-import csv
 import hashlib
-import io
-import json
 import os
 import re
 import stat
 import subprocess
-import zipfile
 from pathlib import Path, PurePosixPath
 
-from . import backends, locks, owned, source, state
-from .archive import (ARCHIVE_SUFFIXES, Member, archive_root, extract_members, read_members, unsafe_member,
-                      zip_member_problem)
+from . import backends, locks, owned, readers, source, state, wheelcheck
+from .archive import ARCHIVE_SUFFIXES, Member, archive_root, extract_members, read_members, unsafe_member
 from .errors import VerifyError
 from .paths import sha256_file
 from . import elf
-from .release import MANIFEST_NAME, SUMS_NAME, parse_wheel_name, read_sha256sums
+from .release import MANIFEST_NAME, SUMS_NAME
+from .wheelcheck import manylinux_glibc, wheel_platform  # noqa: F401 - verify's API before the split
+
+_elf_problems = elf.check_file  # the name tests and older callers use
 
 
 # "version: 0.2.0-dev (build 10359, commit <sha>)" or, in other releases, "version: 10355 (<sha>)"
@@ -53,32 +50,14 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
     GLIBC, when given, gets {archive name: {member: highest GLIBC_ version it needs}}.
     """
     problems_before = len(problems)
-    members = read_members(path, limits)
+    members = read_members(path, limits)  # the strict reader: names, kinds and duplicates are vetted there
     root = archive_root(path.name)
     bad = False
     for member in members:
-        why = unsafe_member(member.name)
+        why = member_problem(member, root)
         if why:
-            problems.append(f"{path.name}: unsafe member {why}")
+            problems.append(f"{path.name}: {why}")
             bad = True
-        elif member.name != root and not member.name.startswith(root + "/"):
-            problems.append(f"{path.name}: member {member.name!r} is outside the root directory {root}/")
-            bad = True
-        if member.kind == "link" and (unsafe_member(member.link) or "/" in member.link):
-            problems.append(f"{path.name}: {member.name} links outside its directory ({member.link})")
-            bad = True
-        if member.kind == "other":
-            problems.append(f"{path.name}: {member.name} is neither a file, a directory nor a symlink")
-            bad = True
-    seen: set[str] = set()
-    for member in members:
-        key = member.name.rstrip("/")
-        while key.startswith("./"):
-            key = key[2:]
-        if key in seen:  # which copy an unpacker keeps (first or last) depends on the tool: nothing vouches
-            problems.append(f"{path.name}: member {member.name!r} appears more than once")
-            bad = True
-        seen.add(key)
     if bad:
         return None
     by_name = {m.name[len(root) + 1:]: m for m in members if m.name != root}
@@ -94,9 +73,9 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
         problems.append(f"{path.name}: no {root}/{MANIFEST_NAME}")
         return None
     try:
-        embedded = json.loads(embedded_member.data)
-    except ValueError:
-        problems.append(f"{path.name}: {MANIFEST_NAME} is not JSON")
+        embedded = readers.loads_json(embedded_member.data)
+    except ValueError as exc:
+        problems.append(f"{path.name}: {MANIFEST_NAME} is not a JSON record dfbuild writes ({exc})")
         return None
     packed = embedded.get("release") if isinstance(embedded, dict) else None
     files = packed.get("files") if isinstance(packed, dict) else None
@@ -116,23 +95,27 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
     zipped = path.name.endswith(".zip")
     for name_ in sorted(set(expected) & set(actual)):
         record, member = expected[name_], actual[name_]
-        if "link" in record:
-            if zipped:  # zips carry the link's target as a copy
-                continue
+        if "link" in record and not zipped:
             if member.kind != "link" or member.link != record["link"]:
                 problems.append(f"{path.name}: {name_} should link to {record['link']}")
             continue
+        if "link" in record:  # a zip carries a link as a copy of its target: the target's bytes and mode
+            record = _link_target_record(name_, expected)
+            if record is None:
+                problems.append(f"{path.name}: {name_} is a link in the manifest to no file it lists")
+                continue
+        mode = "none" if member.mode is None else f"{member.mode:04o}"
         if member.kind != "file" or hashlib.sha256(member.data).hexdigest() != record.get("sha256"):
             problems.append(f"{path.name}: {name_} does not match its sha256 in the manifest")
-        elif os.name != "nt" and f"{member.mode & 0o777:04o}" != record.get("mode"):
-            problems.append(f"{path.name}: {name_} has mode {member.mode & 0o777:04o}, not {record.get('mode')}")
+        elif os.name != "nt" and mode != record.get("mode"):
+            problems.append(f"{path.name}: {name_} has mode {mode}, not {record.get('mode')}")
     needs: dict[str, tuple[int, ...]] = {}
     # every ELF file is for the archive's machine (an x64 library in an arm64 archive would never load)
     want_machine = elf.ARCH_MACHINES.get(packed.get("arch")) if packed.get("os") == "linux" else None
     elf_count = 0
     for name_, member in sorted(actual.items()):
         if member.kind == "file" and member.data:
-            elf_count += _elf_problems(path.name, name_, member.data, problems, needs, want_machine)
+            elf_count += elf.check_file(path.name, name_, member.data, problems, needs, want_machine)
     if want_machine and elf_count:
         notes.append(f"{path.name}: {elf_count} ELF files checked: machine {want_machine}, RUNPATH $ORIGIN or none")
     third_party = [n for n in packed.get("runtime_dlls", []) if isinstance(n, str)]
@@ -152,7 +135,7 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
     notes.append(f"{path.name}: {smoke_statement(embedded)}")
     if glibc is not None and needs:
         glibc[path.name] = {n: elf.version_text(v) for n, v in sorted(needs.items())}
-        notes.append(_glibc_note(path.name, needs))
+        notes.append(elf.glibc_note(path.name, needs))
 
     series_, build_ = (embedded.get(k) if isinstance(embedded.get(k), dict) else {} for k in ("series", "build"))
     in_root = build_.get("rocm_root") if isinstance(build_.get("rocm_root"), dict) else None
@@ -190,6 +173,37 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
         else:
             problems.append(f"{path.name}: {exe} {why}, and no shipped file holds the patched commit {patched[:12]}")
     return embedded
+
+
+# what dfbuild writes into an archive: files and folders owned by root (uid 0, no names), no special bits
+_SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX
+
+
+def member_problem(member: Member, root: str) -> str | None:
+    """Why an archive member (already read by the strict reader) is not what dfbuild ships, or None: outside
+    ROOT/, a link out of its folder, setuid, setgid or sticky, or owned by anyone but root (GNU tar run as
+    root gives a file to the owner its header names)."""
+    if member.name != root and not member.name.startswith(root + "/"):
+        return f"member {member.name!r} is outside the root directory {root}/"
+    if member.kind == "link" and (unsafe_member(member.link) or "/" in member.link):
+        return f"{member.name} links outside its directory ({member.link})"
+    if member.mode is not None and member.mode & _SPECIAL_BITS:
+        return (f"{member.name} has mode {member.mode:04o}: setuid, setgid or sticky, which dfbuild never "
+                "ships (GNU tar run as root keeps it; pip drops it)")
+    if member.owner is not None and (member.owner[:2] != (0, 0) or member.owner[2] not in ("", "root")
+                                     or member.owner[3] not in ("", "root")):
+        return (f"{member.name} is owned by {member.owner[2] or member.owner[0]}:{member.owner[3] or member.owner[1]}, "
+                "not root (GNU tar run as root would give it to that user)")
+    return None
+
+
+def _link_target_record(name: str, expected: dict[str, dict]) -> dict | None:
+    """The manifest's record of the file a link record NAME ends at (following links), or None."""
+    record, where, hops = expected.get(name), name, 0
+    while record is not None and "link" in record and hops <= len(expected):
+        where = str(PurePosixPath(where).parent / record["link"]).removeprefix("./")
+        record, hops = expected.get(where), hops + 1
+    return record if record is not None and "link" not in record else None
 
 
 def _link_problem(name: str, member: Member, by_name: dict[str, Member]) -> str | None:
@@ -426,232 +440,6 @@ def _run_version(path: Path, members: list[Member], root: str, exe: str, patched
     return None
 
 
-def wheel_platform(platform_tag: str) -> tuple[str | None, str | None]:
-    """(os, arch) in dfbuild's names for a wheel platform tag: linux_x86_64 -> (linux, x64)."""
-    os_name = ("linux" if "linux" in platform_tag else "macos" if platform_tag.startswith("macosx")
-               else "windows" if platform_tag.startswith("win") else None)
-    arch = ("x64" if platform_tag.endswith(("x86_64", "amd64")) else
-            "arm64" if platform_tag.endswith(("aarch64", "arm64")) else None)
-    return os_name, arch
-
-
-def _elf_problems(label: str, name: str, data: bytes, problems: list[str],
-                  glibc: dict[str, tuple[int, ...]] | None = None, machine: str | None = None) -> int:
-    """RUNPATH must be exactly $ORIGIN (or absent): an empty entry would load libraries from the current dir.
-    With MACHINE (x86-64, AArch64), the file must be an ELF file for it.
-
-    GLIBC, when given, gets NAME's highest GLIBC_ symbol version (the oldest glibc it starts on).
-    Returns 1 for an ELF file, 0 otherwise.
-    """
-    if not elf.is_elf(data):
-        return 0
-    try:
-        info = elf.read(data)
-        problem = elf.search_path_problem(info)
-    except Exception as exc:  # noqa: BLE001 - a damaged ELF is a finding, not a crash
-        info, problem = None, f"cannot be read as ELF ({exc})"
-    if problem:
-        problems.append(f"{label}: {name} {problem}")
-    if machine and info is not None and info.machine != machine:
-        problems.append(f"{label}: {name} is an ELF file for {info.machine}, not {machine}")
-    if glibc is not None and info is not None and info.glibc:
-        glibc[name] = info.glibc
-    return 1
-
-
-_MANYLINUX = re.compile(r"manylinux_(\d+)_(\d+)_\w+")
-_LEGACY_MANYLINUX = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}  # PEP 600
-
-
-def manylinux_glibc(platform_tag: str) -> tuple[int, ...] | None:
-    """The glibc a wheel's platform tag promises to run on: manylinux_2_35_x86_64 -> (2, 35).
-
-    A compressed tag set (manylinux_2_17_x86_64.manylinux2014_x86_64) promises its lowest;
-    None when no tag is manylinux.
-    """
-    promised = []
-    for tag in platform_tag.split("."):
-        match = _MANYLINUX.fullmatch(tag)
-        if match:
-            promised.append((int(match.group(1)), int(match.group(2))))
-        elif tag.partition("_")[0] in _LEGACY_MANYLINUX:
-            promised.append(_LEGACY_MANYLINUX[tag.partition("_")[0]])
-    return min(promised) if promised else None
-
-
-def _glibc_note(label: str, needs: dict[str, tuple[int, ...]]) -> str:
-    """One line: the highest glibc any ELF of LABEL needs, and which one."""
-    top = max(needs.values())
-    which = sorted(name for name, version in needs.items() if version == top)
-    return (f"{label}: needs glibc {elf.version_text(top)} or newer "
-            f"(GLIBC_{elf.version_text(top)} in {', '.join(which[:3])}{' ...' if len(which) > 3 else ''})")
-
-
-def _check_wheel(path: Path, embedded_by_version: dict[tuple, dict], problems: list[str], notes: list[str],
-                 glibc: dict | None = None) -> None:
-    fields = parse_wheel_name(path.name)
-    if not fields:
-        problems.append(f"{path.name}: not a wheel file name")
-        return
-    platform_tag = fields["platform"]
-    if platform_tag == "any" or fields["abi"] != "none" or fields["python"] != "py3":
-        problems.append(f"{path.name}: tags {fields['python']}-{fields['abi']}-{platform_tag} "
-                        "are not py3-none-<platform>")
-    os_name, arch = wheel_platform(platform_tag)
-    if os_name == "linux" and not all(tag.startswith("manylinux") for tag in platform_tag.split(".")):
-        problems.append(f"{path.name}: platform tag {platform_tag} is not manylinux (PyPI refuses linux_*)")
-    embedded = embedded_by_version.get((fields["version"], os_name, arch))
-    if embedded is None:
-        problems.append(f"{path.name}: no archive here has wheel version {fields['version']} for {os_name}/{arch}")
-        return
-    package = fields["dist"].lower()
-    expected_dist = (embedded["release"].get("wheel_dist") or "").replace("-", "_")
-    if expected_dist and package != expected_dist:
-        problems.append(f"{path.name}: distribution {fields['dist']} is not {expected_dist}, the archive's backend")
-    files = {f["path"]: f for f in embedded["release"]["files"]}
-    bundled = {b["name"]: b["sha256"] for b in embedded["release"].get("wheel_bundled") or []}
-    try:
-        with zipfile.ZipFile(path) as zf:
-            if not wheel_format_ok(path.name, zf, fields, problems):
-                return  # what pip would refuse (or install otherwise than vetted) is not read further
-            names = set(zf.namelist())
-            shipped = {n[len(f"{package}/bin/"):]: zf.read(n) for n in names
-                       if n.startswith(f"{package}/bin/") and not n.endswith("/")}
-            wheel_manifest = json.loads(zf.read(f"{package}/{MANIFEST_NAME}"))
-    except (zipfile.BadZipFile, KeyError, ValueError, OSError, RuntimeError, NotImplementedError) as exc:
-        problems.append(f"{path.name}: cannot be read as a dfbuild wheel: {exc}")
-        return
-    if wheel_manifest != embedded:
-        problems.append(f"{path.name}: its manifest differs from the archive's")
-    needs: dict[str, tuple[int, ...]] = {}
-    for name_, data in sorted(shipped.items()):
-        _elf_problems(path.name, f"bin/{name_}", data, problems, needs)
-        if name_ in bundled:  # a system library the manylinux wheel carries (recorded in the manifest)
-            if hashlib.sha256(data).hexdigest() != bundled[name_]:
-                problems.append(f"{path.name}: bin/{name_} differs from the library the manifest records")
-            continue
-        record = files.get(f"bin/{name_}")
-        while record and "link" in record:
-            record = files.get(f"bin/{record['link']}")
-        if record is None or hashlib.sha256(data).hexdigest() != record.get("sha256"):
-            problems.append(f"{path.name}: bin/{name_} differs from the archive's")
-    binaries = [f"bin/{Path(b).name}" for b in (embedded.get("build") or {}).get("binaries") or []]
-    for binary in binaries:
-        if binary[len("bin/"):] not in shipped:
-            problems.append(f"{path.name}: {binary} is missing")
-    notes.append(f"{path.name}: {len(shipped)} files match the archive"
-                 + (f" ({len(bundled)} bundled system libraries)" if bundled else ""))
-    _check_wheel_glibc(path.name, platform_tag, needs, problems, notes, glibc)
-
-
-def _canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _read_headers(zf: zipfile.ZipFile, name: str) -> dict[str, str] | None:
-    """A dist-info file in RFC 822 header form (WHEEL, METADATA) as pip reads it; None when absent or unreadable."""
-    from email.parser import HeaderParser
-
-    try:
-        text = zf.read(name).decode("utf-8")
-    except (KeyError, UnicodeDecodeError):
-        return None
-    headers = HeaderParser().parsestr(text)
-    if headers.defects:
-        return None
-    return {key: value for key, value in headers.items()}
-
-
-_RECORD_HASHES = {"sha256", "sha384", "sha512"}  # PEP 376/427: no md5 or sha1
-
-
-def wheel_format_ok(label: str, zf: zipfile.ZipFile, fields: dict, problems: list[str]) -> bool:
-    """The wheel as pip would install it: safe, readable members, one NAME-VERSION.dist-info with WHEEL and
-    METADATA that parse and agree with the file name, and a RECORD that lists every file with a hash and a
-    size that match, and nothing the wheel does not hold. Appends what is wrong; False when anything is."""
-    before = len(problems)
-    infos = zf.infolist()
-    seen: set[str] = set()
-    for info in infos:
-        why = unsafe_member(info.filename) or zip_member_problem(info)
-        if info.filename in seen:
-            why = "appears more than once"
-        seen.add(info.filename)
-        if why:
-            problems.append(f"{label}: member {info.filename!r} {why}")
-    if len(problems) > before:
-        return False
-    dist_info = f"{fields['dist']}-{fields['version']}.dist-info"
-    tops = {n.split("/", 1)[0] for n in seen if n.split("/", 1)[0].endswith(".dist-info")}
-    if tops != {dist_info}:
-        problems.append(f"{label}: needs exactly one {dist_info}/ (pip's rule); it has "
-                        f"{', '.join(sorted(tops)) or 'none'}")
-        return False
-    wheel = _read_headers(zf, f"{dist_info}/WHEEL")
-    if wheel is None or not re.fullmatch(r"1\.\d+", (wheel.get("Wheel-Version") or "").strip()) \
-            or (wheel.get("Root-Is-Purelib") or "").strip().lower() not in ("true", "false"):
-        problems.append(f"{label}: {dist_info}/WHEEL is missing or does not parse "
-                        "(Wheel-Version 1.x and Root-Is-Purelib)")
-    meta = _read_headers(zf, f"{dist_info}/METADATA")
-    if meta is None or not all(meta.get(k) for k in ("Metadata-Version", "Name", "Version")):
-        problems.append(f"{label}: {dist_info}/METADATA is missing or does not parse "
-                        "(Metadata-Version, Name, Version)")
-    elif _canonical(meta["Name"]) != _canonical(fields["dist"]) or meta["Version"].strip() != fields["version"]:
-        problems.append(f"{label}: METADATA names {meta['Name']} {meta['Version']}, not the file name's "
-                        f"{fields['dist']} {fields['version']}")
-    record_name = f"{dist_info}/RECORD"
-    try:
-        text = zf.read(record_name).decode("utf-8")
-        rows = list(csv.reader(io.StringIO(text)))
-    except (KeyError, UnicodeDecodeError, csv.Error) as exc:
-        problems.append(f"{label}: {record_name} is missing or not a CSV file ({type(exc).__name__})")
-        return False
-    listed: dict[str, tuple[str, str]] = {}
-    for number, row in enumerate(rows, 1):
-        if not row:
-            continue
-        if len(row) != 3 or unsafe_member(row[0]) or row[0] in listed:
-            problems.append(f"{label}: {record_name} line {number} is not a new 'path,hash,size' row")
-            return False
-        listed[row[0]] = (row[1], row[2])
-    files = {info.filename: info for info in infos if not info.is_dir()}
-    unsigned = {record_name, f"{dist_info}/RECORD.jws", f"{dist_info}/RECORD.p7s"}
-    for name in sorted(set(files) - set(listed)):
-        problems.append(f"{label}: {name} is in the wheel but not in its RECORD")
-    for name in sorted(set(listed) - set(files)):
-        problems.append(f"{label}: {record_name} lists {name}, which the wheel does not hold")
-    for name in sorted(set(files) & set(listed)):
-        digest, size = listed[name]
-        if name in unsigned and not digest and not size:
-            continue
-        algorithm, _, expected = digest.partition("=")
-        if algorithm not in _RECORD_HASHES or not expected or not size.isdigit():
-            problems.append(f"{label}: {record_name} gives {name} no sha256 hash and size")
-            continue
-        data = zf.read(name)
-        actual = base64.urlsafe_b64encode(hashlib.new(algorithm, data).digest()).rstrip(b"=").decode()
-        if actual != expected.rstrip("=") or int(size) != len(data):
-            problems.append(f"{label}: {name} does not match its hash or size in {record_name}")
-    return len(problems) == before
-
-
-def _check_wheel_glibc(label: str, platform_tag: str, needs: dict[str, tuple[int, ...]], problems: list[str],
-                       notes: list[str], glibc: dict | None) -> None:
-    """A manylinux_2_X tag promises that the wheel runs on glibc 2.X: no ELF in it may need a newer one."""
-    if not needs:
-        return
-    if glibc is not None:
-        glibc[label] = {n: elf.version_text(v) for n, v in sorted(needs.items())}
-    notes.append(_glibc_note(label, needs))
-    promised = manylinux_glibc(platform_tag)
-    if promised is None:
-        return
-    for name_, version in sorted(needs.items()):
-        if version > promised:
-            problems.append(f"{label}: {name_} needs GLIBC_{elf.version_text(version)}, but the tag "
-                            f"{platform_tag} promises it runs on glibc {elf.version_text(promised)}")
-
-
 def _is_regular(path: Path) -> bool:
     try:
         return stat.S_ISREG(os.lstat(path).st_mode)
@@ -669,8 +457,11 @@ def unlisted_entries(directory: Path, sums: dict[str, str]) -> list[str]:
         if entry in sums:
             continue
         path = directory / entry
-        record = entry in (SUMS_NAME, MANIFEST_NAME, owned.MARKER_NAME) or re.fullmatch(r"manifest-.+\.json", entry)
+        record = entry in (SUMS_NAME, MANIFEST_NAME, owned.MARKER_NAME) or _MERGED_MANIFEST.fullmatch(entry)
         if record and _is_regular(path):
+            why = _marker_problem(path) if entry == owned.MARKER_NAME else None
+            if why:
+                problems.append(why)
             continue
         try:
             mode = os.lstat(path).st_mode
@@ -679,6 +470,70 @@ def unlisted_entries(directory: Path, sums: dict[str, str]) -> list[str]:
         kind = "" if stat.S_ISREG(mode) else f" ({locks.kind_of(mode)}, not followed)"
         problems.append(f"{entry} is not listed in {SUMS_NAME}{kind}")
     return problems
+
+
+_SUMS_MAX = 1 << 20       # bytes: a SHA256SUMS of 10,000 artifacts is under 1 MiB
+_RECORD_MAX = 16 << 20    # bytes: a manifest.json
+
+
+def _read_sums(path: Path) -> dict[str, str]:
+    if os.lstat(path).st_size > _SUMS_MAX:
+        raise readers.FormatError(f"{SUMS_NAME} is over {_SUMS_MAX} bytes")
+    return readers.read_sha256sums(path)
+
+
+def _read_record_file(path: Path):
+    """A release dir's JSON record (manifest.json, manifest-ID.json, the ownership marker), strictly."""
+    if os.lstat(path).st_size > _RECORD_MAX:
+        raise readers.FormatError(f"over {_RECORD_MAX} bytes")
+    return readers.loads_json(path.read_bytes())
+
+
+_MERGED_MANIFEST = re.compile(r"manifest-.+\.json")
+
+
+def _top_manifests(directory: Path, problems: list[str]) -> tuple[list[Path], bool]:
+    """The release dir's own manifests: manifest.json, or (CI's merged dir: each entry's manifest.json renamed
+    manifest-ID.json) one per entry; never both kinds. Returns (paths, merged). Regular files only (lstat)."""
+    names = sorted(os.listdir(directory))
+    merged = [directory / n for n in names if _MERGED_MANIFEST.fullmatch(n) and _is_regular(directory / n)]
+    if _is_regular(directory / MANIFEST_NAME):
+        if merged:  # a stray manifest-X.json beside manifest.json would be exempt from SHA256SUMS, unchecked
+            problems.append(f"{', '.join(p.name for p in merged)} beside {MANIFEST_NAME}: a release dir has "
+                            "one or the other (a merged dir's manifest-ID.json files)")
+        return [directory / MANIFEST_NAME], False
+    if not merged:
+        problems.append(f"no {MANIFEST_NAME} in {directory} (nor the manifest-ID.json files of a merged dir): "
+                        "a dfbuild release dir has one beside its archives")
+    return merged, True
+
+
+def _check_flat_archive(path: Path, problems: list[str], limits) -> None:
+    """A flat archive with no manifest (the Windows CUDA runtime bundle): it must read strictly, and hold
+    plain files and folders only (its bytes are vouched for by SHA256SUMS alone)."""
+    try:
+        members = read_members(path, limits)
+    except VerifyError as exc:
+        problems.append(exc.message)
+        return
+    for member in members:
+        if member.kind == "link" or (member.mode is not None and member.mode & _SPECIAL_BITS):
+            problems.append(f"{path.name}: {member.name} is a link or has special mode bits")
+
+
+def _marker_problem(path: Path) -> str | None:
+    """Why the output dir's ownership marker is not the one dfbuild writes (it is exempt from SHA256SUMS as
+    bookkeeping that never ships: CI uploads no dot files), or None."""
+    try:
+        data = _read_record_file(path)
+    except (readers.FormatError, OSError) as exc:
+        return f"{path.name} is not a JSON record dfbuild writes ({getattr(exc, 'message', exc)})"
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or set(data) != {"written_by", "files"} or data["written_by"] != "dfbuild" \
+            or not isinstance(files, list) or not all(isinstance(f, str) and not unsafe_member(f) and "/" not in f
+                                                      for f in files):
+        return f"{path.name} is not dfbuild's ownership marker ({{written_by: dfbuild, files: [names]}})"
+    return None
 
 
 def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.Host | None = None,
@@ -698,19 +553,17 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
     glibc: dict[str, dict[str, str]] = {}   # artifact -> ELF -> the highest GLIBC_ version it needs
     report = {"dir": str(directory), "problems": problems, "checked": notes, "glibc": glibc}
     sums_path = directory / SUMS_NAME
-    if not sums_path.is_file():
+    if not _is_regular(sums_path):  # lstat: a symlinked SHA256SUMS would vouch with a file from elsewhere
         problems.append(f"no {SUMS_NAME} in {directory}")
         report["ok"] = False
         return report
     try:
-        sums = read_sha256sums(sums_path)
-    except VerifyError as exc:
-        problems.append(exc.message)
+        sums = _read_sums(sums_path)
+    except (readers.FormatError, OSError) as exc:
+        problems.append(getattr(exc, "message", None) or f"{SUMS_NAME} cannot be read: {exc}")
         sums = {}
     for name, digest in sorted(sums.items()):
-        if unsafe_member(name) or "/" in name:
-            problems.append(f"{SUMS_NAME} names {name!r}, which is not a file of this directory")
-        elif (directory / name).is_symlink():  # never followed: its sum would be of a file elsewhere
+        if (directory / name).is_symlink():  # never followed: its sum would be of a file elsewhere
             problems.append(f"{name} is in {SUMS_NAME} but is a symbolic link, not a file of this directory")
         elif not (directory / name).is_file():
             problems.append(f"{name} is in {SUMS_NAME} but missing")
@@ -727,7 +580,8 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
     embedded_by_archive: dict[str, dict] = {}
     to_run: list[str] = []  # archives that passed their own checks and may run, once all else has passed
     for name in present:
-        if name.startswith("cudart-"):  # the Windows CUDA runtime DLLs: covered by SHA256SUMS above
+        if name.startswith("cudart-"):  # the Windows CUDA runtime DLLs: a flat archive with no manifest
+            _check_flat_archive(directory / name, problems, limits)
             continue
         if name.endswith(ARCHIVE_SUFFIXES):
             if not checksums_ok:
@@ -755,23 +609,19 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
     for name in present:
         if name.endswith(".whl"):
             try:
-                _check_wheel(directory / name, by_version, problems, notes, glibc)
+                wheelcheck.check_wheel(directory / name, by_version, problems, notes, glibc)
             except (TypeError, AttributeError, KeyError, ValueError) as exc:  # a field no check foresaw
                 problems.append(f"{name}: cannot be checked against its archive's manifest "
                                 f"({type(exc).__name__}: {exc})")
 
-    # a merged dir (CI's release job: each entry's manifest.json renamed manifest-ID.json) has one per entry
-    tops = [directory / MANIFEST_NAME] if (directory / MANIFEST_NAME).is_file() else sorted(
-        p for p in directory.glob("manifest-*.json") if p.is_file())
-    if not tops:
-        problems.append(f"no {MANIFEST_NAME} in {directory} (nor the manifest-ID.json files of a merged dir): "
-                        "a dfbuild release dir has one beside its archives")
+    tops, merged = _top_manifests(directory, problems)
+    described: dict[str, list[str]] = {}  # artifact -> the top manifests that list it
     for top in tops:
         label = top.name
         try:
-            full = json.loads(top.read_text(encoding="utf-8"))
-        except ValueError:
-            problems.append(f"{label} is not JSON")
+            full = _read_record_file(top)
+        except (readers.FormatError, OSError) as exc:
+            problems.append(f"{label} is not a JSON record dfbuild writes ({getattr(exc, 'message', exc)})")
             full = {}
         rel = full.get("release") if isinstance(full, dict) else None
         artifacts = rel.get("artifacts", []) if isinstance(rel, dict) else None
@@ -784,6 +634,7 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
             if unsafe_member(artifact["name"]) or "/" in artifact["name"]:
                 problems.append(f"{label} names {artifact['name']!r}, which is not a file of this directory")
                 continue
+            described.setdefault(artifact["name"], []).append(label)
             path = directory / artifact["name"]
             if not path.is_file():
                 problems.append(f"{label} names {artifact['name']}, which is missing")
@@ -805,6 +656,14 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
             problems.append(f"{label} has no release section")
         if not any(p.startswith(label) for p in problems):
             notes.append(f"{label}: matches {rel.get('archive')}")
+    if merged:  # CI's merged dir: each entry's manifest-ID.json describes its own archive and wheel, all of them
+        for name in sorted(sums):
+            owners = described.get(name, [])
+            if not owners and not name.startswith("cudart-"):
+                problems.append(f"{name} is described by no manifest-ID.json (one was removed, or it was never "
+                                "released with this dir)")
+            elif len(owners) > 1:
+                problems.append(f"{name} is described by {len(owners)} manifests ({', '.join(owners)})")
     checked_ok = not problems
     for name in to_run:
         again: list[str] = []  # its member checks were noted above; keep only what the run (or not) adds
@@ -832,15 +691,15 @@ def release_notes(directory: Path, base: str | None = None) -> str:
     """Markdown notes for a release dir: what it is, and where each archive's smoke ran, read from its
     manifest (manifest.json, or a merged dir's manifest-ID.json files). Run it after `verify`."""
     directory = Path(directory)
-    tops = [directory / MANIFEST_NAME] if (directory / MANIFEST_NAME).is_file() else sorted(
-        p for p in directory.glob("manifest-*.json") if p.is_file())
-    if not tops:
-        raise VerifyError(f"no {MANIFEST_NAME} in {directory} (nor the manifest-ID.json files of a merged dir)",
-                          "give the directory `dfbuild release` wrote (or the merged dir CI's publish job makes)")
+    found: list[str] = []
+    tops, _ = _top_manifests(directory, found)
+    if found:
+        raise VerifyError(found[0], "give the directory `dfbuild release` wrote (or the merged dir CI's publish "
+                          "job makes), and run `dfbuild verify` on it first")
     where, fallback = [], False
     for top in tops:
         try:
-            full = json.loads(top.read_text(encoding="utf-8"))
+            full = _read_record_file(top)
             archive = full["release"]["archive"]
             statement = smoke_statement(full)
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import signal
 import sys
+from pathlib import Path
 
 from .. import errors, ui
 from .app import show_error
@@ -37,13 +38,18 @@ def handle_errors(func):
             _fail(exc, as_json)
         except OSError as exc:
             # a full disk or a read-only dir is the user's to fix: its own code, never a traceback
-            known = errors.from_os_error(exc)
+            known = errors.from_os_error(exc) or git_failure(exc)  # GitPython's NoSuchPathError is an OSError
             if known is None:
                 raise
             _fail(known, as_json)
         except UnicodeError as exc:
             _fail(errors.UsageError(f"a path or name is not valid UTF-8 ({exc.reason})",
                                     "use names that are valid UTF-8"), as_json)
+        except Exception as exc:  # only git's own failures are mapped; anything else re-raises
+            known = git_failure(exc)
+            if known is None:
+                raise
+            _fail(known, as_json)
         except KeyboardInterrupt:
             # what was half done has been rolled back (or is recovered by the next run)
             ui.console.print("[red]interrupted[/red]: stopped (Ctrl-C); run the command again to finish",
@@ -54,6 +60,48 @@ def handle_errors(func):
             sys.exit(errors.INTERRUPTED_EXIT_CODE)
 
     return wrapper
+
+
+def git_failure(exc: BaseException) -> errors.RepositoryError | None:
+    """The documented error (17) for git failing on a repository it cannot read (a corrupt index, a damaged
+    cache repo), raised by git, GitPython or its config reader from anywhere below the CLI; None for the rest.
+
+    Failures dfbuild expects (a patch that does not apply, a missing revision) are mapped where they happen;
+    what reaches here is damage, whichever repository it is in: quote git, say how to repair or clear it."""
+    import configparser
+
+    from git import exc as git_exc  # GitPython's errors, gitdb's (ODBError) re-exported among them
+
+    from .. import proc
+
+    if isinstance(exc, git_exc.GitCommandError):  # gitrun's GitError is one
+        said = (exc.stderr or "").strip().strip("'").strip() or str(exc)
+        words = [line.strip() for line in said.splitlines() if line.strip()]
+        what = f"git {exc.command[1] if len(exc.command) > 1 else ''} failed: {words[-1] if words else said}"
+    elif isinstance(exc, proc.CalledProcessError) and exc.cmd and Path(str(exc.cmd[0])).name == "git":
+        # a module phase 2 of issue 38 has not yet moved onto gitrun (journal) runs git with check=True
+        said = exc.stderr.decode("utf-8", "replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        words = [line.strip() for line in said.splitlines() if line.strip()]
+        what = f"git failed: {words[-1] if words else f'exit {exc.returncode}'}"
+    elif isinstance(exc, (git_exc.InvalidGitRepositoryError, git_exc.NoSuchPathError)):
+        what = f"{exc} is not a git repository git can read (its HEAD, config or objects are damaged)"
+    elif isinstance(exc, configparser.Error):
+        what = f"a git config does not parse: {str(exc).splitlines()[0]}"
+    elif isinstance(exc, (git_exc.ODBError, ValueError)) and type(exc).__module__.startswith(("git", "gitdb")):
+        what = f"git cannot read an object: {exc}"
+    else:
+        return None
+    from .. import paths
+
+    cache = str(paths.cache_dir())
+    if cache in str(exc) or cache in what:
+        hint = (f"the damaged repository is dfbuild's cache ({cache}): remove it with `dfbuild cache clean` "
+                "(or `--base B`) and run again; dfbuild fetches it again")
+    else:
+        hint = ("check the tree with `git status` and `git fsck`; a corrupt index is rebuilt by "
+                "`rm .git/index && git reset`; if the repository is dfbuild's cache, `dfbuild cache clean` "
+                "removes it")
+    return errors.RepositoryError(what, hint)
 
 
 PROVE_EXIT = {"fixed": 0, "fixed-upstream": errors.FIXED_UPSTREAM_EXIT,
