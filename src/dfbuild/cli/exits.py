@@ -8,6 +8,7 @@ name that is not UTF-8 and Ctrl-C get their codes here too.
 from __future__ import annotations
 
 import functools
+import re
 import signal
 import sys
 from pathlib import Path
@@ -75,7 +76,8 @@ def git_failure(exc: BaseException) -> errors.RepositoryError | None:
     from .. import proc
 
     if isinstance(exc, git_exc.GitCommandError):  # gitrun's GitError is one
-        said = (exc.stderr or "").strip().strip("'").strip() or str(exc)
+        # GitPython keeps git's stderr as "\n  stderr: '...'" (gitrun's GitError too): quote git, not the wrapper
+        said = re.sub(r"^stderr: '(.*)'$", r"\1", (exc.stderr or "").strip(), flags=re.DOTALL).strip() or str(exc)
         words = [line.strip() for line in said.splitlines() if line.strip()]
         what = f"git {exc.command[1] if len(exc.command) > 1 else ''} failed: {words[-1] if words else said}"
     elif isinstance(exc, proc.CalledProcessError) and exc.cmd and Path(str(exc.cmd[0])).name == "git":
