@@ -630,7 +630,8 @@ def test_git_failing_while_a_journal_is_rolled_back_is_17_with_gits_words_and_th
 
     text = no_traceback(result)
     assert result.exit_code == REPOSITORY, text
-    assert "index file smaller than expected" in text and "rm .git/index && git reset" in text
+    assert "git reset failed: fatal: .git/index: index file smaller than expected" in text, text
+    assert "rm .git/index && git reset" in text
     assert journal.journal_path(dest).exists()
 
 
