@@ -549,3 +549,32 @@ def test_the_sparse_base_holds_the_lines_the_chain_shows_and_the_hunk_headers_fu
     unchained = squash.parse(_patch(a, c, hunk), "0002.patch")
     with pytest.raises(export.ExportError, match="starts from blob aaaaaaaaaaaa, but the patch before leaves bbbb"):
         squash.sparse_base([chain[0], ("0002.patch", unchained[0])])
+
+
+# --- git in the scratch checkout: its failures are the export's (exit 26), its commits the submitter's ------
+
+
+def test_a_git_failure_in_the_scratch_checkout_is_exit_26_with_gits_last_line(tmp_path):
+    with pytest.raises(export.ExportError) as caught:
+        export.build_commits(None, tmp_path, base="base1", author=("Ada", "ada@example.org"), date="now")
+    assert caught.value.exit_code == 26 and caught.value.hint is None
+    assert caught.value.message == ("git rev-parse failed in the scratch checkout: fatal: not a git repository "
+                                    "(or any of the parent directories): .git")
+
+
+def test_a_commit_is_the_submitters_at_the_date_given_and_runs_no_hook(tmp_path):
+    run_git(tmp_path, "init", "-q")
+    hook = tmp_path / ".git" / "hooks" / "post-commit"
+    hook.write_text("#!/bin/sh\ntouch hook-ran\n")  # a hook runs at the top of the work tree
+    hook.chmod(0o755)
+    (tmp_path / "f.txt").write_text("x\n")
+    run_git(tmp_path, "add", "f.txt")
+    date = "Fri, 1 Jan 2027 00:00:00 +0000"
+
+    commit = export._commit(tmp_path, "subject\n\nbody\n", ("Ada Submitter", "ada@example.org"), date)
+
+    shown = run_git(tmp_path, "log", "-1", "--format=%H|%an <%ae>|%cn <%ce>|%aD|%cD|%B")
+    assert shown.strip() == (f"{commit}|{SUBMITTER}|{SUBMITTER}|{date}|{date}|subject\n\nbody")
+    assert not (tmp_path / "hook-ran").exists()
+    with pytest.raises(export.ExportError, match=r"^git commit failed in the scratch checkout: \(no message\)$"):
+        export._commit(tmp_path, "nothing staged\n", ("Ada Submitter", "ada@example.org"), date)
