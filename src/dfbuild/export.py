@@ -25,15 +25,14 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 import textwrap
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 
+from . import gitrun, proc, source, squash, state, ui
 from . import series as series_mod
-from . import source, squash, state, ui
 from .errors import DfbuildError, ExportError, ExportIdentityError, UsageError
 from .paths import sha256_file
 
@@ -81,8 +80,7 @@ def submitter(author: str | None = None, cwd: Path | None = None) -> tuple[str, 
     guess from the host name is refused (user.useConfigOnly), as is none at all: exit 27."""
     if author is not None:
         return parse_author(author)
-    result = subprocess.run(["git", "-c", "user.useConfigOnly=true", "var", "GIT_AUTHOR_IDENT"],
-                            cwd=cwd, capture_output=True, text=True)
+    result = gitrun.run(None, "-c", "user.useConfigOnly=true", "var", "GIT_AUTHOR_IDENT", check=False, cwd=cwd)
     match = re.match(r"^(.+?) <([^<>]+)> \d+ [+-]\d{4}$", result.stdout.strip())
     if result.returncode != 0 or not match:
         raise ExportIdentityError(
@@ -341,7 +339,9 @@ def check_out_dir(out: Path) -> bool:
     if marker is None:
         raise ExportError(f"{out} is not empty and is not an earlier dfbuild export; nothing was written",
                           "pass --out a new or empty directory, or move its files away")
-    files = marker.get("files") if isinstance(marker.get("files"), dict) else {}
+    files = marker.get("files")
+    if not isinstance(files, dict):
+        files = {}
     extra = [name for name in entries if name != MARKER_NAME and name not in files]
     changed = [name for name, digest in files.items()
                if not (out / name).is_file() or (out / name).is_symlink() or sha256_file(out / name) != digest]
@@ -381,16 +381,20 @@ def _publish(staging: Path, out: Path, replace: bool) -> None:
 # --- the export ------------------------------------------------------------------------------
 
 
-def _git(tree: Path, *args: str, env: dict | None = None) -> str:
-    result = subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True,
-                            env=dict(os.environ, **(env or {})))
+def _failed(what: str, result: proc.CompletedProcess) -> str:
+    """WHAT, then git's last line of stderr: the export's words for a git command that failed."""
+    return f"{what}: " + (result.stderr.strip().splitlines() or ["(no message)"])[-1]
+
+
+def _git(tree: Path, *args: str, extra_env: dict[str, str] | None = None, input: str | None = None) -> str:
+    """The stdout of `git -C TREE ARGS` in the scratch checkout; ExportError (26) with git's words when it fails."""
+    result = gitrun.run(tree, *args, check=False, extra_env=extra_env, input=input)
     if result.returncode != 0:
-        raise ExportError(f"git {args[0]} failed in the scratch checkout: "
-                          + (result.stderr.strip().splitlines() or ["(no message)"])[-1], None)
+        raise ExportError(_failed(f"git {args[0]} failed in the scratch checkout", result), None)
     return result.stdout
 
 
-def _commit_env(author: tuple[str, str], date: str) -> dict:
+def _commit_env(author: tuple[str, str], date: str) -> dict[str, str]:
     name, address = author
     return {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": address, "GIT_AUTHOR_DATE": date,
             "GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": address, "GIT_COMMITTER_DATE": date,
@@ -398,12 +402,8 @@ def _commit_env(author: tuple[str, str], date: str) -> dict:
 
 
 def _commit(tree: Path, message: str, author: tuple[str, str], date: str) -> str:
-    result = subprocess.run(["git", "-C", str(tree), "commit", "--no-verify", "--no-gpg-sign", "-q", "-F", "-"],
-                            input=message, capture_output=True, text=True,
-                            env=dict(os.environ, **_commit_env(author, date)))
-    if result.returncode != 0:
-        raise ExportError("git commit failed in the scratch checkout: "
-                          + (result.stderr.strip().splitlines() or ["(no message)"])[-1], None)
+    _git(tree, "commit", "--no-verify", "--no-gpg-sign", "-q", "-F", "-", input=message,
+         extra_env=_commit_env(author, date))
     return _git(tree, "rev-parse", "HEAD").strip()
 
 
@@ -494,11 +494,9 @@ def build_commits_without_tree(curated, base: str, tree: Path, *, author: tuple[
     _git(tree, "add", "-A")
     start = _commit(tree, f"the lines of {base} that its variants show\n", author, date)
     for entry in applied:
-        result = subprocess.run(["git", "-C", str(tree), "apply", "--index", "--whitespace=nowarn",
-                                 str(entry["patch"])], capture_output=True, text=True)
+        result = gitrun.run(tree, "apply", "--index", "--whitespace=nowarn", str(entry["patch"]), check=False)
         if result.returncode != 0:
-            raise ExportError(f"{entry['file']} does not apply after the variant's earlier patches: "
-                              + (result.stderr.strip().splitlines() or ["(no message)"])[-1],
+            raise ExportError(_failed(f"{entry['file']} does not apply after the variant's earlier patches", result),
                               "pass --repo with the base's tree")
     _commit(tree, fix_message(applied, curated.bug, base), author, date)
     test_file = tree / TEST_PATH
@@ -616,4 +614,4 @@ def _umask() -> int:
     return mask
 
 
-__all__ = ["export_upstream", "build_commits", "check_out_dir", "submitter", "pr_text", "DfbuildError"]
+__all__ = ["DfbuildError", "build_commits", "check_out_dir", "export_upstream", "pr_text", "submitter"]
