@@ -22,8 +22,12 @@ ARCHITECTURE = ROOT / "docs" / "architecture.md"
 # proc/gitrun. They still import subprocess themselves; phase 2 moves them and empties this list. A
 # module not listed here that imports subprocess fails the test, and so does a listed one that no
 # longer does (take it off the list).
-SUBPROCESS_PHASE_2 = {"dfbuild.build", "dfbuild.export", "dfbuild.journal", "dfbuild.release", "dfbuild.verify"}
+SUBPROCESS_PHASE_2 = {"dfbuild.build", "dfbuild.release", "dfbuild.verify"}
 RUNNER = "dfbuild.proc"
+# issue 38: no module over 700 lines. PHASE 2 (2b) splits these three, which other branches are changing
+# now; a listed module that is no longer over the limit fails the test too (take it off the list).
+MAX_LINES = 700
+LONG_PHASE_2 = {"dfbuild.build", "dfbuild.release", "dfbuild.verify"}
 # what starts or replaces a process besides subprocess
 PROCESS_CALLS = re.compile(r"^(system|popen|spawn\w*|exec\w*|posix_spawn\w*|fork\w*)$")
 
@@ -140,6 +144,13 @@ def subprocess_users(root: Path) -> dict[str, list[str]]:
     return users
 
 
+def long_modules(root: Path, limit: int = MAX_LINES) -> dict[str, int]:
+    """{module: its line count} for the modules over LIMIT lines."""
+    counts = {module_name(p, root): len(p.read_text(encoding="utf-8").splitlines())
+              for p in root.rglob("*.py") if p.relative_to(root).parts[0] != "data"}
+    return {name: n for name, n in counts.items() if n > limit}
+
+
 # --- the checks on dfbuild --------------------------------------------------------------------------
 
 
@@ -164,6 +175,12 @@ def test_only_the_runner_starts_programs():
     assert RUNNER in users
     assert sorted(set(users) - {RUNNER} - SUBPROCESS_PHASE_2) == [], {m: users[m] for m in users}
     assert sorted(SUBPROCESS_PHASE_2 - set(users)) == [], "no longer imports subprocess: take it off the list"
+
+
+def test_no_module_is_over_the_line_limit():
+    long = long_modules(SRC)
+    assert sorted(set(long) - LONG_PHASE_2) == [], long
+    assert sorted(LONG_PHASE_2 - set(long)) == [], "no longer over the limit: take it off the list"
 
 
 # --- the checks can fail ----------------------------------------------------------------------------
@@ -203,3 +220,8 @@ def test_an_upward_import_is_found(tmp_path):
 def test_a_program_started_outside_the_runner_is_found(tmp_path, code):
     root = _package(tmp_path, {"proc.py": "import subprocess\n", "other.py": code})
     assert set(subprocess_users(root)) == {"pkg.proc", "pkg.other"}
+
+
+def test_a_long_module_is_found(tmp_path):
+    root = _package(tmp_path, {"short.py": "x = 1\n" * 3, "long.py": "x = 1\n" * 4})
+    assert long_modules(root, limit=3) == {"pkg.long": 4}

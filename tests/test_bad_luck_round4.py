@@ -616,6 +616,26 @@ def test_a_corrupt_index_is_a_code_and_a_hint_not_a_raw_git_error(world, tmp_pat
 
 
 @posix_only
+def test_git_failing_while_a_journal_is_rolled_back_is_17_with_gits_words_and_the_journal_kept(world, tmp_path):
+    """A killed apply's journal, and an index git cannot read: the rollback's `git reset` fails. That is damage
+    (exit 17, git's own words, how to rebuild the index), not a traceback; the journal stays for the next run."""
+    syn, bare, expected, prepared = world
+    dest = fresh_copy(prepared, tmp_path / "llama")
+    journal.journal_path(dest).parent.mkdir(parents=True, exist_ok=True)
+    journal.journal_path(dest).write_text(json.dumps({"op": "apply", "pid": 999999, "original_head": head(dest),
+                                                      "paths": ["common/speculative.cpp"]}))
+    (dest / ".git" / "index").write_bytes(b"garbage\n")
+
+    result = dfbuild(*apply_args(syn, bare, dest))
+
+    text = no_traceback(result)
+    assert result.exit_code == REPOSITORY, text
+    assert "git reset failed: fatal: .git/index: index file smaller than expected" in text, text
+    assert "rm .git/index && git reset" in text
+    assert journal.journal_path(dest).exists()
+
+
+@posix_only
 @pytest.mark.parametrize("damage", ["objects gone", "HEAD garbage", "config garbage"])
 def test_a_damaged_cache_repo_is_a_code_and_a_hint_not_a_raw_git_error(world, tmp_path, damage):
     from dfbuild import paths

@@ -517,3 +517,64 @@ def test_a_variant_that_shows_too_little_of_the_base_is_refused_without_a_tree(s
     assert result.exit_code == 26, said(result)
     assert "cannot be made without the base's tree" in said(result)
     assert not out.exists() and list(tmp_path.glob(".export.export-*")) == []
+
+
+# --- dfbuild.squash: the sparse base a variant's chained patches show -----------------------
+
+
+def _patch(old_blob: str, new_blob: str, hunk: str) -> str:
+    return (f"From 0 Mon Sep 17 00:00:00 2001\nSubject: [PATCH] x\n\n---\ndiff --git a/f.cpp b/f.cpp\n"
+            f"index {old_blob}..{new_blob} 100644\n--- a/f.cpp\n+++ b/f.cpp\n{hunk}\n-- \n2.0\n")
+
+
+def test_the_sparse_base_holds_the_lines_the_chain_shows_and_the_hunk_headers_function_above_them():
+    """Two chained patches of one file: the lines their hunks show, at their places; a placeholder for every
+    other line, except the one nearest above a hunk, which gets the function its header names."""
+    from dfbuild import squash
+
+    a, b, c = "a" * 40, "b" * 40, "c" * 40
+    hunk = "@@ -11,3 +11,4 @@ int main() {\n   b11\n   b12\n+  y = 3;\n   b13"
+    first = _patch(a, b, "@@ -8,5 +8,5 @@ int main() {\n   a8\n   a9\n-  x = 1;\n+  x = 2;\n   b11\n   b12")
+    second = _patch(b, c, hunk)
+    chain = [(name, diff) for name, text in (("0001.patch", first), ("0002.patch", second))
+             for diff in squash.parse(text, name)]
+    text, old, new, mode = squash.sparse_base(chain)
+    lines = text.splitlines()
+    assert (old, new, mode) == (a, c, "100644")
+    assert lines[:6] == [squash.PLACEHOLDER.format(n) for n in range(1, 7)]
+    assert lines[6] == "int main() {"  # line 7: the function the hunk headers name, where git looks for it
+    assert lines[7:13] == ["  a8", "  a9", "  x = 1;", "  b11", "  b12", "  b13"]
+    assert lines[13:] == [squash.PLACEHOLDER.format(14)]
+
+    unchained = squash.parse(_patch(a, c, hunk), "0002.patch")
+    with pytest.raises(export.ExportError, match="starts from blob aaaaaaaaaaaa, but the patch before leaves bbbb"):
+        squash.sparse_base([chain[0], ("0002.patch", unchained[0])])
+
+
+# --- git in the scratch checkout: its failures are the export's (exit 26), its commits the submitter's ------
+
+
+def test_a_git_failure_in_the_scratch_checkout_is_exit_26_with_gits_last_line(tmp_path):
+    with pytest.raises(export.ExportError) as caught:
+        export.build_commits(None, tmp_path, base="base1", author=("Ada", "ada@example.org"), date="now")
+    assert caught.value.exit_code == 26 and caught.value.hint is None
+    assert caught.value.message == ("git rev-parse failed in the scratch checkout: fatal: not a git repository "
+                                    "(or any of the parent directories): .git")
+
+
+def test_a_commit_is_the_submitters_at_the_date_given_and_runs_no_hook(tmp_path):
+    run_git(tmp_path, "init", "-q")
+    hook = tmp_path / ".git" / "hooks" / "post-commit"
+    hook.write_text("#!/bin/sh\ntouch hook-ran\n")  # a hook runs at the top of the work tree
+    hook.chmod(0o755)
+    (tmp_path / "f.txt").write_text("x\n")
+    run_git(tmp_path, "add", "f.txt")
+    date = "Fri, 1 Jan 2027 00:00:00 +0000"
+
+    commit = export._commit(tmp_path, "subject\n\nbody\n", ("Ada Submitter", "ada@example.org"), date)
+
+    shown = run_git(tmp_path, "log", "-1", "--format=%H|%an <%ae>|%cn <%ce>|%aD|%cD|%B")
+    assert shown.strip() == (f"{commit}|{SUBMITTER}|{SUBMITTER}|{date}|{date}|subject\n\nbody")
+    assert not (tmp_path / "hook-ran").exists()
+    with pytest.raises(export.ExportError, match=r"^git commit failed in the scratch checkout: \(no message\)$"):
+        export._commit(tmp_path, "nothing staged\n", ("Ada Submitter", "ada@example.org"), date)

@@ -155,6 +155,21 @@ def test_git_failure_is_one_error_family_with_gitpython(repo: Path):
     assert gitrun.run(repo, "rev-parse", "--verify", "nosuchref", check=False).returncode == 128
 
 
+@pytest.mark.parametrize("who", ["gitrun", "GitPython"])
+def test_a_git_failure_reaches_the_user_in_gits_own_words(repo: Path, who):
+    """cli/exits quotes git's last line, not GitPython's `stderr: '...'` wrapping of it, for both of the family."""
+    from dfbuild.cli.exits import git_failure
+
+    with pytest.raises(git.GitCommandError) as caught:
+        if who == "gitrun":
+            gitrun.run(repo, "rev-parse", "--verify", "nosuchref")
+        else:
+            git.Repo(repo).git.rev_parse("--verify", "nosuchref")
+    known = git_failure(caught.value)
+    assert known is not None and known.exit_code == 17
+    assert known.message == "git rev-parse failed: fatal: Needed a single revision"
+
+
 def test_replace_with_becomes_the_program_in_this_process(tmp_path):
     script = ("import os, sys\nfrom dfbuild import proc\n"
               f"proc.replace_with([{PY!r}, '-c', 'import os; print(os.getpid(), os.environ.get(\"MARK\"))'], "

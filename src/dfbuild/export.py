@@ -20,46 +20,40 @@ sha256); anything else in it is the user's and is refused (exit 26).
 from __future__ import annotations
 
 import email.utils
-import hashlib
 import json
 import os
 import re
 import shutil
-import subprocess
 import tempfile
-import textwrap
 from datetime import datetime, timezone
-from importlib import resources
 from pathlib import Path
 
+from . import gitrun, proc, source, squash, state, ui
 from . import series as series_mod
-from . import source, squash, state, ui
 from .errors import DfbuildError, ExportError, ExportIdentityError, UsageError
+from .export_text import (
+    FIX_SUBJECT,
+    REQUIREMENTS,
+    SUBMITTER_NOTE,
+    TEST_NAME,
+    TEST_PATH,
+    WHEN,
+    digest,
+    fix_message,
+    measured_for,
+    origin_urls,
+    pr_text,
+    requirements_with_yaml,
+    test_message,
+    test_source,
+    upstream_message,
+)
 from .paths import sha256_file
 
 MARKER_NAME = ".dfbuild-export.json"
 EXPORT_SCHEMA = 2
-FIX_SUBJECT = "spec : fix DFlash draft KV positions after multimodal chunks"
-TEST_SUBJECT = "server : test DFlash with a plain-rope draft after an M-RoPE image"
-TEST_NAME = "test_speculative_mtmd.py"
-TEST_PATH = f"tools/server/tests/unit/{TEST_NAME}"
-REQUIREMENTS = "tools/server/tests/requirements.txt"
-# gguf-py imports yaml (gguf/metadata.py), which the server tests' requirements do not bring
-YAML_REQUIREMENT = "PyYAML~=6.0"
 TEMPLATE = ".github/pull_request_template.md"
 SPECULATIVE = "common/speculative.cpp"
-# the DEP-3 fields and dfbuild's own trailers: a patch file's bookkeeping, not upstream's commit message
-_BOOKKEEPING = re.compile(r"^(Origin|Bug(-[\w-]+)?|Forwarded|Applied-Upstream|Last-Update|Author|From|Description|"
-                          r"Reviewed-by|Acked-by|Dfbuild-[\w-]+):", re.IGNORECASE)
-# When the bug happens: the one statement the fix commit and PR.md both make (true at every base the series
-# serves: before M-RoPE drafts existed every DFlash draft was plain-rope; an image's rows sit on one position
-# whether process() skips them or stacks them)
-WHEN = ("DFlash speculative decoding fails when the draft has no rope sections (a plain-rope draft: a DFlash "
-        "GGUF without `dflash.rope.dimension_sections`), the target uses M-RoPE, and an image follows other "
-        "text in the prompt. mtmd puts all rows of such an image on one position, so the draft KV cache ends "
-        "behind the position where the text after the image starts. A plain-rope draft only takes a batch that "
-        "continues its last position (Y = X + 1): the next draft batch fails with `inconsistent sequence "
-        "positions`, `llama_decode(ctx_dft)` fails and llama-server answers HTTP 500.")
 
 
 # --- who and when ----------------------------------------------------------------------------
@@ -81,8 +75,7 @@ def submitter(author: str | None = None, cwd: Path | None = None) -> tuple[str, 
     guess from the host name is refused (user.useConfigOnly), as is none at all: exit 27."""
     if author is not None:
         return parse_author(author)
-    result = subprocess.run(["git", "-c", "user.useConfigOnly=true", "var", "GIT_AUTHOR_IDENT"],
-                            cwd=cwd, capture_output=True, text=True)
+    result = gitrun.run(None, "-c", "user.useConfigOnly=true", "var", "GIT_AUTHOR_IDENT", check=False, cwd=cwd)
     match = re.match(r"^(.+?) <([^<>]+)> \d+ [+-]\d{4}$", result.stdout.strip())
     if result.returncode != 0 or not match:
         raise ExportIdentityError(
@@ -102,214 +95,6 @@ def export_date(environ: dict | None = None) -> str:
     else:
         when = datetime.now(timezone.utc).replace(microsecond=0)
     return email.utils.format_datetime(when)
-
-
-# --- messages --------------------------------------------------------------------------------
-
-
-def upstream_message(patch: Path) -> tuple[str, str]:
-    """(subject, body) of a patch's commit message without its DEP-3 fields and dfbuild trailers."""
-    message = series_mod.commit_message(patch)
-    subject, _, body = message.partition("\n")
-    kept = [line for line in body.strip().splitlines() if not _BOOKKEEPING.match(line)]
-    return subject.strip(), "\n".join(kept).strip()
-
-
-def origin_urls(patch: Path) -> list[str]:
-    """URLs in a patch's Origin field (where the approach comes from)."""
-    found = []
-    for line in series_mod.commit_message(patch).splitlines():
-        if line.lower().startswith("origin:"):
-            found += [u.rstrip(".,;)") for u in re.findall(r"https?://\S+", line)]
-    return found
-
-
-def _strip_area(subject: str) -> str:
-    """'spec : DFlash mirrors ...' -> 'DFlash mirrors ...' (the area prefix of llama.cpp's subjects)."""
-    return re.sub(r"^[\w/.-]+ : ", "", subject)
-
-
-def _wrap(text: str) -> list[str]:
-    return textwrap.wrap(text, 72, break_long_words=False, break_on_hyphens=False)
-
-
-def fix_message(applied: list[dict], bug: str, base: str) -> str:
-    """The squashed commit: llama.cpp's subject, when it fails, what changes, the base it was written against.
-
-    The patches' own descriptions are not copied: they describe one variant against its epoch's code and
-    refer to each other ("the previous patch"); upstream gets one commit."""
-    parts = [FIX_SUBJECT, "", *_wrap(WHEN), "", "Changes:", ""]
-    for entry in applied:
-        parts += _wrap("- " + _strip_area(entry["subject"]).rstrip(".") + ".")
-    urls = [u for entry in applied for u in entry["origin_urls"]]
-    parts += ["", *_wrap(f"Written against llama.cpp {base}.")]
-    if urls:
-        parts += ["", *_wrap("The approach follows " + ", ".join(dict.fromkeys(urls)) + ".")]
-    if bug:
-        parts += ["", f"Fixes: {bug}"]
-    return "\n".join(parts).strip() + "\n"
-
-
-def test_message(requirements: bool = True) -> str:
-    """The test commit's message; REQUIREMENTS: whether it adds PyYAML to the test requirements."""
-    parts = [TEST_SUBJECT, "",
-             *_wrap("The test writes a tiny M-RoPE target, a qwen2vl_merger projector and a DFlash draft "
-                    "without rope sections with gguf-py, so it downloads nothing. A /completion request with "
-                    "text before and after an image must answer 200, draft tokens and give the tokens of the "
-                    "same request without the draft; a second question about the same image must reuse the "
-                    "cached prompt and draft again."),
-             "",
-             *_wrap("It is a file of its own beside test_speculative.py, whose module fixture starts every "
-                    "test with a stories15M server and a downloaded draft-simple model.")]
-    if requirements:
-        parts += ["", *_wrap("gguf-py imports yaml, so the test requirements gain PyYAML.")]
-    return "\n".join(parts) + "\n"
-
-
-# --- the test file ---------------------------------------------------------------------------
-
-
-def test_source() -> str:
-    """The upstream server test dfbuild ships (its own code, MIT), byte for byte."""
-    return resources.files("dfbuild.data").joinpath("upstream").joinpath(TEST_NAME).read_text(encoding="utf-8")
-
-
-def requirements_with_yaml(text: str) -> str | None:
-    """REQUIREMENTS' text with PyYAML added (after numpy, else at the end), or None when it has it already."""
-    if re.search(r"^\s*pyyaml\b", text, re.IGNORECASE | re.MULTILINE):
-        return None
-    lines = text.splitlines()
-    at = next((i + 1 for i, line in enumerate(lines) if re.match(r"\s*numpy\b", line, re.IGNORECASE)), len(lines))
-    lines.insert(at, YAML_REQUIREMENT)
-    return "\n".join(lines) + "\n"
-
-
-# --- PR.md -----------------------------------------------------------------------------------
-
-# The template asks an AI agent to remind the user of this; dfbuild says it on stderr and in PR.md
-SUBMITTER_NOTE = ("dfbuild wrote this text from its records. llama.cpp's CONTRIBUTING.md and AGENTS.md ask "
-                  "that you understand every line you submit, write the PR description in your own words, "
-                  "and fill in the AI usage disclosure yourself; you are responsible for the change.")
-# Where the measurement of which drafts the converter writes as plain-rope goes (issue 37); until it is
-# recorded, PR.md says nothing about it and marks the place
-CONVERTER_SLOT = ("<!-- dfbuild: slot for the converter figures (issue 37): which DFlash drafts this base's "
-                  "convert_hf_to_gguf.py writes without rope sections, and whether reconverting avoids the bug. "
-                  "Not measured yet: fill it in or delete this comment. -->")
-
-
-def digest(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def measured_for(measured: dict | None, *, base: str, fix_sha256: str | None) -> dict | None:
-    """MEASURED when it was made with this export's test and fix at BASE, else None (its figures would be
-    another change's). The record names the test's and the fix diff's sha256 (tests/test_export_real.py)."""
-    if not measured:
-        return None
-    wanted = {"base": base, "test_sha256": digest(test_source()), "fix_sha256": fix_sha256}
-    if any(measured.get(key) != value for key, value in wanted.items()) or fix_sha256 is None:
-        return None
-    if not all(isinstance(measured.get(name), dict) and measured[name].get("summary")
-               for name in ("unpatched", "patched")):
-        return None
-    return measured
-
-
-def pr_text(template: str | None, *, base: str, base_commit: str, applied: list[dict], bug: str,
-            measured: dict | None, requirements: bool = True, made_on: dict | None = None) -> str:
-    """PR.md: the tree's template with Overview and Additional information filled, Requirements left to the submitter.
-
-    MEASURED: the new test's results with this export's test and fix (measured_for), or None: then PR.md
-    reports no result. REQUIREMENTS: whether the test commit adds PyYAML to the test requirements.
-    MADE_ON: for an export made without BASE's tree, what its variant was made on; PR.md then says first
-    that nothing was applied to a BASE tree where it was prepared."""
-    overview = [WHEN, "", "This PR:", ""]
-    overview += ["- " + _strip_area(e["subject"]) for e in applied]
-    overview += [
-        f"- adds `tools/server/tests/unit/{TEST_NAME}`: a tiny M-RoPE target, a qwen2vl_merger projector and a "
-        "plain-rope DFlash draft, written with the tree's `gguf-py` at test time (no download). A request with "
-        "text before and after an image must answer 200, draft tokens and give the tokens of the request "
-        "without the draft; a second question about the same image must reuse the cached prompt "
-        "(`timings.cache_n`) and draft again. It is a file beside `test_speculative.py`, whose module fixture "
-        "starts each test with a stories15M server and a downloaded draft-simple model."
-        + (" `PyYAML` joins the test requirements, because `gguf-py` imports it." if requirements else ""),
-    ]
-    if bug:
-        overview += ["", f"Fixes {bug}"]
-    info = [] if made_on is None else _without_tree_note(base, base_commit, made_on) + [""]
-    run_it = ["```sh", "cmake -B build && cmake --build build --target llama-server",
-              "cd tools/server/tests && pip install -r requirements.txt",
-              f"LLAMA_SERVER_BIN_PATH=../../../build/bin/llama-server pytest -v unit/{TEST_NAME}", "```"]
-    if measured:
-        info += [f"The new test on {base}, without and with this PR:", "",
-                 "| | without this PR | with this PR |", "| --- | --- | --- |",
-                 f"| `pytest -v unit/{TEST_NAME}` | {measured['unpatched']['summary']} | "
-                 f"{measured['patched']['summary']} |", ""]
-        if measured.get("how"):
-            info += [measured["how"], ""]
-        info += ["To run it:", "", *run_it]
-    else:
-        info += [f"The new test's results on {base} are not recorded for this text: run it without and with "
-                 "this PR and put them here.", "", *run_it]
-    info += ["", CONVERTER_SLOT]
-    sections = {"Overview": "\n".join(overview), "Additional information": "\n".join(info)}
-    if template is None:
-        template = ("## Overview\n\n## Additional information\n\n## Requirements\n\n"
-                    "- I have read and agree with the [contributing guidelines]"
-                    "(https://github.com/ggml-org/llama.cpp/blob/master/CONTRIBUTING.md)\n"
-                    "- AI usage disclosure: <!-- mention: YES / NO - if yes, describe how AI was used -->\n")
-    return _leave_disclosure(_fill_template(template, sections))
-
-
-def _leave_disclosure(text: str) -> str:
-    """The disclosure line stays for the submitter, with a note saying so; the template's comment to AI
-    agents goes (its reminder is SUBMITTER_NOTE, which the export also says on stderr)."""
-    lines = []
-    for line in text.splitlines():
-        if re.match(r"^\s*<!--.*\bAI agent\b.*-->\s*$", line):
-            continue
-        lines.append(line)
-        if re.match(r"^\s*- AI usage disclosure:", line):
-            lines.append(f"<!-- dfbuild: left for you. {SUBMITTER_NOTE} -->")
-    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip() + "\n"
-
-
-def _without_tree_note(base: str, base_commit: str, made_on: dict) -> list[str]:
-    """What a reader must know first about an export made without BASE's tree."""
-    lines = [
-        f"**Not applied to a {base} tree where this was prepared.** {base}'s tree"
-        + (f" ({base_commit[:12]})" if base_commit else "") + " could not be fetched there (no network). "
-        f"The fix commit is dfbuild's {base} variant squashed without the tree: the lines it changes and "
-        "their context come from the variant's own patches",
-    ]
-    if made_on.get("blob"):
-        lines[0] += (f", which were made on `common/speculative.cpp` blob {made_on['blob'][:12]} "
-                     "(the index line names that blob)")
-    lines[0] += (f". Nothing was built or run at {base} for this PR: `git am` on a clean {base} checkout "
-                 "is expected to apply it, and the new test to fail before the fix commit and pass after "
-                 f"it; neither was tried at {base}.")
-    if made_on.get("note"):
-        lines += ["", f"How the variant was made (dfbuild's series.toml): {made_on['note']}."]
-    lines += ["", f"`{REQUIREMENTS}` is not changed: its text at {base} could not be read. `gguf-py` imports "
-              f"`yaml`; if the file lacks it, add `{YAML_REQUIREMENT}` before running the new test."]
-    return lines
-
-
-def _fill_template(template: str, sections: dict[str, str]) -> str:
-    """Each `## NAME` section of SECTIONS gets its text in place of the template's guidance comment."""
-    out, current = [], None
-    for line in template.splitlines():
-        heading = re.match(r"^##\s+(.+?)\s*$", line)
-        if heading:
-            current = heading.group(1)
-            out.append(line)
-            if current in sections:
-                out += ["", sections[current], ""]
-            continue
-        if current in sections and (not line.strip() or re.match(r"^\s*<!--.*-->\s*$", line)):
-            continue  # the guidance comment and blank lines: replaced by the text above
-        out.append(line)
-    return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).strip() + "\n"
 
 
 # --- the output dir --------------------------------------------------------------------------
@@ -341,7 +126,9 @@ def check_out_dir(out: Path) -> bool:
     if marker is None:
         raise ExportError(f"{out} is not empty and is not an earlier dfbuild export; nothing was written",
                           "pass --out a new or empty directory, or move its files away")
-    files = marker.get("files") if isinstance(marker.get("files"), dict) else {}
+    files = marker.get("files")
+    if not isinstance(files, dict):
+        files = {}
     extra = [name for name in entries if name != MARKER_NAME and name not in files]
     changed = [name for name, digest in files.items()
                if not (out / name).is_file() or (out / name).is_symlink() or sha256_file(out / name) != digest]
@@ -381,16 +168,20 @@ def _publish(staging: Path, out: Path, replace: bool) -> None:
 # --- the export ------------------------------------------------------------------------------
 
 
-def _git(tree: Path, *args: str, env: dict | None = None) -> str:
-    result = subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True,
-                            env=dict(os.environ, **(env or {})))
+def _failed(what: str, result: proc.CompletedProcess) -> str:
+    """WHAT, then git's last line of stderr: the export's words for a git command that failed."""
+    return f"{what}: " + (result.stderr.strip().splitlines() or ["(no message)"])[-1]
+
+
+def _git(tree: Path, *args: str, extra_env: dict[str, str] | None = None, input: str | None = None) -> str:
+    """The stdout of `git -C TREE ARGS` in the scratch checkout; ExportError (26) with git's words when it fails."""
+    result = gitrun.run(tree, *args, check=False, extra_env=extra_env, input=input)
     if result.returncode != 0:
-        raise ExportError(f"git {args[0]} failed in the scratch checkout: "
-                          + (result.stderr.strip().splitlines() or ["(no message)"])[-1], None)
+        raise ExportError(_failed(f"git {args[0]} failed in the scratch checkout", result), None)
     return result.stdout
 
 
-def _commit_env(author: tuple[str, str], date: str) -> dict:
+def _commit_env(author: tuple[str, str], date: str) -> dict[str, str]:
     name, address = author
     return {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": address, "GIT_AUTHOR_DATE": date,
             "GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": address, "GIT_COMMITTER_DATE": date,
@@ -398,12 +189,8 @@ def _commit_env(author: tuple[str, str], date: str) -> dict:
 
 
 def _commit(tree: Path, message: str, author: tuple[str, str], date: str) -> str:
-    result = subprocess.run(["git", "-C", str(tree), "commit", "--no-verify", "--no-gpg-sign", "-q", "-F", "-"],
-                            input=message, capture_output=True, text=True,
-                            env=dict(os.environ, **_commit_env(author, date)))
-    if result.returncode != 0:
-        raise ExportError("git commit failed in the scratch checkout: "
-                          + (result.stderr.strip().splitlines() or ["(no message)"])[-1], None)
+    _git(tree, "commit", "--no-verify", "--no-gpg-sign", "-q", "-F", "-", input=message,
+         extra_env=_commit_env(author, date))
     return _git(tree, "rev-parse", "HEAD").strip()
 
 
@@ -494,11 +281,9 @@ def build_commits_without_tree(curated, base: str, tree: Path, *, author: tuple[
     _git(tree, "add", "-A")
     start = _commit(tree, f"the lines of {base} that its variants show\n", author, date)
     for entry in applied:
-        result = subprocess.run(["git", "-C", str(tree), "apply", "--index", "--whitespace=nowarn",
-                                 str(entry["patch"])], capture_output=True, text=True)
+        result = gitrun.run(tree, "apply", "--index", "--whitespace=nowarn", str(entry["patch"]), check=False)
         if result.returncode != 0:
-            raise ExportError(f"{entry['file']} does not apply after the variant's earlier patches: "
-                              + (result.stderr.strip().splitlines() or ["(no message)"])[-1],
+            raise ExportError(_failed(f"{entry['file']} does not apply after the variant's earlier patches", result),
                               "pass --repo with the base's tree")
     _commit(tree, fix_message(applied, curated.bug, base), author, date)
     test_file = tree / TEST_PATH
@@ -616,4 +401,7 @@ def _umask() -> int:
     return mask
 
 
-__all__ = ["export_upstream", "build_commits", "check_out_dir", "submitter", "pr_text", "DfbuildError"]
+# the export's words live in export_text; the names its callers and tests use stay importable from here
+__all__ = ["FIX_SUBJECT", "REQUIREMENTS", "TEST_NAME", "TEST_PATH", "WHEN", "DfbuildError", "build_commits",
+           "check_out_dir", "digest", "export_upstream", "fix_message", "measured_for", "pr_text",
+           "requirements_with_yaml", "submitter", "test_source", "upstream_message"]

@@ -22,11 +22,10 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import time
 from pathlib import Path, PurePosixPath
 
-from . import readers, state, ui
+from . import gitrun, readers, state, ui
 from .errors import ForeignStateError, LockedError
 from .paths import git_dir
 
@@ -91,13 +90,8 @@ def end(tree: Path) -> None:
     _clear_record(journal_path(tree))
 
 
-def _git(tree: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True, check=check)
-
-
 def _commit_exists(tree: Path, rev: object) -> bool:
-    return isinstance(rev, str) and bool(_HEX.match(rev)) and _git(
-        tree, "cat-file", "-e", f"{rev}^{{commit}}", check=False).returncode == 0
+    return isinstance(rev, str) and bool(_HEX.match(rev)) and gitrun.ok(tree, "cat-file", "-e", f"{rev}^{{commit}}")
 
 
 def _safe_rel(rel: object) -> bool:
@@ -115,7 +109,7 @@ def branch_ok(branch: object) -> bool:
         return False
     if any(len(part.encode("utf-8", "surrogateescape")) + len(".lock") > _NAME_MAX for part in branch.split("/")):
         return False
-    return subprocess.run(["git", "check-ref-format", f"refs/heads/{branch}"], capture_output=True).returncode == 0
+    return gitrun.ok(None, "check-ref-format", f"refs/heads/{branch}")
 
 
 def problem(tree: Path, record: dict) -> str | None:
@@ -279,7 +273,7 @@ def _current_blob(path: Path) -> str | None:
 def _blobs_at(tree: Path, commit: str, paths: list[str]) -> dict[str, str]:
     if not paths:
         return {}
-    out = _git(tree, "ls-tree", "-r", commit, "--", *paths).stdout
+    out = gitrun.run(tree, "ls-tree", "-r", commit, "--", *paths).stdout
     found = {}
     for line in out.splitlines():
         meta, _, name = line.partition("\t")
@@ -305,10 +299,10 @@ def _is_ours(current: str, ids: set[str]) -> bool:
 def _descendants(tree: Path, start: str) -> list[str]:
     """START and the commits between it and HEAD either way (a derived series may redo its commits from
     below START): the commits whose files dfbuild may have left in the tree."""
-    head = _git(tree, "rev-parse", "--verify", "--quiet", "HEAD", check=False).stdout.strip()
+    head = gitrun.run(tree, "rev-parse", "--verify", "--quiet", "HEAD", check=False).stdout.strip()
     if not head:
         return [start]
-    return [start, *_git(tree, "rev-list", f"{start}...{head}", check=False).stdout.split()]
+    return [start, *gitrun.run(tree, "rev-list", f"{start}...{head}", check=False).stdout.split()]
 
 
 def restore_paths(tree: Path, commit: str, paths: list[str], record: dict | None = None) -> list[tuple[str, Path]]:
@@ -333,10 +327,12 @@ def restore_paths(tree: Path, commit: str, paths: list[str], record: dict | None
         else:
             shutil.copy2(tree / rel, copy)
         kept.append((rel, copy))
-    _git(tree, "reset", "--quiet", commit)  # HEAD and index only; the working tree is ours to fix below
-    existing = set(_git(tree, "ls-tree", "-r", "--name-only", commit, "--", *paths).stdout.splitlines()) if paths else set()
+    gitrun.run(tree, "reset", "--quiet", commit)  # HEAD and index only; the working tree is ours to fix below
+    existing: set[str] = set()
+    if paths:
+        existing = set(gitrun.run(tree, "ls-tree", "-r", "--name-only", commit, "--", *paths).stdout.splitlines())
     if existing:
-        _git(tree, "checkout", "--quiet", commit, "--", *sorted(existing))
+        gitrun.run(tree, "checkout", "--quiet", commit, "--", *sorted(existing))
     for rel in paths:
         if rel in existing:
             continue
@@ -427,9 +423,10 @@ def _finish_checkout(tree: Path, record: dict) -> list[tuple[str, Path]]:
     written; any other bytes (an edit since the crash) are kept aside first.
     """
     commit, previous = record["commit"], record.get("previous")
-    changed = _git(tree, "diff", "--name-only", "--no-renames", "-z", commit, "--").stdout.split("\0")
+    names = ("diff", "--name-only", "--no-renames", "-z")
+    changed = gitrun.run(tree, *names, commit, "--").stdout.split("\0")
     if previous:
-        changed += _git(tree, "diff", "--name-only", "--no-renames", "-z", previous, commit, "--").stdout.split("\0")
+        changed += gitrun.run(tree, *names, previous, commit, "--").stdout.split("\0")
     paths = sorted({p for p in changed if p})
     ours: dict[str, set[str]] = {p: set() for p in paths}
     for rev in filter(None, (commit, previous)):
@@ -444,5 +441,5 @@ def _finish_checkout(tree: Path, record: dict) -> list[tuple[str, Path]]:
         copy = _kept_path(tree, stamp, rel)
         shutil.copy2(tree / rel, copy, follow_symlinks=False)
         kept.append((rel, copy))
-    _git(tree, "checkout", "--quiet", "--force", "-B", record["branch"], commit)
+    gitrun.run(tree, "checkout", "--quiet", "--force", "-B", record["branch"], commit)
     return kept

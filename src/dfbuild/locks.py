@@ -23,10 +23,11 @@ from filelock import FileLock, Timeout
 from . import readers, ui
 from .errors import LockedError, StateFileError
 
-try:
-    import fcntl
-except ImportError:  # Windows: no flock; locks fall back to filelock, and a dir's lock to a file in the cache
+# the platform test, not a try/except ImportError, so mypy knows which of the two fcntl is (as typeshed does)
+if sys.platform == "win32":  # no flock: locks fall back to filelock, and a dir's lock to a file in the cache
     fcntl = None
+else:
+    import fcntl
 
 # --- opening dfbuild's own state files: never through a symlink, never blocking on a FIFO or a device -----
 
@@ -137,7 +138,8 @@ class _Flock:
     """
 
     def __init__(self, path: str, what: str = "lock file"):
-        self.path, self.what, self.fd = path, what, None
+        self.path, self.what = path, what
+        self.fd: int | None = None
 
     def acquire(self, timeout: float = -1) -> None:
         try:

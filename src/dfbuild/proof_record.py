@@ -5,7 +5,9 @@ proofs written (series record-proof) and shown (series epochs).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import tomlkit
 
@@ -99,8 +101,7 @@ def record_proofs(series: Series, proofs: list[dict], *, record_name: str, new_e
         if build is None:
             raise UsageError(f"the proof of {proof.get('base')} is not of a release bNNNN",
                              "epochs hold releases; a PR head or commit is recorded by its own prove record")
-        holder = next((e for e in epochs if source.release_build(e["first"]) <= build
-                       <= source.release_build(e["last"])), None)
+        holder = next((e for e in epochs if _holds(e, build)), None)
         if holder is None:
             raise UsageError(f"no epoch in series.toml holds {proof['base']}; nothing was written",
                              "make one: --epoch-first bN --epoch-last bM --variant BASE --change TEXT")
@@ -118,6 +119,12 @@ def record_proofs(series: Series, proofs: list[dict], *, record_name: str, new_e
         added.append({**entry, "epoch": f"{holder['first']}..{holder['last']}", "replaced": bool(same)})
     state.atomic_write_text(series.path, tomlkit.dumps(doc))
     return {"series": str(series.path), "created_epoch": created, "proofs": added}
+
+
+def _holds(epoch: Mapping[str, Any], build: int) -> bool:
+    """Whether the epoch table EPOCH (series.toml's, whose ends load_series checked are releases) holds BUILD."""
+    first, last = source.release_build(epoch["first"]), source.release_build(epoch["last"])
+    return first is not None and last is not None and first <= build <= last
 
 
 def epochs_table(series: Series) -> list[dict]:

@@ -26,7 +26,7 @@ from .series_check import (
     identify_base,
     series_start,
 )
-from .series_model import CONCERN_TRAILER, Series, base_build
+from .series_model import CONCERN_TRAILER, Series, Variant, base_build
 from .series_patch import commit_message, describe_failure, patch_author, patch_path, patch_paths, patch_post_images
 
 
@@ -109,9 +109,10 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
             journal.roll_back(tree)
         raise conflict
 
+    # carried (derived): the series goes on where dfbuild's own concern commits start; a known base: None
     start = series_start(tree) if derived else None
     to_apply = [step for step in steps if step.status in CARRIED]
-    touched = sorted({p for step in to_apply for p in patch_paths(patch_path(series, step.variant))}
+    touched = sorted({p for step in to_apply for p in patch_paths(_patch(series, step))}
                      | set(reworded["paths"] if reworded else ()))
     branch = None
     if to_apply:
@@ -119,19 +120,20 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
         # what the patches write, so that a rollback can tell those bytes from a user's edit since
         wrote: dict[str, list[str]] = dict(reworded["wrote"]) if reworded else {}
         for step in to_apply:
-            for name, ids in patch_post_images(patch_path(series, step.variant)).items():
+            for name, ids in patch_post_images(_patch(series, step)).items():
                 wrote.setdefault(name, []).extend(i for i in ids if i not in wrote.get(name, []))
         journal.begin(tree, "apply", original_head=original_head, branch=branch, paths=touched, wrote=wrote)
     state.fault_point("apply: journal written")
     results = []
     try:
-        if derived and start != original_head and any(step.status in CARRIED for step in steps):
+        if start is not None and start != original_head and any(step.status in CARRIED for step in steps):
             # only dfbuild's own concern commits sit on top: redo the series from where it goes on
             repo.git.reset("--hard", "--quiet", start)
         for step in steps:
             entry = step.to_dict()
             if step.status in CARRIED:
-                patch = patch_path(series, step.variant)
+                variant = _variant(step)
+                patch = patch_path(series, variant)
                 args = ["apply", "--index", *(["--3way"] if step.status == "3-way" else []), str(patch)]
                 applied = gitrun.run(tree, *args, check=False)
                 if applied.returncode != 0 and journal.git_locks(tree, branch):
@@ -139,7 +141,7 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
                     raise journal.held_by_another(tree, journal.git_locks(tree, branch)[0])
                 if applied.returncode != 0 or (step.blob and _index_blob(tree, {}) != step.blob):
                     raise PatchConflictError(
-                        f"patch {step.variant.file} failed: {describe_failure(patch, applied.stderr)}",
+                        f"patch {variant.file} failed: {describe_failure(patch, applied.stderr)}",
                         f"regenerate the variant: dfbuild series refresh --dir DIR --onto {base or 'BASE'}",
                     )
                 state.fault_point(f"apply: {step.concern.id} staged")
@@ -164,14 +166,14 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
         raise
     journal.end(tree)
 
-    section = {
-        "base": base or _tree_label(tree, start),
+    section: dict = {  # a manifest section: str, bool, list and dict values
+        "base": base if start is None else _tree_label(tree, start),
         "patches_dir": str(series.root),
         "concerns": results,
         "head": repo.head.commit.hexsha,
         "changed": any(r["status"] == "applied" for r in results),
     }
-    if derived:
+    if start is not None:  # derived
         section.update({"derived": True, "proven": False, "start": start,
                         "blob": source.committed_blob(tree, "HEAD")})
         # a proof series.toml records for this very release makes it proven here as in `series epochs`
@@ -182,6 +184,18 @@ def apply_series(series: Series, tree: Path, *, base: str | None = None, skip: t
         elif series.recorded_proof(build, stale=True):
             section["stale_proof"] = series.recorded_proof(build, stale=True)
     return section
+
+
+def _patch(series: Series, step: Step) -> Path:
+    return patch_path(series, _variant(step))
+
+
+def _variant(step: Step) -> Variant:
+    """The variant of STEP, which applies or made one of dfbuild's commits: plan gives such a step one."""
+    if step.variant is None:
+        raise NoVariantError(f"concern {step.concern.id} has no variant to apply",
+                             "add one with `dfbuild series refresh --onto` or pass a supported base")
+    return step.variant
 
 
 def _branch_name(repo: git.Repo) -> str | None:
@@ -208,7 +222,7 @@ def _outdated_concern_commits(series: Series, tree: Path, steps: list[Step]) -> 
         step = by_concern.get(concern.strip())
         if step is None:
             continue
-        patch = patch_path(series, step.variant)
+        patch = _patch(series, step)
         message = gitrun.run(tree, "stripspace", input=commit_message(patch)).stdout  # as `git commit -m` cleans it
         again = gitrun.run(tree, "commit-tree", f"{commit}^{{tree}}", "-p", f"{commit}^", input=message,
                      extra_env=source.patch_identity(*patch_author(patch))).stdout

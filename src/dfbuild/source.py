@@ -313,7 +313,7 @@ def checkout(base: str, *, pr: int | None = None, repo: str | None = None,
     dest = Path(dest or default_dir(base)).resolve()
     _check_dir(dest, force)  # refuse a bad DIR before any clone or download
 
-    if repo is None and known.sdist:
+    if repo is None and known is not None and known.sdist:  # (known: never None without --repo, above)
         if pr is not None:
             raise SourceError(f"{base} is an offline base imported from PyPI ({known.sdist}); it has no PR refs",
                               "drop --pr, or pass --repo URL_OR_PATH to fetch the PR from a repository")
@@ -322,7 +322,9 @@ def checkout(base: str, *, pr: int | None = None, repo: str | None = None,
         tags: list[str] = []
         origin, kind = f"pypi:{known.sdist}", "sdist"
     else:
-        url = repo or known.repo
+        url = repo or (known.repo if known is not None else None)
+        if not url:  # a known base with no repository and no sdist: nowhere to fetch it from
+            raise _unknown_base(base)
         if pr is None and known is not None and url == known.repo:
             pr = known.pr
         url = _absolute_if_local(url)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from .errors import ExportError
 
@@ -29,6 +30,9 @@ PLACEHOLDER_MARK = "@@ dfbuild: line "
 _FUNCNAME = re.compile(r"^[A-Za-z_$]")
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@ ?(.*)$")
 _INDEX = re.compile(r"^index ([0-9a-f]{40})\.\.([0-9a-f]{40})(?: ([0-7]{6}))?$")
+
+# a line of the sparse file as the patches move it: the base's line number N, or the text a patch added
+Line = int | str
 
 
 @dataclass
@@ -58,7 +62,8 @@ def parse(text: str, name: str) -> list[FileDiff]:
         if hunk is not None and (left_old or left_new):
             tag = line[:1]
             if tag not in (" ", "-", "+"):
-                raise ExportError(f"{name}: a hunk of {current.path} is shorter than its header says", None)
+                raise ExportError(f"{name}: a hunk of {current.path if current else 'a file'} is shorter than its "
+                                  "header says", None)
             hunk.lines.append(line)
             left_old -= tag in (" ", "-")
             left_new -= tag in (" ", "+")
@@ -96,9 +101,10 @@ def parse(text: str, name: str) -> list[FileDiff]:
     return diffs
 
 
-def _apply(cur: list, diff: FileDiff, name: str, known: dict[int, str]) -> list:
-    """CUR (entries ('base', n) or ('new', text)) after DIFF's hunks; learns the base lines they show."""
-    out, at = [], 0  # at: index into cur of the next preimage line not yet copied
+def _apply(cur: list[Line], diff: FileDiff, name: str, known: dict[int, str]) -> list[Line]:
+    """CUR after DIFF's hunks; learns the base lines they show (KNOWN: base line number -> text)."""
+    out: list[Line] = []
+    at = 0  # index into cur of the next preimage line not yet copied
     for h in diff.hunks:
         start = h.old_start if h.old_len == 0 else h.old_start - 1
         if start < at:
@@ -108,16 +114,16 @@ def _apply(cur: list, diff: FileDiff, name: str, known: dict[int, str]) -> list:
         for line in h.lines:
             tag, text = line[:1], line[1:]
             if tag == "+":
-                out.append(("new", text))
+                out.append(text)
                 continue
             if at >= len(cur):
                 raise ExportError(f"{name}: a hunk of {diff.path} runs past the lines it can know", None)
             entry = cur[at]
-            if entry[0] == "base":
-                if known.setdefault(entry[1], text) != text:
-                    raise ExportError(f"{name}: {diff.path} line {entry[1]} reads differently in two patches; "
+            if isinstance(entry, int):  # a line of the base: the hunk shows it
+                if known.setdefault(entry, text) != text:
+                    raise ExportError(f"{name}: {diff.path} line {entry} reads differently in two patches; "
                                       "the variant's patches do not chain", "pass --repo with the base's tree")
-            elif entry[1] != text:
+            elif entry != text:
                 raise ExportError(f"{name}: a hunk of {diff.path} does not match what the previous patch left",
                                   "the variant's patches do not chain; pass --repo with the base's tree")
             if tag == " ":
@@ -130,14 +136,14 @@ def sparse_base(chain: list[tuple[str, FileDiff]]) -> tuple[str, str, str, str]:
     """(text, first preimage blob, last postimage blob, mode) of the sparse base file CHAIN's diffs apply to.
 
     CHAIN: (patch name, its diff of one path), in the order the patches apply."""
-    for (name, diff), (_, before) in zip(chain[1:], chain):
+    for (_, before), (name, diff) in pairwise(chain):
         if diff.old_blob != before.new_blob:
             raise ExportError(f"{name}: {diff.path} starts from blob {diff.old_blob[:12]}, but the patch before "
                               f"leaves {before.new_blob[:12]}; the variant's patches do not chain", None)
     size = 1 + sum(max((h.old_start + h.old_len for h in d.hunks), default=0)
                    + sum(line.startswith("+") for h in d.hunks for line in h.lines) for _, d in chain)
     known: dict[int, str] = {}
-    cur = [("base", n) for n in range(1, size + 1)]
+    cur: list[Line] = list(range(1, size + 1))
     snapshots = []
     for name, diff in chain:
         snapshots.append(cur)
@@ -145,18 +151,17 @@ def sparse_base(chain: list[tuple[str, FileDiff]]) -> tuple[str, str, str, str]:
     # a hunk header's function context comes from the nearest line above it that starts a function;
     # where that line is not known, the hunk's own header names it: it goes into the gap above
     hints: dict[int, str] = {}
-    for preimage, (_, diff) in zip(snapshots, chain):
+    for preimage, (_, diff) in zip(snapshots, chain, strict=True):
         for h in diff.hunks:
             if not h.section:
                 continue
             at = (h.old_start if h.old_len == 0 else h.old_start - 1) - 1
             while at >= 0:
                 entry = preimage[at]
-                text = entry[1] if entry[0] == "new" else known.get(entry[1])
-                if text is None:
-                    hints.setdefault(entry[1], h.section)
+                if isinstance(entry, int) and entry not in known:
+                    hints.setdefault(entry, h.section)
                     break
-                if _FUNCNAME.match(text):
+                if _FUNCNAME.match(entry if isinstance(entry, str) else known[entry]):
                     break
                 at -= 1
     last = max(known, default=0)
@@ -171,8 +176,8 @@ def real_index_lines(patch_text: str, blobs: dict[str, tuple[str, str]]) -> str:
     for line in patch_text.split("\n"):
         if line.startswith("diff --git "):
             path = line.split(" b/", 1)[-1]
-        elif path in blobs and _INDEX.match(line):
-            mode = _INDEX.match(line).group(3)
+        elif path in blobs and (index := _INDEX.match(line)):
+            mode = index.group(3)
             old, new = blobs[path]
             line = f"index {old}..{new}" + (f" {mode}" if mode else "")
             path = None

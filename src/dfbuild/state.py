@@ -160,7 +160,7 @@ def dir_note_path(folder: Path) -> Path:
 
 
 # resolved DIR -> the lock inside a tree this process is creating (see tree_made), None until it is made
-_creating: dict[str, object] = {}
+_creating: dict[str, adopt | None] = {}
 
 
 @contextmanager
@@ -258,7 +258,7 @@ _TEMP_NAME = re.compile(r"^dfbuild-[a-z]+-(\d+)-")
 
 def sweep_temp() -> list[Path]:
     """Remove temp dirs under CACHE/tmp whose process has gone; return what was removed."""
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(tmp_root().iterdir())
     except OSError:

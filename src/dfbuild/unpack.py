@@ -87,8 +87,9 @@ def extract(archive: Path, into: Path, limits: Limits | None = None) -> None:
                 tf.extractall(into, members=[_data_member(m) for m in members])
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, KeyError, RuntimeError,
             NotImplementedError, zlib.error) as exc:
-        if isinstance(exc, OSError) and from_os_error(exc):  # a full disk is not a bad download
-            raise from_os_error(exc) from None
+        known = from_os_error(exc) if isinstance(exc, OSError) else None
+        if known is not None:  # a full disk is not a bad download
+            raise known from None
         # tarfile lists every compression it tried on separate lines; one line is enough
         reason = (str(exc).splitlines() or [type(exc).__name__])[0].rstrip(":")
         raise ArchiveError(f"cannot read archive {archive}: {reason}",
@@ -98,7 +99,8 @@ def extract(archive: Path, into: Path, limits: Limits | None = None) -> None:
 def _same(archive: Path, expected: list, seen: list) -> None:
     """Python's reader must list what the strict reader vetted, member for member."""
     if expected != seen:
-        differ = next((e, s) for e, s in zip(expected + [None], seen + [None]) if e != s)
+        # one None past the end of each: where one list is a prefix of the other, the first extra member shows
+        differ = next((e, s) for e, s in zip(expected + [None], seen + [None], strict=False) if e != s)
         raise ArchiveError(f"archive {archive.name} reads differently in Python than in the strict reader "
                            f"({differ[0]} / {differ[1]}); refusing the whole archive",
                            "only use archives from a source you trust")
@@ -121,9 +123,10 @@ def _data_member(member: tarfile.TarInfo) -> tarfile.TarInfo:
     return clean
 
 
-def _check_link_target(name: str, link: str) -> None:
-    target = PurePosixPath(name).parent / link
-    if PurePosixPath(link).is_absolute() or ".." in PurePosixPath(posixpath.normpath(str(target))).parts:
+def _check_link_target(name: str, link: str | None) -> None:
+    """A symlink NAME -> LINK must stay in the tree; one without a target (the strict reader refuses it) fails too."""
+    if link is None or PurePosixPath(link).is_absolute() or ".." in PurePosixPath(
+            posixpath.normpath(str(PurePosixPath(name).parent / link))).parts:
         raise ArchiveError(f"archive link '{name}' points outside the tree; refusing the whole archive",
                            "only use archives from a source you trust")
 

@@ -8,9 +8,9 @@ name that is not UTF-8 and Ctrl-C get their codes here too.
 from __future__ import annotations
 
 import functools
+import re
 import signal
 import sys
-from pathlib import Path
 
 from .. import errors, ui
 from .app import show_error
@@ -72,17 +72,11 @@ def git_failure(exc: BaseException) -> errors.RepositoryError | None:
 
     from git import exc as git_exc  # GitPython's errors, gitdb's (ODBError) re-exported among them
 
-    from .. import proc
-
     if isinstance(exc, git_exc.GitCommandError):  # gitrun's GitError is one
-        said = (exc.stderr or "").strip().strip("'").strip() or str(exc)
+        # GitPython keeps git's stderr as "\n  stderr: '...'" (gitrun's GitError too): quote git, not the wrapper
+        said = re.sub(r"^stderr: '(.*)'$", r"\1", (exc.stderr or "").strip(), flags=re.DOTALL).strip() or str(exc)
         words = [line.strip() for line in said.splitlines() if line.strip()]
         what = f"git {exc.command[1] if len(exc.command) > 1 else ''} failed: {words[-1] if words else said}"
-    elif isinstance(exc, proc.CalledProcessError) and exc.cmd and Path(str(exc.cmd[0])).name == "git":
-        # a module phase 2 of issue 38 has not yet moved onto gitrun (journal) runs git with check=True
-        said = exc.stderr.decode("utf-8", "replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        words = [line.strip() for line in said.splitlines() if line.strip()]
-        what = f"git failed: {words[-1] if words else f'exit {exc.returncode}'}"
     elif isinstance(exc, (git_exc.InvalidGitRepositoryError, git_exc.NoSuchPathError)):
         what = f"{exc} is not a git repository git can read (its HEAD, config or objects are damaged)"
     elif isinstance(exc, configparser.Error):
