@@ -480,3 +480,21 @@ def test_doctor_names_node_and_npm_and_what_to_do_without_them(tmp_path, monkeyp
     assert "too old" in probes["node"]["problem"] and not probes["npm"]["found"]
     assert all("--no-ui" in line or "apt-get" in line for line in web["install"])
     assert "--no-ui" in web["without"]
+
+
+@posix_only
+def test_the_webui_command_builds_the_cache_entry_that_build_then_uses_offline(tree, npm, own_cache, monkeypatch,
+                                                                                 tmp_path):
+    """CI's webui job: `dfbuild webui --dir TREE` prints the entry; a build job given it needs no npm."""
+    result = dfbuild("webui", "--dir", str(tree))
+    assert result.exit_code == 0, said(result)
+    entry = Path(result.stdout.strip())
+    assert entry.parent == own_cache / "webui" and (entry / webui.DIST / "index.html").is_file()
+    as_json = json.loads(dfbuild("webui", "--dir", str(tree), "--json").stdout)
+    assert as_json["entry"] == str(entry) and as_json["source"] == "built"
+    # another machine: a fresh checkout of the same tree, the entry copied into its cache, no Node.js there
+    other = make_tree(tmp_path / "runner")
+    no_node_on_path(tmp_path, monkeypatch)
+    section = webui.provide(other, 4242)
+    assert section["sources_sha256"] == as_json["sources_sha256"]
+    assert (other / "tools/ui/dist/index.html").read_text() == PAGE

@@ -92,6 +92,38 @@ def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_target
         ui.next_step(f"dfbuild smoke --build-dir {shown(section['build_dir'])} --backend {backend}")
 
 
+# --- webui --------------------------------------------------------------------
+
+@main.command("webui")
+@click.option("--dir", "tree", type=click.Path(path_type=Path, file_okay=False), callback=usable_path,
+              required=True, help="The llama.cpp tree whose web UI to build (e.g. made by `dfbuild checkout`).")
+@no_wait_option
+@json_option_for("the build section's ui part, and the cache entry")
+@handle_errors
+def webui_cmd(tree, no_wait, as_json):
+    """Build a tree's web UI (tools/ui, with npm) into dfbuild's cache, as `build` would; print the entry.
+
+    What `build` then embeds without Node.js or the network: CI builds it once and hands the
+    cache entry to the jobs whose machines have no Node.js (ci/release.yml's webui job).
+    """
+    from .. import build as build_stage
+    from .. import webui
+
+    tree = Path(tree).resolve()
+    build_stage.check_llama_tree(tree)
+    with _locks(("tree", tree), no_wait=no_wait):
+        number = build_stage.build_number(tree)
+        section = webui.provide(tree, number)
+    entry = webui.entry_path(section["sources_sha256"]) if section.get("source") == "built" else None
+    if as_json:
+        ui.emit_json({**section, "entry": str(entry) if entry else None})
+        return
+    if entry is None:
+        ui.warn(f"nothing to build: {webui.describe(section)}")
+        return
+    ui.result(str(entry), soft_wrap=True, markup=False)
+
+
 # --- release ------------------------------------------------------------------
 
 def _human_size(n: float) -> str:
