@@ -359,7 +359,8 @@ def test_an_entry_without_its_record_is_not_used(tree, npm, own_cache):
     entry = own_cache / "webui" / f"ui-{section['sources_sha256'][:16]}"
     (entry / webui.RECORD_NAME).unlink()  # as if the copy into the cache had stopped before the end
     before = len(npm_steps(npm))
-    assert webui.provide(tree, 4242)["embedded"]
+    other = make_tree(tree.parent.parent / "other")  # a tree of the same sources with no UI in place yet
+    assert webui.provide(other, 4242)["embedded"]
     assert len(npm_steps(npm)) > before and (entry / webui.RECORD_NAME).is_file()
 
 
@@ -453,7 +454,7 @@ def test_the_release_notes_say_what_each_archive_serves_at_get_root(tmp_path):
 
     base = {"release": {"archive": "llama-b1-dflash-bin-ubuntu-x64.tar.gz"}, "smoke": {"passed": True},
             "build": {"ui": {"embedded": True, "source": "built", "recipe": "ui-build-job",
-                             "steps": ["npm ci --no-audit --no-fund --prefer-offline", "npm run build"]}}}
+                             "npm_steps": ["npm ci --no-audit --no-fund --prefer-offline", "npm run build"]}}}
     (tmp_path / "manifest-a.json").write_text(json.dumps(base))
     off = json.loads(json.dumps(base))
     off["release"]["archive"] = "llama-b1-dflash-bin-win-cpu-x64.zip"
@@ -498,3 +499,19 @@ def test_the_webui_command_builds_the_cache_entry_that_build_then_uses_offline(t
     section = webui.provide(other, 4242)
     assert section["sources_sha256"] == as_json["sources_sha256"]
     assert (other / "tools/ui/dist/index.html").read_text() == PAGE
+
+
+@posix_only
+def test_a_tree_whose_ui_is_in_place_builds_again_after_the_cache_was_cleaned(tree, npm, own_cache, tmp_path,
+                                                                              monkeypatch):
+    from dfbuild import cache
+
+    first = webui.provide(tree, 4242)
+    cache.clean()  # the UI entry and npm's cache gone
+    assert entries(own_cache) == []
+    no_node_on_path(tmp_path, monkeypatch)  # and no npm: the tree's own copy is the one these sources give
+    assert webui.provide(tree, 4242) == first
+    # but not once its files changed
+    (tree / "tools/ui/dist/index.html").write_text("<p>edited</p>")
+    with pytest.raises(WebUIError):
+        webui.provide(tree, 4242)

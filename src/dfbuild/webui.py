@@ -381,8 +381,8 @@ def place(tree: Path, entry: Path, record: dict) -> None:
             raise _refuse(dist, "not a folder")
         current = dist_digest(dist)
         if current == record["dist_sha256"]:
-            if placed.get("dist_sha256") != current:
-                _write_placed(tree, record, previous=placed.get("dist_sha256"))
+            if placed.get("dist_sha256") != current or placed.get("record") != record:
+                _write_placed(tree, record, previous=placed.get("previous_sha256"))
             return
         if current not in {placed.get("dist_sha256"), placed.get("previous_sha256")} - {None}:
             raise _refuse(dist, "no record of it, or its files changed since")
@@ -398,8 +398,9 @@ def place(tree: Path, entry: Path, record: dict) -> None:
 def _write_placed(tree: Path, record: dict, previous: str | None) -> None:
     path = placed_record_path(tree)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # the cache entry's record too: a tree whose UI is in place builds again when the cache was cleaned
     state.atomic_write_text(path, json.dumps({"key": record["key"], "dist_sha256": record["dist_sha256"],
-                                              "previous_sha256": previous}, indent=1) + "\n")
+                                              "previous_sha256": previous, "record": record}, indent=1) + "\n")
 
 
 def remove_placed(tree: Path) -> bool:
@@ -413,6 +414,19 @@ def remove_placed(tree: Path) -> bool:
     shutil.rmtree(dist)
     placed_record_path(tree).unlink(missing_ok=True)
     return True
+
+
+def _in_place(tree: Path, lay: Layout, build_number: int) -> dict | None:
+    """The record of the UI already in TREE's tools/ui/dist when it is the one these sources give (dfbuild put
+    it there, its files unchanged): then neither the cache entry nor npm is needed."""
+    placed = _placed(tree)
+    record = placed.get("record")
+    dist = Path(tree) / UI_DIR / DIST
+    if not isinstance(record, dict) or record.get("key") != source_key(tree, lay, build_number)["key"]:
+        return None
+    if dist.is_symlink() or not dist.is_dir() or dist_digest(dist) != placed.get("dist_sha256"):
+        return None
+    return record
 
 
 # --- what build.py calls ------------------------------------------------------------------------
@@ -439,10 +453,16 @@ def provide(tree: Path, build_number: int, *, wanted: bool = True) -> dict:
     if lay.kind == "none":
         ui.warn(f"no web UI: {lay.detail}; llama-server will answer GET / with 404")
         return {"embedded": False, "source": "none", "how": lay.detail}
-    entry, record = ensure(tree, lay, build_number)
-    place(tree, entry, record)
+    record = _in_place(tree, lay, build_number)
+    if record is None:
+        dist = tree / UI_DIR / DIST
+        if (dist.exists() or dist.is_symlink()) and not (dist.is_dir() and not dist.is_symlink() and _ours(tree, dist)):
+            raise _refuse(dist, "no record of it, or its files changed since")  # before minutes of npm
+        entry, record = ensure(tree, lay, build_number)
+        place(tree, entry, record)
     return {"embedded": True, "source": "built", "how": lay.detail, "recipe": record["recipe"],
-            "steps": [" ".join(s) for s in record["steps"]], "env": record["env"],
+            # not "steps": the manifest's portable form drops that key (a build's ninja step count)
+            "npm_steps": [" ".join(s) for s in record["steps"]], "env": record["env"],
             "sources_sha256": record["key"], "lockfile_sha256": record["lockfile_sha256"],
             "dist_sha256": record["dist_sha256"], "assets": record["assets"],
             "shows_version": record.get("shows_version"), "node": (record.get("tools") or {}).get("node"),
@@ -476,7 +496,7 @@ def describe(section: dict | None) -> str:
     source = section.get("source")
     if source == "built":
         return (f"web UI built from the tree's tools/ui sources ({section.get('recipe')}: "
-                f"{'; '.join(section.get('steps') or [])}), served at GET /")
+                f"{'; '.join(section.get('npm_steps') or [])}), served at GET /")
     if source == "committed":
         return f"web UI as the tree commits it ({section.get('how')}), served at GET /"
     if source == "off":
