@@ -11,9 +11,9 @@ and the draft counters show accepted drafts. A screenshot of the answer is writt
 keeps one: DFBUILD_SCREENSHOT=PATH writes it there). The unpatched build of the same tree
 (the proof's), through the same browser steps, shows the error instead: upstream's bug.
 
-Marked `browser` (release runs), opt-in: DFBUILD_BROWSER_TESTS=1. It needs
-`apt-get install chromium` and `pip install playwright` (docs/ci.md); missing either fails the
-opted-in run rather than skipping it.
+Marked `browser` (release runs), opt-in: DFBUILD_BROWSER_TESTS=1, with which scripts/test.sh
+installs Debian's chromium and the `browser` extra (playwright) (docs/ci.md); missing either fails
+the opted-in run rather than skipping it.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def playwright_api():
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.fail("the browser test needs Playwright's Python package: pip install playwright "
+        pytest.fail("the browser test needs Playwright's Python package: pip install -e '.[browser]' "
                     "(no `playwright install`: it drives Debian's Chromium)")
     if not Path(CHROMIUM).is_file():
         pytest.fail(f"no Chromium at {CHROMIUM}: apt-get install chromium (or set DFBUILD_CHROMIUM)")
