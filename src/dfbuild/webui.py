@@ -85,7 +85,11 @@ class Layout:
 
 
 def _git_lines(tree: Path, *args: str) -> list[str]:
-    result = subprocess.run(["git", "-C", str(tree), *args], capture_output=True)
+    try:
+        result = subprocess.run(["git", "-C", str(tree), *args], capture_output=True)
+    except OSError as exc:
+        raise ToolchainMissingError(f"cannot run git ({exc.strerror or exc}): it lists the tree's web UI sources",
+                                    "install git (Debian, Ubuntu: apt-get install git)") from None
     if result.returncode != 0:
         return []
     return [p for p in result.stdout.decode("utf-8", errors="surrogateescape").split("\0") if p]
@@ -303,7 +307,7 @@ def _build_in(tree: Path, lay: Layout, key: dict, entry: Path, partial: Path, to
                                       stdin=subprocess.DEVNULL)
             except OSError as exc:
                 raise WebUIError(f"cannot run {step[0]}: {exc}", f"full log: {log_path}; or pass --no-ui") from None
-            timings[" ".join(step[:3])] = round(time.monotonic() - t0, 1)
+            timings[step_label(step)] = round(time.monotonic() - t0, 1)
             if done.returncode != 0:
                 log.flush()
                 raise _failure(step, done.returncode, log_path)
@@ -328,13 +332,18 @@ def _build_in(tree: Path, lay: Layout, key: dict, entry: Path, partial: Path, to
     return record
 
 
+def step_label(step: list[str]) -> str:
+    """A step by its first three words without options: npm ci, npm run build, npm exec vitest."""
+    return " ".join([arg for arg in step if not arg.startswith("-")][:3])
+
+
 def _failure(step: list[str], code: int, log_path: Path) -> WebUIError:
     text = log_path.read_text(encoding="utf-8", errors="replace")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     said = next((line for line in lines if line.startswith("npm error")
                  and not re.match(r"npm error (code|errno|syscall|A complete log)\b", line)), None)
     said = said or next((line for line in reversed(lines) if "rror" in line), lines[-1] if lines else "")
-    what = f"the web UI's `{' '.join(step[:3])}` failed (exit {code}): {said[:200]}"
+    what = f"the web UI's `{step_label(step)}` failed (exit {code}): {said[:200]}"
     if step[:2] == ["npm", "ci"] and _OFFLINE.search(text):
         return WebUIError(what, "npm could not reach its registry, and this UI's packages are not in dfbuild's "
                                 f"npm cache: run once with the network (later builds need none), or pass --no-ui; "
