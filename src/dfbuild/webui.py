@@ -316,7 +316,9 @@ def _build_in(tree: Path, lay: Layout, key: dict, entry: Path, partial: Path, to
         raise WebUIError(f"the web UI's build finished but wrote no {DIST}/index.html",
                          f"full log: {log_path}; or pass --no-ui")
     shutil.move(str(dist), str(partial / DIST))
+    t0 = time.monotonic()
     shutil.rmtree(work)  # node_modules: hundreds of MB that no later build needs (npm's cache keeps the packages)
+    timings["remove node_modules"] = round(time.monotonic() - t0, 1)
     files = dist_files(partial / DIST)
     build_json = partial / DIST / "build.json"
     try:
