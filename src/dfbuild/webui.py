@@ -52,6 +52,7 @@ LEGACY_INDEX = "tools/server/public/index.html.gz"  # before tools/ui: a built U
 CONSUMER = "scripts/ui-assets.cmake"
 # not part of the UI's output: what older ui-assets.cmake (b9837..b10894) stages inside the dist it embeds
 CMAKE_STAGING = "_gzip"
+LOCK_WAIT_S = 3600  # how long a second dfbuild waits for the one building the same UI
 FORMAT = 1  # of a cache entry and its key: a new value is a new entry (an old one is never reused)
 
 # what npm prints when it cannot reach the registry
@@ -252,7 +253,8 @@ def ensure(tree: Path, lay: Layout, build_number: int) -> tuple[Path, dict]:
     if record is not None and record.get("key") == key["key"]:
         return entry, record
     tools = _tools()  # before the lock: a machine without npm fails at once, and says what to install
-    with paths.locked(entry):
+    # a cold UI build took 11 minutes here on 2 busy cores: a second dfbuild waits that long, not paths' 10
+    with paths.locked(entry, timeout=LOCK_WAIT_S):
         record = read_record(entry)
         if record is not None and record.get("key") == key["key"]:  # built by another dfbuild while we waited
             return entry, record
