@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from dfbuild import fixtures, smoke, unpack
+from dfbuild.smoke.run import ACCEPTED, DRAFTED
 
 from realtrees import CACHE, REAL_BASE, RELEASE_CPU_VARIANTS, server_for
 
@@ -196,7 +197,7 @@ def test_the_release_serves_its_web_ui_and_answers_an_image_chat_with_accepted_d
     assert MESSAGE in seen["text"] and "Server Error" not in seen["text"]
     assert seen["findings"] == [], seen["findings"]
     assert seen["alive"]
-    accepted, drafted = seen["metrics"].get(smoke.ACCEPTED, 0), seen["metrics"].get(smoke.DRAFTED, 0)
+    accepted, drafted = seen["metrics"].get(ACCEPTED, 0), seen["metrics"].get(DRAFTED, 0)
     assert drafted > 0 and accepted > 0, seen["metrics"]
     assert shot.is_file() and shot.stat().st_size > 0
 

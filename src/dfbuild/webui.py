@@ -35,12 +35,11 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import paths, state, ui
+from . import gitrun, paths, proc, state, ui
 from .errors import ToolchainMissingError, WebUIError
 
 RECORD_NAME = "dfbuild-webui.json"  # written last in a cache entry: an entry without it is not a build
@@ -61,7 +60,7 @@ _OFFLINE = re.compile(r"\b(ENOTFOUND|EAI_AGAIN|ECONNREFUSED|ECONNRESET|ETIMEDOUT
 _ENGINE = re.compile(r"\bEBADENGINE\b|Unsupported engine|requires Node\.?js|Node\.js v?\d[\d.]* is not supported")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def table() -> dict:
     from .backends import data_table
 
@@ -87,7 +86,7 @@ class Layout:
 
 def _git_lines(tree: Path, *args: str) -> list[str]:
     try:
-        result = subprocess.run(["git", "-C", str(tree), *args], capture_output=True)
+        result = gitrun.run(tree, *args, check=False, text=False)
     except OSError as exc:
         raise ToolchainMissingError(f"cannot run git ({exc.strerror or exc}): it lists the tree's web UI sources",
                                     "install git (Debian, Ubuntu: apt-get install git)") from None
@@ -179,6 +178,7 @@ def source_key(tree: Path, lay: Layout, build_number: int) -> dict:
         if path.is_file() and not path.is_symlink():
             files[rel[len(UI_DIR) + 1:]] = _sha256(path)
     lock = files.get("package-lock.json")
+    assert lay.recipe is not None, "a tree with UI sources has a recipe"
     steps = steps_for(lay.recipe, tree / UI_DIR)
     env = build_env(lay.recipe, build_number)
     digest = hashlib.sha256(json.dumps([FORMAT, lay.recipe, steps, env, sorted(files.items())]).encode()).hexdigest()
@@ -222,26 +222,26 @@ def read_record(entry: Path) -> dict | None:
 
 def _version(program: str) -> str | None:
     try:
-        done = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=60, errors="replace")
-    except (OSError, subprocess.SubprocessError):
+        done = proc.run([program, "--version"], timeout=60, errors="replace")
+    except (OSError, proc.SubprocessError):
         return None
     return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else None
 
 
 def _tools() -> dict[str, str]:
     """{node, npm}: their paths, or ToolchainMissingError naming what to install (or --no-ui)."""
-    from . import backends, doctor
+    from . import backends, probes
 
     host = backends.current_host()
-    found = {}
+    found: dict[str, str] = {}
     for name in ("node", "npm"):
-        probe = doctor.probe(name, host, spec=table()["probes"][name])
+        probe = probes.probe(name, host, spec=table()["probes"][name])
         if not probe.ok:
             raise ToolchainMissingError(
                 f"{probe.what}: {probe.problem or 'not found'}; it is needed once per set of UI sources "
                 "(nothing is cached for this tree's UI)",
                 f"{probe.install}; or pass --no-ui to build llama-server without its web UI")
-        found[name] = probe.path
+        found[name] = probe.path or name
     return found
 
 
@@ -305,8 +305,8 @@ def _build_in(tree: Path, lay: Layout, key: dict, entry: Path, partial: Path, to
             log.flush()
             t0 = time.monotonic()
             try:
-                done = subprocess.run([program, *step[1:]], cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL)
+                done = proc.run([program, *step[1:]], cwd=work, env=env, capture=False, stdout=log,
+                                stderr=proc.STDOUT, stdin=proc.DEVNULL)
             except OSError as exc:
                 raise WebUIError(f"cannot run {step[0]}: {exc}", f"full log: {log_path}; or pass --no-ui") from None
             timings[step_label(step)] = round(time.monotonic() - t0, 1)

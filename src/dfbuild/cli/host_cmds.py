@@ -67,7 +67,8 @@ def doctor(backend, target_os, target_arch, fetch_vulkan, as_json):
     ui.result(f"\n[bold]web UI[/bold] - {esc(web['what'])}: {verdict}")
     for probe in web["toolchain"]:
         mark = "[green]ok[/green]  " if probe["ok"] else "[yellow]--[/yellow]  "
-        ui.result(f"  {mark}{esc(probe['what'])}: {esc(probe['version'] or probe['path'] or '') if probe['ok'] else esc(probe['problem'] or 'not found')}")
+        detail = (probe["version"] or probe["path"] or "") if probe["ok"] else (probe["problem"] or "not found")
+        ui.result(f"  {mark}{esc(probe['what'])}: {esc(detail)}")
         if not probe["ok"] and probe["install"]:
             ui.result(f"        [dim]install:[/dim] {esc(probe['install'])}")
     if not web["can_build"]:
