@@ -17,6 +17,13 @@ mkdir -p "$DFBUILD_TEST_CACHE"
 debian_packages=(ccache git libssl-dev qemu-user python3-venv
                  g++-mingw-w64-x86-64-posix gcc-mingw-w64-x86-64-posix wine wine64 make perl
                  g++-aarch64-linux-gnu gcc-aarch64-linux-gnu)
+# The browser test (opt-in, release runs: DFBUILD_BROWSER_TESTS=1) drives Debian's Chromium with
+# Playwright's Python package (the `browser` extra); .ci/run does not opt in, so CI installs neither.
+extras="test"
+if [ "${DFBUILD_BROWSER_TESTS:-}" = 1 ]; then
+    debian_packages+=(chromium)
+    extras="test,browser"
+fi
 missing=()
 for pkg in "${debian_packages[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
@@ -34,7 +41,7 @@ fi
 # A venv the tests own, so the package and its test dependencies install the same way everywhere.
 venv="$DFBUILD_TEST_CACHE/venv"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[test]'
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$extras]"
 
 # The linter and the type checker on src/, with the rules and the phase-2 exclusions pyproject.toml
 # keeps ([tool.ruff], [tool.mypy]); either failing fails the run, after the tests have run too.

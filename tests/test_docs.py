@@ -30,7 +30,8 @@ FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.M | re.S)
 INLINE = re.compile(r"(?<!`)`(dfbuild [^`]+)`(?!`)")
 SHELL_LANGS = ("sh", "console", "bash", "shell")
 # slow (a build, a smoke run, minutes) or the network: checked, never run here
-RUN_NEVER = ("apply", "checkout", "import", "build", "smoke", "release", "prove", "track", "fixtures", "verify")
+RUN_NEVER = ("apply", "checkout", "import", "build", "webui", "smoke", "release", "prove", "track", "fixtures",
+             "verify")
 STOPS = {"&&", "||", "|", ";", ">", ">>", "<", "2>", "&", "(", ")"}
 
 

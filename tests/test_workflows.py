@@ -98,7 +98,7 @@ def test_every_action_is_pinned_to_a_commit_with_its_version():
 
 def test_release_matrix_is_computed_by_dfbuild():
     jobs = load(RELEASE)["jobs"]
-    assert jobs["build"]["needs"] == "matrix"
+    assert jobs["build"]["needs"] == ["matrix", "webui"]
     assert jobs["build"]["strategy"]["matrix"] == "${{ fromJSON(needs.matrix.outputs.matrix) }}"
     assert jobs["build"]["runs-on"] == "${{ matrix.runner }}"
     assert jobs["build"]["container"] == "${{ matrix.container }}"
@@ -320,3 +320,23 @@ def test_gpu_entries_pass_the_cpu_fallback_and_the_notes_say_where_the_smoke_ran
     publish = "\n".join(run_steps(load(RELEASE)["jobs"]["publish"]))
     assert "dfbuild release-notes dist" in publish and "--notes-file" in publish
     assert publish.index("dfbuild verify dist") < publish.index("dfbuild release-notes dist")
+
+
+def test_the_web_ui_is_built_once_and_handed_to_every_build_job():
+    """As llama.cpp's ui-build job: one job builds the base's UI with npm; each build job gets dfbuild's cache
+    entry before `dfbuild release`, so a container without Node.js embeds it too."""
+    jobs = load(RELEASE)["jobs"]
+    scripts = "\n".join(run_steps(jobs["webui"]))
+    assert "dfbuild checkout" in scripts and "dfbuild webui --dir" in scripts
+    assert any(s.get("uses", "").startswith("actions/setup-node@") for s in jobs["webui"]["steps"])
+    upload = next(s for s in jobs["webui"]["steps"] if s.get("uses", "").startswith("actions/upload-artifact@"))
+    assert jobs["webui"]["env"]["DFBUILD_CACHE_DIR"].endswith("/.cache/dfbuild")
+    assert upload["with"]["path"].rstrip("/") == ".cache/dfbuild/webui"
+    steps = jobs["build"]["steps"]
+    download = next(k for k, s in enumerate(steps) if s.get("uses", "").startswith("actions/download-artifact@"))
+    release_at = next(k for k, s in enumerate(steps) if "dfbuild release" in s.get("run", ""))
+    restore = next(k for k, s in enumerate(steps) if s.get("uses", "").startswith("actions/cache/restore@"))
+    assert restore < download < release_at  # after the cache restore, which would not bring it
+    assert steps[download]["with"]["name"] == upload["with"]["name"]
+    assert steps[download]["with"]["path"].rstrip("/") == upload["with"]["path"].rstrip("/")
+    assert jobs["build"]["env"]["DFBUILD_CACHE_DIR"].endswith("/.cache/dfbuild")

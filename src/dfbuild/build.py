@@ -35,7 +35,7 @@ from typing import Iterable
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import backends, doctor, platforms, ui
+from . import backends, doctor, platforms, ui, webui
 from .platforms import rocm_root
 from .backends import Host
 from .paths import cache_dir, sha256_file
@@ -586,12 +586,15 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
                gpu_targets: str | Iterable[str] | None = None, vulkan_include_dir: Path | None = None,
                cpu_variants: str | Iterable[str] | None = None,
                extra_cmake_args: Iterable[str] = (), jobs: int | None = None, reconfigure: bool = False,
-               fresh: bool = False, use_ccache: bool = True, host: Host | None = None) -> dict:
+               fresh: bool = False, use_ccache: bool = True, host: Host | None = None, web_ui: bool = True) -> dict:
     """Configure (when needed) and build TARGETS of SOURCE_DIR for BACKEND; return the manifest's build section.
 
     On x64 the build has ggml's runtime-dispatched CPU variants: all of them, or
     CPU_VARIANTS (e.g. "x64,haswell": a baseline and one modern one, as the tests
     build to save compile time).
+
+    WEB_UI (default on; --no-ui turns it off): llama-server's web UI, built from the tree's
+    own sources as its release built it (webui.py, cached) and embedded by the tree's CMake.
     """
     start = time.monotonic()
     host = host or backends.current_host()
@@ -638,6 +641,8 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
     if dirty:
         ui.warn(f"{source_dir} has uncommitted changes; the binaries will say {commit[:12]}-dirty")
     number = build_number(source_dir)
+    # the web UI first: minutes of npm once per UI, before CMake (which embeds what it finds in tools/ui/dist)
+    ui_section = webui.provide(source_dir, number, wanted=web_ui)
     label = commit + ("-dirty" if dirty else "")
     configured_commit = stamp_base(source_dir) if _stamps_build_info(source_dir) else label
     flags = build_flags(backend, host, commit=configured_commit, number=number, entry=entry,
@@ -735,6 +740,8 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
             log.close()
             raise _fail(log_path, "build")
 
+    # CMake said it took the UI dfbuild placed (else a UI was expected and none is embedded: an error)
+    webui.check_embedded(ui_section, log_path.read_text(encoding="utf-8", errors="replace"))
     # the toolchain's runtime DLLs (winpthread, libgomp, libgcc_s) beside the binaries that import them
     runtime = cross.stage_runtime(host, build_dir) if cross else []
     binaries, libraries = _binaries(build_dir, targets, host)
@@ -778,6 +785,7 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
                       **({"import_library": backend_setup["import"]} if backend_setup.get("import") else {})}}
            if cross else {}),
         "targets": targets,
+        "ui": ui_section,
         "cpu_variants": variants,
         **({"cpu_variants_left_out": left_out} if left_out else {}),
         "tls": ((setup.get("tls") or "OpenSSL (the system's libssl)") if cache.get("OPENSSL_VERSION_SUPPORTED")

@@ -8,7 +8,7 @@ wrong folder loses nothing.
 
 Cleaning is safe beside a running dfbuild:
 - an entry guarded by a cache lock (a git cache repo, an imported tree, the
-  Windows OpenSSL build, the Vulkan headers) is removed only while its lock is
+  Windows OpenSSL build, a built web UI, the Vulkan headers) is removed only while its lock is
   held, taken without waiting: an entry in use is skipped and named;
 - a scratch dir under tmp/ is removed only when the process that made it is gone
   (the rule every run's own sweep uses);
@@ -37,6 +37,8 @@ KINDS: dict[str, str] = {
     "repos": "shallow git cache repos of --repo URLs (GitHub: 5ecbe1a, --pr)",
     "pypi": "PyPI release listings (track, offline hints)",
     "tls": "OpenSSL built for the Windows cross build",
+    "webui": "llama-server's web UI built from a tree's tools/ui, one entry per set of UI sources (what builds embed)",
+    "npm": "npm's package cache for the web UI builds (another base with the same lockfile then builds offline)",
     "wine-prefix": "the Wine prefix Windows binaries run in",
     "mesa-shader-cache": "Mesa's shader cache for Vulkan smoke runs on lavapipe",
     "vulkan-headers": "Debian 13's Vulkan headers (doctor --fetch-vulkan-headers)",
@@ -48,7 +50,7 @@ KINDS: dict[str, str] = {
     "locks": "lock files (never removed)",
 }
 # kinds whose entries a run holds a cache lock on (paths.locked: ENTRY.lock, or SLUG.lock for repos/SLUG.git)
-LOCKED_KINDS = ("imports", "repos", "tls", "vulkan-headers")
+LOCKED_KINDS = ("imports", "repos", "tls", "webui", "vulkan-headers")
 NEVER_REMOVED = ("locks",)
 
 

@@ -156,7 +156,22 @@ def doctor(backend: str | None = None, *, host: Host | None = None,
         **({"target": {"os": host.os, "arch": host.arch}} if host.cross else {}),
         "backends": {name: check_backend(name, host, extra_include_dirs=extra_include_dirs, _cache=cache)
                      for name in chosen},
+        "webui": check_webui(),
     }
+
+
+def check_webui() -> dict:
+    """The web UI's toolchain (Node.js and npm, on the machine that builds: this one), for every backend alike.
+
+    Needed once per set of UI sources (dfbuild caches the built UI); never blocking: --no-ui builds without it."""
+    from . import webui
+
+    here = backends.current_host()
+    found = [probe(name, here, spec=spec).as_dict() for name, spec in webui.table()["probes"].items()]
+    missing = [p for p in found if not p["ok"]]
+    return {"what": "llama-server's web UI (GET /), built from the tree's tools/ui with npm once per UI, then cached",
+            "can_build": not missing, "toolchain": found, "install": _dedupe(p["install"] for p in missing),
+            "without": "--no-ui builds llama-server without it; a UI already in dfbuild's cache needs neither"}
 
 
 def require(backend: str, host: Host | None = None, *, extra_include_dirs: Sequence[Path] = ()) -> dict:

@@ -173,6 +173,13 @@ class UnsupportedBackendError(DfbuildError):
     exit_code = 33
 
 
+class WebUIError(DfbuildError):
+    """The web UI could not be built from the tree's sources (npm failed; offline with nothing cached), or its
+    tools/ui/dist holds a UI dfbuild did not put there. Nothing half-built is kept; --no-ui builds without it."""
+
+    exit_code = 34
+
+
 class FixtureError(DfbuildError):
     exit_code = 40
 

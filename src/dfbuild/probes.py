@@ -276,8 +276,10 @@ def _probe_msvc(spec: dict, host: Host) -> tuple[str | None, str | None]:
 # --- probing ---------------------------------------------------------------------
 
 
-def probe(name: str, host: Host, *, optional: bool = False, extra_include_dirs: Sequence[Path] = ()) -> Probe:
-    spec = backends.table()["probes"][name]
+def probe(name: str, host: Host, *, optional: bool = False, extra_include_dirs: Sequence[Path] = (),
+          spec: dict | None = None) -> Probe:
+    """Probe NAME of backends.toml (or SPEC: a probe of another table, the web UI's node and npm)."""
+    spec = spec if spec is not None else backends.table()["probes"][name]
     kind = spec["kind"]
     if host.os == "windows" and not host.cross and spec.get("windows_kind"):
         kind = spec["windows_kind"]

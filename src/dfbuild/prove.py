@@ -128,6 +128,7 @@ def unpatched_dir(work: Path, backend: str) -> Path:
 def _request_key(commit: str, backend: str, targets, options: dict) -> str:
     """What the unpatched binaries are made of: the commit and the build request (not how it ran)."""
     wanted = {k: v for k, v in sorted(options.items()) if k not in _RUN_ONLY_OPTIONS and v is not None}
+    wanted["web_ui"] = options.get("web_ui", True) is not False  # binaries with and without the web UI differ
     if "cpu_variants" in wanted:
         try:  # "x64,haswell" and ["x64", "haswell"] ask for the same build
             wanted["cpu_variants"] = build.parse_cpu_variants(wanted["cpu_variants"],

@@ -696,20 +696,25 @@ def release_notes(directory: Path, base: str | None = None) -> str:
     if found:
         raise VerifyError(found[0], "give the directory `dfbuild release` wrote (or the merged dir CI's publish "
                           "job makes), and run `dfbuild verify` on it first")
-    where, fallback = [], False
+    from . import webui
+
+    where, served, fallback = [], [], False
     for top in tops:
         try:
             full = _read_record_file(top)
             archive = full["release"]["archive"]
             statement = smoke_statement(full)
+            page = webui.describe((full.get("build") or {}).get("ui"))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise VerifyError(f"{top.name} is not a dfbuild manifest ({type(exc).__name__}: {exc})",
                               "run `dfbuild verify` on the directory first") from None
         fallback = fallback or bool((full.get("smoke") or {}).get("cpu_fallback"))
         where.append(f"- `{archive}`: {statement}")
+        served.append(f"- `{archive}`: {page}")
     what = f"llama.cpp {base}" if base else "llama.cpp"
     lines = [f"Patched {what} with the DFlash multimodal fix (series in patches/). Verify with: sha256sum -c SHA256SUMS",
-             "", "Where each archive's smoke tests ran:", *sorted(where)]
+             "", "Where each archive's smoke tests ran:", *sorted(where),
+             "", "What each archive's llama-server serves at GET / (its web UI):", *sorted(served)]
     if fallback:
         lines += ["", "An archive smoke-tested on the CPU backend was built for its GPU, but its smoke tests did "
                       "not run on a GPU: the runner that built it had none (GitHub's hosted runners have no GPU)."]

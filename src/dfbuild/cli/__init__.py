@@ -3,7 +3,7 @@
 One module per command group, each command a thin skin over its stage:
 - checkout_cmds: checkout, import, apply
 - series_cmds: series list/check/refresh/adopt/start/continue/record/record-proof/epochs
-- release_cmds: build, release, verify
+- release_cmds: build, webui, release, verify
 - proof_cmds: fixtures, smoke, prove, track
 - host_cmds: doctor, matrix
 - cache_cmds: bases, cache (show, dir, clean)

@@ -62,6 +62,17 @@ def doctor(backend, target_os, target_arch, fetch_vulkan, as_json):
             ui.result(f"  {esc(entry['reason'])}")
         if entry.get("rocm_root") and entry["can_build"]:
             ui.result(f"  [green]ok[/green]  {esc(entry['reason'])}")
+    web = report["webui"]
+    verdict = "[green]can build[/green]" if web["can_build"] else "[yellow]cannot build here[/yellow] (--no-ui)"
+    ui.result(f"\n[bold]web UI[/bold] - {esc(web['what'])}: {verdict}")
+    for probe in web["toolchain"]:
+        mark = "[green]ok[/green]  " if probe["ok"] else "[yellow]--[/yellow]  "
+        detail = (probe["version"] or probe["path"] or "") if probe["ok"] else (probe["problem"] or "not found")
+        ui.result(f"  {mark}{esc(probe['what'])}: {esc(detail)}")
+        if not probe["ok"] and probe["install"]:
+            ui.result(f"        [dim]install:[/dim] {esc(probe['install'])}")
+    if not web["can_build"]:
+        ui.result(f"  {esc(web['without'])}")
     if backend and not report["backends"][backend]["can_build"]:
         # one backend asked for: the exit code answers "can I build it here?" (30 or 33, as `build` would)
         doctor_stage.require(backend, platforms.target_host(target_os, arch=target_arch))

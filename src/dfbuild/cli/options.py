@@ -14,6 +14,9 @@ from . import app
 no_wait_option = click.option(
     "--no-wait", is_flag=True,
     help="Fail at once (exit 15) when another dfbuild is using the same dir, instead of waiting.")
+no_ui_option = click.option(
+    "--no-ui", is_flag=True,
+    help="Build llama-server without its web UI (no Node.js or npm needed; GET / answers 404); the manifest says so.")
 
 
 def known_bases_text() -> str:

@@ -18,6 +18,7 @@ from .options import (
     backend_option,
     base_option,
     json_option_for,
+    no_ui_option,
     no_wait_option,
     os_option,
     patches_option,
@@ -120,14 +121,15 @@ def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, backend, server_arg
 @toolchain_options
 @os_option
 @arch_option
+@no_ui_option
 @smoke_run_options
 @patches_option
 @no_wait_option
 @json_option_for("the proof (outcome, both trees' results)")
 @handle_errors
 def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, cuda_arch, gpu_targets,
-          vulkan_include_dir, target_os, target_arch, start_timeout, smoke_table, allow_cpu_fallback, patches_dir,
-          no_wait, as_json):
+          vulkan_include_dir, target_os, target_arch, no_ui, start_timeout, smoke_table, allow_cpu_fallback,
+          patches_dir, no_wait, as_json):
     """Build BASE unpatched and patched, smoke both, and say what the series does for it.
 
     Exit codes: 0 fixed, 44 fixed upstream, 43 still broken, 24 not applicable, 21 conflict.
@@ -147,7 +149,8 @@ def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, cu
                                   sets=sets or None, scenarios=scenarios or None,
                                   build_options={"jobs": jobs, "cpu_variants": cpu_variants, "cuda_arch": cuda_arch,
                                                  "gpu_targets": gpu_targets,
-                                                 "vulkan_include_dir": vulkan_include_dir, "host": host},
+                                                 "vulkan_include_dir": vulkan_include_dir, "host": host,
+                                                 "web_ui": not no_ui},
                                   smoke_options=_smoke_options(start_timeout, smoke_table, allow_cpu_fallback))
     if as_json:
         ui.emit_json(proof)

@@ -16,6 +16,7 @@ from .options import (
     backend_option,
     base_option,
     json_option_for,
+    no_ui_option,
     no_wait_option,
     os_option,
     smoke_run_options,
@@ -47,13 +48,14 @@ from .options import (
 @click.option("--reconfigure", is_flag=True, help="Reuse a build dir made for another backend/source; re-run CMake.")
 @click.option("--fresh", is_flag=True, help="Delete the build dir and start over.")
 @click.option("--no-ccache", is_flag=True, help="Do not use ccache even when it is installed.")
+@no_ui_option
 @os_option
 @arch_option
 @no_wait_option
 @json_option_for("the build section (flags, toolchain, binaries)")
 @handle_errors
 def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_targets, vulkan_include_dir, cmake_args,
-          jobs, reconfigure, fresh, no_ccache, target_os, target_arch, no_wait, as_json):
+          jobs, reconfigure, fresh, no_ccache, no_ui, target_os, target_arch, no_wait, as_json):
     """Configure and build a llama.cpp tree for one backend (checks the toolchain first)."""
     from .. import backends, journal, manifest, paths, platforms
     from .. import build as build_stage
@@ -75,7 +77,7 @@ def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_target
             tree, spec, build_dir, targets=build_stage.parse_targets(targets), cuda_arch=cuda_arch,
             gpu_targets=gpu_targets, vulkan_include_dir=vulkan_include_dir, cpu_variants=cpu_variants,
             extra_cmake_args=cmake_args, jobs=jobs, reconfigure=reconfigure, fresh=fresh, use_ccache=not no_ccache,
-            host=host,
+            host=host, web_ui=not no_ui,
         )
         if paths.is_git_tree(Path(tree)):
             manifest.update_tree_manifest(Path(tree), "build", section)
@@ -88,6 +90,38 @@ def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_target
         ui.result(f"  {Path(section['build_dir']) / binary}")
     if section["binaries"] and not host.cross:  # what was built for this host can be smoked here
         ui.next_step(f"dfbuild smoke --build-dir {shown(section['build_dir'])} --backend {backend}")
+
+
+# --- webui --------------------------------------------------------------------
+
+@main.command("webui")
+@click.option("--dir", "tree", type=click.Path(path_type=Path, file_okay=False), callback=usable_path,
+              required=True, help="The llama.cpp tree whose web UI to build (e.g. made by `dfbuild checkout`).")
+@no_wait_option
+@json_option_for("the build section's ui part, and the cache entry")
+@handle_errors
+def webui_cmd(tree, no_wait, as_json):
+    """Build a tree's web UI (tools/ui, with npm) into dfbuild's cache, as `build` would; print the entry.
+
+    What `build` then embeds without Node.js or the network: CI builds it once and hands the
+    cache entry to the jobs whose machines have no Node.js (ci/release.yml's webui job).
+    """
+    from .. import build as build_stage
+    from .. import webui
+
+    tree = Path(tree).resolve()
+    build_stage.check_llama_tree(tree)
+    with _locks(("tree", tree), no_wait=no_wait):
+        number = build_stage.build_number(tree)
+        section = webui.provide(tree, number)
+    entry = webui.entry_path(section["sources_sha256"]) if section.get("source") == "built" else None
+    if as_json:
+        ui.emit_json({**section, "entry": str(entry) if entry else None})
+        return
+    if entry is None:
+        ui.warn(f"nothing to build: {webui.describe(section)}")
+        return
+    ui.result(str(entry), soft_wrap=True, markup=False)
 
 
 # --- release ------------------------------------------------------------------
@@ -127,12 +161,13 @@ def _human_size(n: float) -> str:
 @arch_option
 @click.option("--cmake-arg", "cmake_args", multiple=True, help="Extra argument for CMake configure (repeatable).")
 @click.option("-j", "--jobs", type=int, default=None, help="Parallel compile jobs (default: ninja's).")
+@no_ui_option
 @smoke_run_options
 @no_wait_option
 @json_option_for("the release manifest (what manifest.json holds)")
 @handle_errors
 def release_cmd(base, pr, repo, backend, out, work, skip_smoke, reprove, targets, cpu_variants, cuda_arch, gpu_targets,
-                vulkan_include_dir, target_os, target_arch, cmake_args, jobs, start_timeout, smoke_table,
+                vulkan_include_dir, target_os, target_arch, cmake_args, jobs, no_ui, start_timeout, smoke_table,
                 allow_cpu_fallback, no_wait, as_json):
     """Checkout, apply, build, smoke and package BASE: archive, wheel, SHA256SUMS, manifest.json."""
     from .. import backends, source
@@ -143,7 +178,7 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, reprove, targets
     spec = backends.get(backend)  # resolved once, here; every stage gets the record
     options = {"cuda_arch": cuda_arch, "gpu_targets": gpu_targets, "vulkan_include_dir": vulkan_include_dir,
                "cpu_variants": cpu_variants, "extra_cmake_args": cmake_args, "jobs": jobs,
-               "host": _cross_host(target_os, target_arch)}
+               "host": _cross_host(target_os, target_arch), "web_ui": not no_ui}
     source.check_known(base, repo)
     # backend, OS, architecture and toolchain: refused now (33, 30), not after the checkout
     check_can_build(backend, target_os, vulkan_include_dir, target_arch)
