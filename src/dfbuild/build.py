@@ -35,7 +35,7 @@ from typing import Iterable
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import backends, doctor, platforms, ui, webui
+from . import backends, doctor, platforms, ui, upstream_release, webui
 from .platforms import rocm_root
 from .backends import Host
 from .paths import cache_dir, sha256_file
@@ -320,12 +320,37 @@ def _probe_path(entry: dict, name: str) -> str | None:
     return None
 
 
+def upstream_options(source_dir: Path, backend: "backends.Backend | str", host: Host,
+                     entry: dict) -> tuple[dict[str, str], dict]:
+    """The CMake options llama.cpp's own release workflow of this tree configures this entry with
+    (its .github/workflows/release.yml), as dfbuild takes them, and the record of where they came
+    from (the manifest's build.upstream_release): the job and matrix entry, what was not taken and
+    why, or why the tree's file gave nothing (then the backend table's flags stand alone)."""
+    backend = backends.resolve(backend).name
+    nvcc = _nvcc_version(entry)
+    toolkit = ".".join(map(str, nvcc[:2])) if backend == "cuda" and nvcc else None
+    reading = upstream_release.read(source_dir, host.os, backend, host.arch, toolkit)
+    taken, not_taken = upstream_release.cmake_options(reading)
+    record = reading.summary()
+    if reading.found:
+        record.update({"taken": taken, "not_taken": not_taken})
+    else:
+        record["note"] = f"{reading.note}; the flags are backends.toml's"
+    return taken, record
+
+
 def build_flags(backend: "backends.Backend | str", host: Host, *, commit: str, number: int, entry: dict,
-                cuda_arch=None, gpu_targets=None, vulkan_include_dir=None, use_ccache: bool = True) -> dict[str, str]:
-    """The table's flags for (backend, host) plus the per-build ones: version stamp, launchers, compilers."""
+                cuda_arch=None, gpu_targets=None, vulkan_include_dir=None, use_ccache: bool = True,
+                upstream: dict[str, str] | None = None) -> dict[str, str]:
+    """The table's flags for (backend, host), then UPSTREAM (the options the tree's own release
+    workflow takes: upstream_options), then a cross target's own flags and the per-build ones:
+    version stamp, launchers, compilers. --cuda-arch / --gpu-targets stay the user's."""
     flags = backends.cmake_flags(backend, host.os, cuda_arch=cuda_arch, gpu_targets=gpu_targets,
                                  vulkan_include_dir=vulkan_include_dir, nvcc_version=_nvcc_version(entry),
                                  arch=host.arch)
+    for name, value in (upstream or {}).items():
+        if name not in ("CMAKE_CUDA_ARCHITECTURES", "GPU_TARGETS") or name not in flags:
+            flags[name] = value
     if host.cross:  # the cross target's own flags (targets.toml): shared libraries, its TLS choice
         flags.update(platforms.cross_entry(host).get("flags", {}))
     flags["LLAMA_BUILD_NUMBER"] = str(number)
@@ -645,10 +670,12 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
     ui_section = webui.provide(source_dir, number, wanted=web_ui)
     label = commit + ("-dirty" if dirty else "")
     configured_commit = stamp_base(source_dir) if _stamps_build_info(source_dir) else label
+    # llama.cpp's own release options for this base and entry, read from the tree (GGML_RPC, every tool, ...)
+    upstream, upstream_record = upstream_options(source_dir, spec, host, entry)
     flags = build_flags(backend, host, commit=configured_commit, number=number, entry=entry,
                         cuda_arch=cuda_arch, gpu_targets=gpu_targets,
                         vulkan_include_dir=str(vulkan_include_dir) if vulkan_include_dir else None,
-                        use_ccache=use_ccache)
+                        use_ccache=use_ccache, upstream=upstream)
     variant_args: list[str] = []
     variant_targets: list[str] = []
     if variants:
@@ -777,6 +804,7 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
         "build_number": number,
         "build_dir": str(build_dir),
         "flags": flags,
+        "upstream_release": upstream_record,  # where the base's own release options came from
         "extra_cmake_args": extra_cmake_args,
         "cmake_args_env": env_cmake_args(),  # DFBUILD_CMAKE_ARGS
         "toolchain": {**doctor.toolchain_versions(entry), **(cross.toolchain_versions(host) if cross else {})},
