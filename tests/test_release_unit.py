@@ -659,6 +659,38 @@ def stub_stages(inputs, fake_wheel, monkeypatch):
 
 
 @posix_only
+def test_a_release_builds_every_tool_unless_told_otherwise(inputs, stub_stages, tmp_path, monkeypatch):
+    """As llama.cpp's release workflow, `release` builds `all`; `--target llama-server` a quicker server alone."""
+    asked = []
+    monkeypatch.setattr(build, "build_tree", lambda tree, backend, build_dir, **kw: asked.append(kw["targets"])
+                        or inputs["sections"]["build"])
+    for extra, wanted in (([], ["all"]), (["--target", "llama-server"], ["llama-server"])):
+        result = CliRunner().invoke(main, ["release", "--base", "pydist-0.94.0", "--backend", "cpu", "--skip-smoke",
+                                           "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), *extra])
+        assert result.exit_code == 0, result.output
+        assert asked[-1] == wanted
+    # a release's proof builds what its smoke runs; the build stage then adds every other tool
+    assert release._proof_targets(["all"]) == ["llama-server"]
+    assert release._proof_targets(["all", "llama-cli"]) == ["llama-server", "llama-cli"]
+
+
+@posix_only
+def test_the_smoke_key_is_llama_server_and_the_libraries_not_the_other_tools(inputs):
+    """A proof's llama-server build and the release's every-tool build of the same code share one smoke pass."""
+    section = dict(inputs["sections"]["build"])
+    bin_dir = Path(section["build_dir"]) / "bin"
+    (bin_dir / "llama-cli").write_text("#!/bin/sh\necho cli\n")
+    every = {**section, "binaries": ["bin/llama-cli", "bin/llama-server"]}
+    assert build.smoke_digest(every) == build.smoke_digest(section)
+    assert build.payload_digest(every) != build.payload_digest(section)
+    (bin_dir / "llama-cli").write_text("#!/bin/sh\necho other cli\n")
+    assert build.smoke_digest(every) == build.smoke_digest(section)
+    before = build.smoke_digest(every)
+    (bin_dir / "libimpl.so").write_bytes(b"\x7fELF another impl")  # what llama-server loads: a new key
+    assert build.smoke_digest(every) != before
+
+
+@posix_only
 def test_skip_smoke_is_recorded_in_every_manifest(inputs, stub_stages, tmp_path):
     out = tmp_path / "out"
     result = CliRunner().invoke(main, ["release", "--base", "pydist-0.94.0", "--backend", "cpu", "--out", str(out),

@@ -845,12 +845,24 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
     return section
 
 
-def payload_digest(build_section: dict) -> str:
+def payload_digest(build_section: dict, programs: Iterable[str] | None = None) -> str:
     """A hash of everything a build ships (its binaries and libraries, by content): two builds
-    with the same payload digest run the same code, whatever folder they were built in."""
+    with the same payload digest run the same code, whatever folder they were built in.
+    PROGRAMS (names without .exe): only those of the binaries, with every library."""
     build_dir = Path(build_section["build_dir"])
+    wanted = None if programs is None else set(programs)
+    binaries = [b for b in build_section["binaries"] if wanted is None or Path(b).stem in wanted]
     parts = {}
-    for rel in [*build_section["binaries"], *build_section.get("libraries", [])]:
+    for rel in [*binaries, *build_section.get("libraries", [])]:
         path = build_dir / rel
         parts[rel] = "link:" + os.readlink(path) if path.is_symlink() else sha256_file(path)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+SMOKE_PROGRAMS = ("llama-server",)
+
+
+def smoke_digest(build_section: dict) -> str:
+    """The payload the smoke runs: llama-server and every library (whatever other tools a build has),
+    so a proof's llama-server build and the release's every-tool build of the same code share a pass."""
+    return payload_digest(build_section, SMOKE_PROGRAMS)

@@ -56,6 +56,7 @@ MANIFEST_NAME = "manifest.json"
 REQUIRES_NAME = "REQUIRES.txt"       # in the archive: the system libraries it needs, and their packages
 WHEEL_DIST = "llama_dflash"          # the builder's package; a release renames it per backend
 STAGES = ("checkout", "apply", "build", "smoke", "package")
+RELEASE_TARGETS = (build.ALL_TARGETS,)  # what a release builds and ships: every tool, as llama.cpp's archives
 
 
 # --- names and versions ------------------------------------------------------------
@@ -517,9 +518,13 @@ def _timed(stages: dict, name: str, title: str):
 
 def release(base: str, *, backend: "backends.Backend | str", pr: int | None = None, repo: str | None = None,
             out: Path | None = None, work: Path | None = None, skip_smoke: bool = False,
-            targets=build.DEFAULT_TARGETS, patches_dir: Path | None = None, build_options: dict | None = None,
+            targets=RELEASE_TARGETS, patches_dir: Path | None = None, build_options: dict | None = None,
             smoke_options: dict | None = None, reprove: bool = False) -> dict:
     """checkout -> apply -> build -> smoke -> package; returns the full manifest (also OUT/manifest.json).
+
+    TARGETS: every tool by default (`all`, as llama.cpp's release workflow builds); a proof the release
+    needs builds llama-server only (the smoke runs it) and the build stage then adds the rest to the
+    same build dir.
 
     A carried base whose proof series.toml records is not proven again unless REPROVE.
 
@@ -577,7 +582,8 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
                                    "released without smoke tests", "drop --skip-smoke")
             with _timed(stages, "prove", "prove the carried series: build and smoke it unpatched and patched"):
                 proof = prove.prove(base, backend=spec, work=work, repo=repo, pr=pr, patches_dir=patches_dir,
-                                    targets=targets, build_options=build_options, smoke_options=smoke_options)
+                                    targets=_proof_targets(targets), build_options=build_options,
+                                    smoke_options=smoke_options)
             build_dir, ser = _proven_release(proof, ser, work, label)
         # fixed upstream: the release is the unpatched binaries the proof kept, not the tree's HEAD
         as_is = build_dir == prove.unpatched_dir(work, label)
@@ -606,7 +612,7 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
                 plan = smoke.plan(spec, build_dir, release=carry.tree_build(tree, series.series_start(tree)),
                                   **(smoke_options or {}))
                 _say_plan(plan)
-                key = plan.memo_key(shipped, fx)
+                key = plan.memo_key(build.smoke_digest(built), fx)  # what the smoke runs: llama-server, libraries
                 smk = state.cached("smoke", key)
                 if smk is None:
                     # a proof of these very binaries, or a release of them from another work folder
@@ -647,6 +653,13 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
     if not as_is:
         manifest.update_tree_manifest(tree, "release", rel)
     return full
+
+
+def _proof_targets(targets: list[str]) -> list[str]:
+    """What a release's proof builds: llama-server, which the smoke runs (and any other named target);
+    `all` is left to the build stage, which adds every other tool to the proof's patched build dir."""
+    named = [t for t in targets if t != build.ALL_TARGETS]
+    return named if "llama-server" in named else ["llama-server", *named]
 
 
 def _proven_release(proof: dict, ser: dict, work: Path, backend: str) -> tuple[Path, dict]:
