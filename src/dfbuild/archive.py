@@ -32,6 +32,12 @@ def archive_root(name: str) -> str:
     return name
 
 
+def payload_prefix(packed: dict) -> str:
+    """Where an archive's binaries are, from its manifest's release section: at the top (it names a layout:
+    llama.cpp's, issue 36), or in bin/ (an archive packed before: no layout in its manifest)."""
+    return "" if packed.get("layout") else "bin/"
+
+
 
 @dataclass(frozen=True)
 class Entry:

@@ -78,11 +78,17 @@ def series_hash(series_section: dict) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:8]
 
 
+TAG_MARKER = "dflash"
+
+
 def release_tag(base: str, series_section: dict) -> str:
-    """<base>-<series hash>; a full commit id as base is shortened, odd characters become '-'."""
+    """<base>-dflash-<series hash> (b11434-dflash-e8448d4a): llama.cpp's tag first, so a parser of
+    llama-<tag>-bin-<platform> reads the whole tag and one of llama-b<N>-... the build number; the
+    marker says it is not llama.cpp's own build, the hash which series (docs/backends.md, "The tag").
+    A full commit id as base is shortened, odd characters become '-'."""
     label = base[:12] if re.fullmatch(r"[0-9a-fA-F]{13,40}", base) else base
     label = re.sub(r"[^A-Za-z0-9._+]+", "-", label).strip("-") or "base"
-    return f"{label}-{series_hash(series_section)}"
+    return f"{label}-{TAG_MARKER}-{series_hash(series_section)}"
 
 
 def wheel_version(build_number: int, series_digest: str, backend: str) -> str:
@@ -170,18 +176,29 @@ def _sibling_link(path: Path) -> str:
     return target
 
 
+# dfbuild's own files in an archive, beside the binaries (manifest.json and REQUIRES.txt too)
+OWN_FILES = ("LICENSE", "licenses", "patches")
+
+
 def collect_payload(build_section: dict, tree: Path, patches_root: Path, series_section: dict,
-                    extra_licenses: dict[str, Path] | None = None) -> list[Entry]:
+                    extra_licenses: dict[str, Path] | None = None, prefix: str = "") -> list[Entry]:
     """What the archive ships besides manifest.json, sorted by path.
 
-    EXTRA_LICENSES ({name in licenses/: file}): those of shipped toolchain runtimes (a cross build's DLLs).
+    The binaries and libraries go under PREFIX: "" (llama.cpp's layout: at the top of the archive's
+    folder, or of a flat zip, as its release workflow packs build/bin), or "bin/" (dfbuild's layout
+    before issue 36). EXTRA_LICENSES ({name in licenses/: file}): those of shipped toolchain runtimes
+    (a cross build's DLLs).
     """
     build_dir = Path(build_section["build_dir"])
     entries: dict[str, Entry] = {}
+    own = {*OWN_FILES, MANIFEST_NAME, REQUIRES_NAME}
 
     for rel in [*build_section["binaries"], *build_section["libraries"]]:
         path = build_dir / rel
-        arcname = f"bin/{Path(rel).name}"
+        arcname = f"{prefix}{Path(rel).name}"
+        if arcname in own:  # never here: llama.cpp's build/bin has no file of these names
+            raise ReleaseError(f"the build's {rel} has the name of a file dfbuild ships beside the binaries",
+                               "this is a dfbuild bug; please report it")
         if path.is_symlink():
             entries[arcname] = Entry(arcname, 0o777, link=_sibling_link(path))
         elif path.is_file():
@@ -247,8 +264,11 @@ def check_wheel_tools() -> None:
     builder_dir()
 
 
-def stage_wheel_bin(entries: list[Entry], dest: Path) -> Path:
+def stage_wheel_bin(entries: list[Entry], dest: Path, payload: set[str] | None = None) -> Path:
     """bin/ for the wheel: regular files only, one per library under the name the loader asks for.
+
+    PAYLOAD: the archive paths of the binaries and libraries (default: every entry but dfbuild's own
+    files); the wheel's bin/ holds every one of them, every tool as the archive does.
 
     A wheel cannot hold symlinks. CMake lays libraries out as libX.so ->
     libX.so.0 -> libX.so.0.21.0, and binaries ask for the middle name (the
@@ -258,7 +278,9 @@ def stage_wheel_bin(entries: list[Entry], dest: Path) -> Path:
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    in_bin = {e.path: e for e in entries if e.path.startswith("bin/")}
+    own = {*OWN_FILES, MANIFEST_NAME, REQUIRES_NAME}
+    in_bin = {e.path: e for e in entries
+              if (e.path in payload if payload is not None else e.path.split("/")[0] not in own)}
     link_targets = {str(PurePosixPath(e.path).parent / e.link) for e in in_bin.values() if e.link}
     for entry in in_bin.values():
         if entry.link is not None:
@@ -770,7 +792,8 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
     tag = release_tag(base, sections["series"])
     toolkit = toolkit_version(build_section)
     name = matrix.artifact_name(tag, os_name, backend, arch, toolkit)
-    root = archive_root(name)
+    # as the base's own release workflow packs it: binaries at the top of llama-<tag>/, or a flat zip
+    layout, root, layout_record = archive_layout(tree, os_name, backend, arch, toolkit, tag)
     epoch = source_date_epoch(tree, commit)
     version = wheel_version(build_section.get("build_number", 0), series_hash(sections["series"]), backend)
 
@@ -781,10 +804,11 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
 
         extra_licenses = platforms.cross(cross_host).license_files(cross_host)
     entries = collect_payload(build_section, tree, patches_root, sections["series"], extra_licenses)
+    payload = {Path(rel).name for rel in [*build_section["binaries"], *build_section["libraries"]]}
     requires = runtime_requirements(entries) if os_name == "linux" else {}
     if os_name == "linux":
         entries = sorted([*entries, Entry(REQUIRES_NAME, data=_requires_text(requires))], key=lambda e: e.path)
-    wheel_bin = stage_wheel_bin(entries, work_dir / "bin")
+    wheel_bin = stage_wheel_bin(entries, work_dir / "bin", payload)  # every tool, as the archive
     # the wheel carries this machine's libssl/libgomp: only for a wheel of this machine's kind (none is
     # built for a cross target, whose libraries this machine's loader does not have)
     bundled = bundle_system_libraries(wheel_bin) if os_name == "linux" and cross_host is None else []
@@ -795,11 +819,13 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
         "backend": backend,
         "toolkit": toolkit,
         "archive": name,
-        "root": root,
+        "layout": layout,        # top: the binaries at the top of ROOT/; flat: a zip without a folder
+        "root": root,            # llama-<tag> (as llama.cpp's tarballs), or None for a flat zip
+        "layout_from": layout_record,
         "source_date_epoch": epoch,
         "cpu_variants": build_section.get("cpu_variants", []),
         # a cross build's toolchain DLLs, shipped as the distribution built them (verify names them apart)
-        **({"runtime_dlls": [f"bin/{n}" for n in (build_section.get("cross") or {}).get("runtime_dlls", [])]}
+        **({"runtime_dlls": list((build_section.get("cross") or {}).get("runtime_dlls", []))}
            if cross_host is not None else {}),
         "requires": requires,
         "wheel_dist": wheel_package(backend).replace("_", "-"),
@@ -819,10 +845,12 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
     key = _digest([hashlib.sha256(manifest_bytes).hexdigest(), builder_files, sys.version_info[:2]])
 
     previous = state.cached("package", key) if state else None
+    extras: dict = {}  # what else the release section records of an artifact (the Linux cudart archive)
     if previous and all((out_dir / a["name"]).is_file() and sha256_file(out_dir / a["name"]) == a["sha256"]
                         for a in previous["artifacts"]):
         ui.info("    inputs unchanged: keeping the artifacts already in place")
         artifacts, reused = previous["artifacts"], True
+        extras = {k: v for k, v in previous.items() if k != "artifacts"}
     else:
         out_dir.mkdir(parents=True, exist_ok=True)
         owned.claim(out_dir, [name], ReleaseError, legacy=release_files)
@@ -846,13 +874,39 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
                      for path, kind in made]
         reused = False
         if state:
-            state.store("package", key, {"artifacts": artifacts})
+            state.store("package", key, {"artifacts": artifacts, **extras})
             fault_point("release: package stage recorded")
     write_sha256sums(out_dir, [a["name"] for a in artifacts])
     fault_point("release: SHA256SUMS written")
     wheel_name = next((a["name"] for a in artifacts if a["kind"] == "wheel"), None)
-    return {**packed, "artifacts": artifacts, "wheel": parse_wheel_name(wheel_name) if wheel_name else None,
+    return {**packed, **extras, "artifacts": artifacts, "wheel": parse_wheel_name(wheel_name) if wheel_name else None,
             "sha256sums": SUMS_NAME, "reused": reused}
+
+
+def archive_layout(tree: Path, os_name: str, backend: str, arch: str, toolkit: str | None,
+                   tag: str) -> tuple[str, str | None, dict]:
+    """(layout, root folder, record) of an archive, as the base's release workflow packs it (its
+    .github/workflows/release.yml), else as backends.toml [upstream_release.layout] says llama.cpp
+    packs that OS: "top" (a tarball rooted at llama-<tag>/ with the binaries at its top) or "flat"
+    (a zip of the binaries, no folder)."""
+    from . import upstream_release
+
+    reading = upstream_release.read(Path(tree), os_name, backend, arch, toolkit)
+    fallback = backends.table()["upstream_release"]["layout"][os_name]
+    layout = reading.layout if reading.found and reading.layout in ("top", "flat") else fallback
+    if reading.found and reading.layout:
+        record = {"file": reading.file, "job": reading.job}
+    else:
+        why = reading.note if not reading.found else f"its {reading.job} job packs no archive dfbuild can read"
+        record = {"file": reading.file, "note": f"{why}; the {os_name} layout of backends.toml"}
+    if layout == "flat":
+        return layout, None, record
+    root = (reading.root if reading.found and reading.root else f"llama-{upstream_release.TAG}")
+    root = root.replace(upstream_release.TAG, tag)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", root):  # a folder name, nothing a tree could aim elsewhere
+        record["note"] = f"its archive folder {root!r} is not a plain name; llama-<tag> is used"
+        root = f"llama-{tag}"
+    return layout, root, record
 
 
 def _cross_host(build_section: dict) -> "backends.Host | None":
