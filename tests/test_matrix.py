@@ -109,7 +109,8 @@ def test_artifact_names_follow_llama_cpp_with_the_dflash_marker_in_the_tag():
     for entry in matrix_json("--tag", "b10359")["include"]:
         assert entry["artifact"] == name("b10359", entry["os"], entry["backend"], entry["arch"], entry["toolkit"] or None)
         assert entry["artifact"].endswith(".zip" if entry["os"] == "windows" else ".tar.gz")
-        cuda = entry["backend"] == "cuda" and entry["os"] == "windows"
+        # the CUDA runtime beside every CUDA archive, Linux too (as llama.cpp's ubuntu-cuda job, issue 36)
+        cuda = entry["backend"] == "cuda"
         cudart = [matrix.cudart_name(entry["toolkit"], entry["arch"], os=entry["os"], tag="b10359")] if cuda else []
         assert entry["extra_artifacts"] == cudart
 

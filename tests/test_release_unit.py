@@ -1112,3 +1112,72 @@ def test_a_program_that_hangs_or_dies_does_not_start(tmp_path, monkeypatch):
     assert problems == ["a.tar.gz: the unpacked dies does not start (--version): killed by signal 11",
                         "a.tar.gz: the unpacked hangs did not exit within 2 s of --version"]
     assert notes == []
+
+
+def fake_cuda_toolkit(root: Path, major: str = "13", eula: bool = True) -> Path:
+    """A CUDA toolkit folder as NVIDIA lays it out: lib64/libX.so.<major> -> libX.so.<major>.<minor>.<patch>."""
+    lib = root / "lib64"
+    lib.mkdir(parents=True)
+    for name in ("libcudart", "libcublas", "libcublasLt", "libcufft"):
+        (lib / f"{name}.so.{major}.0.9").write_bytes(f"\x7fELF {name}".encode())
+        os.symlink(f"{name}.so.{major}.0.9", lib / f"{name}.so.{major}")
+        os.symlink(f"{name}.so.{major}", lib / f"{name}.so")
+    if eula:
+        (root / "EULA.txt").write_text("NVIDIA CUDA Toolkit EULA (test copy)\n")
+    return root
+
+
+@posix_only
+def test_the_linux_cuda_runtime_archive_is_packed_as_llama_cpps(tmp_path):
+    """cudart-llama-<tag>-bin-ubuntu-cuda-13.0-x64.tar.gz: a folder of that name, the three sonames as plain
+    files (cp -L), the toolkit's EULA and a notice of the terms beside them."""
+    toolkit = fake_cuda_toolkit(tmp_path / "cuda")
+    out = tmp_path / "out"
+    path, record = release.cudart_linux(out, tag="b11434-dflash-0", toolkit="13.0.88", arch="x64",
+                                        archive="llama-b11434-dflash-0-bin-ubuntu-cuda-13.0-x64.tar.gz",
+                                        libraries=["libcudart", "libcublas", "libcublasLt"], toolkit_root=toolkit,
+                                        epoch=946684800)
+    root = "cudart-llama-b11434-dflash-0-bin-ubuntu-cuda-13.0-x64"
+    assert path.name == f"{root}.tar.gz"
+    with tarfile.open(path) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        assert sorted(n for n, m in members.items() if m.isfile()) == [
+            f"{root}/libcublas.so.13", f"{root}/libcublasLt.so.13", f"{root}/libcudart.so.13",
+            f"{root}/licenses/CUDA-EULA.txt", f"{root}/licenses/CUDA-NOTICE.txt"]
+        assert tar.extractfile(f"{root}/libcudart.so.13").read() == b"\x7fELF libcudart"
+        notice = tar.extractfile(f"{root}/licenses/CUDA-NOTICE.txt").read().decode()
+    assert "CUDA Toolkit 13.0.88" in notice and "licenses/CUDA-EULA.txt" in notice
+    assert record["libraries"] == ["libcublas.so.13", "libcublasLt.so.13", "libcudart.so.13"] and record["eula"]
+    again, _ = release.cudart_linux(tmp_path / "again", tag="b11434-dflash-0", toolkit="13.0.88", arch="x64",
+                                    archive="a", libraries=["libcudart", "libcublas", "libcublasLt"],
+                                    toolkit_root=toolkit, epoch=946684800)
+    assert again.read_bytes() != b"" and tarfile.open(again).getnames() == tarfile.open(path).getnames()
+
+    # no EULA in the toolkit: the notice alone says the terms; a missing library or toolkit is a clear error
+    bare = fake_cuda_toolkit(tmp_path / "bare", eula=False)
+    path, record = release.cudart_linux(tmp_path / "o2", tag="t", toolkit="13.0", arch="x64", archive="a",
+                                        libraries=["libcudart"], toolkit_root=bare, epoch=0)
+    assert not record["eula"] and "licenses/CUDA-EULA.txt" not in "".join(tarfile.open(path).getnames())
+    with pytest.raises(ReleaseError, match="libnvrtc.so.13 not found under"):
+        release.cudart_linux(tmp_path / "o3", tag="t", toolkit="13.0", arch="x64", archive="a",
+                             libraries=["libnvrtc"], toolkit_root=bare, epoch=0)
+    with pytest.raises(ReleaseError, match="CUDA_PATH"):
+        release.cudart_linux(tmp_path / "o4", tag="t", toolkit="13.0", arch="x64", archive="a",
+                             libraries=["libcudart"], toolkit_root=None, epoch=0)
+
+
+@posix_only
+def test_a_linux_cuda_release_ships_the_runtime_archive_beside_it(inputs, fake_wheel, tmp_path, monkeypatch):
+    toolkit = fake_cuda_toolkit(tmp_path / "cuda", major="12")
+    monkeypatch.setenv("CUDA_PATH", str(toolkit))
+    build_section = inputs["sections"]["build"]
+    build_section.update(backend="cuda", toolchain={"nvcc": "12.8.93"})
+    out = tmp_path / "out"
+    rel = write_full_release(inputs, out)
+    assert rel["archive"].endswith("-bin-ubuntu-cuda-12.8-x64.tar.gz") if HOST.arch == "x64" else True
+    cudart = next(a for a in rel["artifacts"] if a["kind"] == "cudart")
+    assert cudart["name"] == f"cudart-llama-{rel['tag']}-bin-ubuntu-cuda-12.8-{HOST.arch}.tar.gz"
+    assert rel["cudart"]["libraries"] == ["libcublas.so.12", "libcublasLt.so.12", "libcudart.so.12"]
+    assert cudart["name"] in (out / "SHA256SUMS").read_text()
+    report = verify.verify(out, run_binaries=False)
+    assert report["ok"], report["problems"]

@@ -145,8 +145,7 @@ def release_matrix(tag: str = TAG_PLACEHOLDER) -> list[dict]:
                                "the CPU", "fix the [[release]] table in backends.toml")
         nvcc = backends.version_tuple(toolkit) if (toolkit and backend == "cuda") else None
         # every CUDA row of backends.toml [[release]] names its toolkit (tests/test_matrix.py reads them all)
-        extra = ([cudart_name(cast(str, toolkit), arch, os=os_name, tag=tag)]
-                 if (backend == "cuda" and os_name == "windows") else [])
+        extra = [cudart_name(cast(str, toolkit), arch, os=os_name, tag=tag)] if backend == "cuda" else []
         flags = backends.cmake_flags(backend, os_name, nvcc_version=nvcc, arch=arch)
         build_os = row.get("build_os", "")
         if build_os and build_os != os_name:  # a cross build (--os): the target's flags on top (targets.toml)

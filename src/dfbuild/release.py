@@ -774,6 +774,68 @@ def cudart_bundle(out_dir: Path, toolkit: str, arch: str, cuda_path: Path | None
     return write_archive(out_dir / name, None, entries, ZIP_EPOCH_MIN)
 
 
+CUDA_NOTICE = """\
+The libraries in this archive are NVIDIA's CUDA runtime libraries, copied unchanged from the
+CUDA Toolkit {toolkit} that built the llama.cpp archive they belong to ({archive}).
+They are NVIDIA's, redistributed under the distribution terms of the CUDA Toolkit End User
+License Agreement (https://docs.nvidia.com/cuda/eula/){eula}, for use by those binaries only.
+Unpack them into the folder that holds llama-server: its libraries find them there ($ORIGIN).
+"""
+
+
+def cuda_toolkit_root(build_section: dict) -> Path | None:
+    """The CUDA toolkit a build used: CUDA_PATH or CUDA_HOME, else the folder above the nvcc on PATH,
+    else /usr/local/cuda."""
+    for candidate in (os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME")):
+        if candidate and Path(candidate).is_dir():
+            return Path(candidate)
+    nvcc = (build_section.get("flags") or {}).get("CMAKE_CUDA_COMPILER") or shutil.which("nvcc")
+    if nvcc and Path(nvcc).resolve().parent.name == "bin":
+        return Path(nvcc).resolve().parent.parent
+    return Path("/usr/local/cuda") if Path("/usr/local/cuda").is_dir() else None
+
+
+def cudart_linux(out_dir: Path, *, tag: str, toolkit: str, arch: str, archive: str, libraries: list[str],
+                 toolkit_root: Path | None, epoch: int) -> tuple[Path, dict]:
+    """Linux CUDA: the runtime libraries as llama.cpp's release workflow packs them beside its archive,
+    cudart-llama-<tag>-bin-ubuntu-cuda-<major.minor>-<arch>.tar.gz, rooted at a folder of that name:
+    each of LIBRARIES (libcudart, libcublas, libcublasLt) as lib<name>.so.<major>, the soname the
+    binaries ask for, dereferenced into a plain file (upstream's cp -L). Beside them, in licenses/,
+    the toolkit's EULA where the toolkit has one, and always a notice of what they are and under
+    which terms they travel. Returns (the archive, its record for the manifest)."""
+    spec = backends.get("cuda").raw.get("runtime_archive", {})
+    major = str(backends.version_tuple(toolkit)[0]) if toolkit else ""
+    if toolkit_root is None or not Path(toolkit_root).is_dir():
+        raise ReleaseError("the CUDA toolkit folder was not found, so its runtime libraries cannot be packed",
+                           "set CUDA_PATH (or CUDA_HOME) to the toolkit that built the release, e.g. /usr/local/cuda")
+    root = Path(toolkit_root)
+    folders = [root / d for d in spec.get("lib_dirs", ["lib64", "lib"])]
+    found, missing = {}, []
+    for library in libraries:
+        soname = f"{library}.so.{major}"
+        path = next((f / soname for f in folders if (f / soname).is_file()), None)
+        if path is None:
+            missing.append(soname)
+        else:
+            found[soname] = path.resolve()  # cp -L: the file the soname link ends at
+    if missing:
+        raise ReleaseError(f"{', '.join(missing)} not found under {root} ({', '.join(d for d in spec.get('lib_dirs', []))})",
+                           "install the toolkit's cudart and cublas runtime libraries (CUDA_PATH names the toolkit)")
+    name = matrix.cudart_name(toolkit, arch, os="linux", tag=tag)
+    eula = next((root / rel for rel in spec.get("licenses", []) if (root / rel).is_file()), None)
+    entries = [Entry(soname, 0o755, source=path) for soname, path in sorted(found.items())]
+    notice = CUDA_NOTICE.format(toolkit=toolkit, archive=archive,
+                                eula=", a copy of which is licenses/CUDA-EULA.txt" if eula else "")
+    entries.append(Entry("licenses/CUDA-NOTICE.txt", data=notice.encode()))
+    if eula is not None:
+        entries.append(Entry("licenses/CUDA-EULA.txt", source=eula))
+    owned.claim(out_dir, [name], ReleaseError, legacy=release_files)
+    path = write_archive(out_dir / name, archive_root(name), sorted(entries, key=lambda e: e.path), epoch)
+    record = {"name": name, "toolkit": toolkit, "libraries": sorted(found), "eula": eula is not None,
+              "files": payload_records(sorted(entries, key=lambda e: e.path))}
+    return path, record
+
+
 def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, work_dir: Path,
             state: _State | None = None, commit: str | None = None) -> dict:
     """Write the archive, the wheel and SHA256SUMS into OUT_DIR; return the release section.
@@ -794,6 +856,7 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
     name = matrix.artifact_name(tag, os_name, backend, arch, toolkit)
     # as the base's own release workflow packs it: binaries at the top of llama-<tag>/, or a flat zip
     layout, root, layout_record = archive_layout(tree, os_name, backend, arch, toolkit, tag)
+    cudart_libraries = cuda_runtime_libraries(tree, os_name, arch, toolkit) if backend == "cuda" else []
     epoch = source_date_epoch(tree, commit)
     version = wheel_version(build_section.get("build_number", 0), series_hash(sections["series"]), backend)
 
@@ -869,6 +932,11 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
                                      epoch=epoch, backend=backend, os_name=os_name), "wheel"))
         if os_name == "windows" and backend == "cuda":
             made.append((cudart_bundle(out_dir, toolkit or "", arch), "cudart"))
+        if os_name == "linux" and backend == "cuda":  # as llama.cpp's ubuntu-cuda job, from b11063 on
+            cudart_path, extras["cudart"] = cudart_linux(
+                out_dir, tag=tag, toolkit=toolkit or "", arch=arch, archive=name, libraries=cudart_libraries,
+                toolkit_root=cuda_toolkit_root(build_section), epoch=epoch)
+            made.append((cudart_path, "cudart"))
         fault_point("release: wheel built")
         artifacts = [{"name": path.name, "kind": kind, "sha256": sha256_file(path), "size": path.stat().st_size}
                      for path, kind in made]
@@ -907,6 +975,18 @@ def archive_layout(tree: Path, os_name: str, backend: str, arch: str, toolkit: s
         record["note"] = f"its archive folder {root!r} is not a plain name; llama-<tag> is used"
         root = f"llama-{tag}"
     return layout, root, record
+
+
+def cuda_runtime_libraries(tree: Path, os_name: str, arch: str, toolkit: str | None) -> list[str]:
+    """The CUDA runtime libraries llama.cpp's release workflow of this base packs beside a Linux CUDA
+    archive (libcudart, libcublas, libcublasLt), else backends.toml's list (a base before b11063
+    has no ubuntu-cuda job)."""
+    from . import upstream_release
+
+    reading = upstream_release.read(Path(tree), os_name, "cuda", arch, toolkit) if os_name == "linux" else None
+    if reading is not None and reading.found and reading.cudart:
+        return list(reading.cudart)
+    return list(backends.get("cuda").raw.get("runtime_archive", {}).get("libraries", []))
 
 
 def _cross_host(build_section: dict) -> "backends.Host | None":
