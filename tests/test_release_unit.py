@@ -913,7 +913,8 @@ def test_a_gpu_release_records_its_device_and_a_cpu_pass_is_not_reused_on_the_gp
     assert said.exit_code == 0, said.output
     assert said.stdout.startswith("Patched llama.cpp b10359 with the DFlash multimodal fix")
     assert (f"- `{on_cpu['release']['archive']}`: smoke passed on the CPU backend, not on a vulkan device "
-            "(no Vulkan device here, ran on the CPU backend)") in said.stdout
+            "(no Vulkan device here, ran on the CPU backend); 1 program") in said.stdout
+    assert "laid out as llama.cpp's own of the same name" in said.stdout
     assert "did not run on a GPU" in said.stdout
 
     listed[:] = [H200.format(free=142000)]  # libglvnd installed: the device appears
@@ -1181,3 +1182,6 @@ def test_a_linux_cuda_release_ships_the_runtime_archive_beside_it(inputs, fake_w
     assert cudart["name"] in (out / "SHA256SUMS").read_text()
     report = verify.verify(out, run_binaries=False)
     assert report["ok"], report["problems"]
+    said = CliRunner().invoke(main, ["release-notes", str(out)]).stdout
+    assert f"The CUDA runtime libraries, to unpack beside the programs of the CUDA archive" in said
+    assert f"`{cudart['name']}`" in said

@@ -1,9 +1,12 @@
 """`dfbuild verify`: check a release directory before publishing it.
 
 `verify()` checks an OUT directory: SHA256SUMS, each archive's members against
-the file list in its manifest, OUT/manifest.json against the archives, the
-wheel's binaries against the archive's, and that the unpacked llama-server's
-`--version` names the patched commit. It reports the highest GLIBC_ symbol
+the file list in its manifest and its layout (llama.cpp's: the binaries at the
+top of `llama-<tag>/` or of a flat zip; or dfbuild's older one: `bin/` inside a
+folder named like the archive), OUT/manifest.json against the archives, the
+wheel's binaries against the archive's, that the unpacked llama-server's
+`--version` names the patched commit, and that every other shipped program
+starts. It reports the highest GLIBC_ symbol
 version each shipped ELF needs, and fails a wheel whose manylinux tag promises
 an older glibc than one of its ELFs needs.
 """
@@ -824,23 +827,34 @@ def release_notes(directory: Path, base: str | None = None) -> str:
                           "job makes), and run `dfbuild verify` on it first")
     from . import webui
 
-    where, served, fallback = [], [], False
+    where, served, fallback, laid_out, runtimes = [], [], False, False, []
     for top in tops:
         try:
             full = _read_record_file(top)
             archive = full["release"]["archive"]
             statement = smoke_statement(full)
             page = webui.describe((full.get("build") or {}).get("ui"))
+            programs = sorted(PurePosixPath(b).name for b in (full.get("build") or {}).get("binaries") or [])
+            laid_out = laid_out or bool(full["release"].get("layout"))
+            runtimes += [a["name"] for a in full["release"].get("artifacts", []) if a.get("kind") == "cudart"]
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise VerifyError(f"{top.name} is not a dfbuild manifest ({type(exc).__name__}: {exc})",
                               "run `dfbuild verify` on the directory first") from None
         fallback = fallback or bool((full.get("smoke") or {}).get("cpu_fallback"))
-        where.append(f"- `{archive}`: {statement}")
+        where.append(f"- `{archive}`: {statement}; {len(programs)} program{'s' if len(programs) != 1 else ''}")
         served.append(f"- `{archive}`: {page}")
     what = f"llama.cpp {base}" if base else "llama.cpp"
-    lines = [f"Patched {what} with the DFlash multimodal fix (series in patches/). Verify with: sha256sum -c SHA256SUMS",
-             "", "Where each archive's smoke tests ran:", *sorted(where),
-             "", "What each archive's llama-server serves at GET / (its web UI):", *sorted(served)]
+    lines = [f"Patched {what} with the DFlash multimodal fix (series in patches/). Verify with: sha256sum -c SHA256SUMS"]
+    if laid_out:
+        lines += ["", "Each archive is laid out as llama.cpp's own of the same name: its programs (every tool llama.cpp "
+                      "ships: llama-server, llama-cli, llama-mtmd-cli, llama-bench, llama-quantize, rpc-server, ...) "
+                      "and libraries at the top of `llama-<tag>/` in a tarball, at the top of a Windows zip; "
+                      "manifest.json, patches/ and licenses/ beside them."]
+    if runtimes:
+        lines += ["", "The CUDA runtime libraries, to unpack beside the programs of the CUDA archive of the same "
+                      "toolkit (as llama.cpp's cudart archives): " + ", ".join(f"`{n}`" for n in sorted(set(runtimes)))]
+    lines += ["", "Where each archive's smoke tests ran:", *sorted(where),
+              "", "What each archive's llama-server serves at GET / (its web UI):", *sorted(served)]
     if fallback:
         lines += ["", "An archive smoke-tested on the CPU backend was built for its GPU, but its smoke tests did "
                       "not run on a GPU: the runner that built it had none (GitHub's hosted runners have no GPU)."]
