@@ -46,7 +46,9 @@ prepare)
         -d .whl "${WHEELS[@]}"
     number=${base#b}
     # the sdist through dfbuild's own cache (downloaded once, checked against PyPI's sha256)
-    sdist=$(PYTHONPATH="$here/src" python3 -c "
+    # (dfbuild's Python: $PYTHON, else the repo's .venv, else python3 with dfbuild's dependencies)
+    py=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
+    sdist=$(PYTHONPATH="$here/src" "$py" -c "
 import sys
 from dfbuild import pypi, sdist
 print(sdist.fetch_sdist(pypi.release_requirement(int(sys.argv[1]))))" "$number")
