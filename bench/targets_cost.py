@@ -6,15 +6,21 @@
 difference side by side in one run, through the `dfbuild` command line:
 
 * for each target (llama-server, then all): a fresh work dir, `dfbuild apply` of BASE,
-  then a cold `dfbuild build --target T` (ccache off for both: CCACHE_DISABLE=1, so
-  neither run is helped by the other or by the shared cache), then `dfbuild release
-  --target T --skip-smoke` in the same work dir, which reuses that build (a ninja
-  no-op) and packages it;
+  then `dfbuild build --target T` in it, with ccache
+  - `--ccache cold` (the default): off for both (CCACHE_DISABLE=1), so neither run is
+    helped by the other or by the shared cache;
+  - `--ccache warm`: the shared CCACHE_DIR for both, primed first by an untimed
+    `--target all` build in a third work dir (so both find every object they compile);
+* then the archive: `dfbuild release --target T --skip-smoke` in the same work dir (a
+  ninja no-op, then packaging), or, for a base whose proof series.toml does not record
+  (`--skip-smoke` is refused there), `dfbuild release --target T` in `--release-work W`,
+  a work dir where BASE was already released (proven, built with every tool; its smoke
+  pass is reused, since the smoke's key is llama-server and the libraries);
 * figures per target: ninja's steps (all, and the compile/link ones), the build's wall
   time, configure and compile time, the programs and libraries built, the archive's
   and the wheel's size and file count; and the ratios all / llama-server.
 
-One command (about 30 minutes cold on 2 cores with --cpu-variants x64):
+One command (cold, about 30 minutes on 2 idle cores with --cpu-variants x64):
 
     python bench/targets_cost.py --base b11434 --cpu-variants x64
 
@@ -47,7 +53,8 @@ def archive_files(path: Path) -> int:
         return sum(1 for m in tar.getmembers() if not m.isdir())
 
 
-def measure(runner: Runner, work: Path, base: str, target: str, variants: list[str], jobs: int | None) -> dict:
+def measure(runner: Runner, work: Path, base: str, target: str, variants: list[str], jobs: int | None,
+            ccache_env: dict, release_work: Path | None) -> dict:
     dfb = dfbuild_command()
     name = target.replace("llama-", "")
     folder = work / name
@@ -55,18 +62,24 @@ def measure(runner: Runner, work: Path, base: str, target: str, variants: list[s
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     runner.run(f"apply-{name}", [*dfb, "apply", "--base", base, "--dir", str(folder / "src")])
-    cold = {"CCACHE_DISABLE": "1"}
     args = [*dfb, "build", "--dir", str(folder / "src"), "--backend", "cpu", "--target", target, "--json",
             *variants, *(["-j", str(jobs)] if jobs else [])]
-    wall, out = runner.run(f"build-{name}", args, env_extra=cold)
+    wall, out = runner.run(f"build-{name}", args, env_extra=ccache_env)
     section = json.loads(out)
-    _, out = runner.run(f"release-{name}", [*dfb, "release", "--base", base, "--work", str(folder), "--backend", "cpu",
-                                            "--target", target, "--skip-smoke", "--out", str(folder / "dist"),
-                                            "--json", *variants], env_extra=cold)
+    if release_work is None:
+        release_args = ["--work", str(folder), "--skip-smoke", "--out", str(folder / "dist")]
+        dist = folder / "dist"
+    else:
+        dist = work / f"dist-{name}"
+        if dist.exists():
+            shutil.rmtree(dist)
+        release_args = ["--work", str(release_work), "--out", str(dist)]
+    _, out = runner.run(f"release-{name}", [*dfb, "release", "--base", base, "--backend", "cpu", "--target", target,
+                                            "--json", *release_args, *variants], env_extra=ccache_env)
     full = json.loads(out)
     rel = full["release"]
     sizes = {a["kind"]: a["size"] for a in rel["artifacts"]}
-    archive = folder / "dist" / rel["archive"]
+    archive = dist / rel["archive"]
     return {
         "target": target,
         "build_wall_s": round(wall, 2),
@@ -80,8 +93,9 @@ def measure(runner: Runner, work: Path, base: str, target: str, variants: list[s
         "archive": rel["archive"],
         "archive_bytes": sizes.get("archive"),
         "archive_files": archive_files(archive),
+        "archive_programs": len((full.get("build") or {}).get("binaries") or []),
         "wheel_bytes": sizes.get("wheel"),
-        "release_build_reused": rel["stages"]["build"]["reused"],
+        "released_in": "its own work dir (--skip-smoke)" if release_work is None else "--release-work",
     }
 
 
@@ -93,6 +107,11 @@ def main() -> None:
     parser.add_argument("--nice", type=int, default=5)
     parser.add_argument("-j", "--jobs", type=int, default=None)
     parser.add_argument("--results", type=Path, default=benchlib.RESULTS_JSON)
+    parser.add_argument("--ccache", choices=("cold", "warm"), default="cold",
+                        help="cold: ccache off for both builds; warm: the shared CCACHE_DIR, primed first")
+    parser.add_argument("--release-work", type=Path, default=None,
+                        help="a work dir where BASE was released with every tool (for a base series.toml does not "
+                             "record as proven: --skip-smoke is refused there)")
     opts = parser.parse_args()
 
     import os
@@ -101,7 +120,17 @@ def main() -> None:
     machine = benchlib.machine_info()
     runner = Runner(opts.work_dir / "logs", opts.nice, dict(os.environ))
     started = benchlib.now_iso()
-    runs = [measure(runner, opts.work_dir, opts.base, target, variants, opts.jobs) for target in TARGETS]
+    ccache_env = {"CCACHE_DISABLE": "1"} if opts.ccache == "cold" else {}
+    if opts.ccache == "warm":  # every object either build compiles, in the shared ccache before either is timed
+        prime = opts.work_dir / "prime"
+        if prime.exists():
+            shutil.rmtree(prime)
+        runner.run("apply-prime", [*dfbuild_command(), "apply", "--base", opts.base, "--dir", str(prime / "src")])
+        runner.run("build-prime", [*dfbuild_command(), "build", "--dir", str(prime / "src"), "--backend", "cpu",
+                                   "--target", "all", *variants])
+        shutil.rmtree(prime)
+    runs = [measure(runner, opts.work_dir, opts.base, target, variants, opts.jobs, ccache_env,
+                    opts.release_work.resolve() if opts.release_work else None) for target in TARGETS]
     machine["load_average_at_end"] = benchlib.load_average()
     server, every = runs
 
@@ -113,7 +142,8 @@ def main() -> None:
         "command": benchlib.command_line(),
         "base": opts.base,
         "cpu_variants": opts.cpu_variants,
-        "ccache": "off for both (CCACHE_DISABLE=1): both builds cold",
+        "ccache": ("off for both (CCACHE_DISABLE=1): both builds cold" if opts.ccache == "cold" else
+                   "warm for both: the shared ccache, primed by an untimed build of every target"),
         "machine": machine,
         "runs": runs,
         "ratios_all_over_server": {key: ratio(key) for key in ("steps", "compiled_steps", "build_wall_s",
