@@ -11,12 +11,17 @@ section, and the archive (whose manifest.json holds those sections) stays
 byte-identical.
 
 Artifacts in OUT:
-- llama-<tag>-dflash-bin-<os>-<backend>-<arch>.tar.gz (.zip on Windows), rooted
-  at one directory named like the archive: bin/ (llama-server, other built
-  tools, their shared libraries; $ORIGIN rpath), LICENSE and licenses/,
-  patches/ (the applied patches and series.toml) and manifest.json.
-  <tag> is `<base>-<series hash>`, e.g. b10359-3f9a0c1d: the llama.cpp base
-  and the first 8 hex of a hash over the series as applied to it.
+- llama-<tag>-bin-<os>[-<backend>]-<arch>.tar.gz (.zip on Windows), llama.cpp's
+  own name and layout (as the base's .github/workflows/release.yml packs it): a
+  tarball rooted at llama-<tag>/, a flat zip, with every program and shared
+  library of the build at the top ($ORIGIN rpath), and beside them LICENSE,
+  licenses/, patches/ (the applied patches and series.toml), manifest.json and
+  (Linux) REQUIRES.txt. <tag> is `<base>-dflash-<series hash>`, e.g.
+  b11434-dflash-e8448d4a: the llama.cpp base, the marker, and the first 8 hex
+  of a hash over the series as applied to it.
+- beside a CUDA archive, the CUDA runtime: cudart-llama-<tag>-bin-ubuntu-cuda-
+  <x.y>-<arch>.tar.gz on Linux, cudart-llama-bin-win-cuda-<x.y>-<arch>.zip on
+  Windows, as llama.cpp ships them.
 - llama_dflash-0.0.<build>+dflash.<series hash>.<backend>-py3-none-<platform>.whl,
   built through builder/ (scikit-build-core): `pip install` gives `llama-server`.
 - SHA256SUMS (sha256sum -c format) over the archives and wheels in OUT.
