@@ -672,6 +672,12 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
     configured_commit = stamp_base(source_dir) if _stamps_build_info(source_dir) else label
     # llama.cpp's own release options for this base and entry, read from the tree (GGML_RPC, every tool, ...)
     upstream, upstream_record = upstream_options(source_dir, spec, host, entry)
+    if upstream_record.get("found"):
+        ui.info(f"    llama.cpp's release options: the {upstream_record['job']} job of {upstream_record['file']} "
+                f"({len(upstream_record['taken'])} taken, {len(upstream_record['not_taken'])} not: "
+                f"{', '.join(upstream_record['not_taken']) or 'none'})")
+    else:
+        ui.info(f"    llama.cpp's release options: {upstream_record['note']}")
     flags = build_flags(backend, host, commit=configured_commit, number=number, entry=entry,
                         cuda_arch=cuda_arch, gpu_targets=gpu_targets,
                         vulkan_include_dir=str(vulkan_include_dir) if vulkan_include_dir else None,
