@@ -43,7 +43,7 @@ def payload_prefix(packed: dict) -> str:
 class Entry:
     """One file of the archive, relative to its root directory."""
 
-    path: str                     # posix, e.g. "bin/llama-server"
+    path: str                     # posix, relative to the archive's folder, e.g. "llama-server"
     mode: int = 0o644
     source: Path | None = None    # a file on disk ...
     data: bytes | None = None     # ... or bytes
