@@ -681,7 +681,9 @@ def test_the_smoke_key_is_llama_server_and_the_libraries_not_the_other_tools(inp
     section = dict(inputs["sections"]["build"])
     bin_dir = Path(section["build_dir"]) / "bin"
     (bin_dir / "llama-cli").write_text("#!/bin/sh\necho cli\n")
-    every = {**section, "binaries": ["bin/llama-cli", "bin/llama-server"]}
+    (bin_dir / "libllama-cli-impl.so").write_bytes(b"\x7fELF cli")  # llama.cpp builds each tool as lib<tool>-impl
+    every = {**section, "binaries": ["bin/llama-cli", "bin/llama-server"],
+             "libraries": [*section["libraries"], "bin/libllama-cli-impl.so"]}
     assert build.smoke_digest(every) == build.smoke_digest(section)
     assert build.payload_digest(every) != build.payload_digest(section)
     (bin_dir / "llama-cli").write_text("#!/bin/sh\necho other cli\n")

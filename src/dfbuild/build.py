@@ -851,15 +851,23 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
     return section
 
 
+# a program's own library (llama.cpp builds each tool as lib<tool>-impl.so and a thin executable)
+_PROGRAM_LIBRARY = re.compile(r"^(?:lib)?(.+)-impl(?:\.so(?:\.\d+)*|\.dll|\.dylib)$")
+
+
 def payload_digest(build_section: dict, programs: Iterable[str] | None = None) -> str:
     """A hash of everything a build ships (its binaries and libraries, by content): two builds
     with the same payload digest run the same code, whatever folder they were built in.
-    PROGRAMS (names without .exe): only those of the binaries, with every library."""
+    PROGRAMS (names without .exe): only those of the binaries, and every library but the other
+    programs' own (lib<tool>-impl.so: no other program loads one)."""
     build_dir = Path(build_section["build_dir"])
     wanted = None if programs is None else set(programs)
     binaries = [b for b in build_section["binaries"] if wanted is None or Path(b).stem in wanted]
+    others = set() if wanted is None else {Path(b).stem for b in build_section["binaries"]} - wanted
+    libraries = [lib for lib in build_section.get("libraries", [])
+                 if not ((match := _PROGRAM_LIBRARY.match(Path(lib).name)) and match.group(1) in others)]
     parts = {}
-    for rel in [*binaries, *build_section.get("libraries", [])]:
+    for rel in [*binaries, *libraries]:
         path = build_dir / rel
         parts[rel] = "link:" + os.readlink(path) if path.is_symlink() else sha256_file(path)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
@@ -869,6 +877,7 @@ SMOKE_PROGRAMS = ("llama-server",)
 
 
 def smoke_digest(build_section: dict) -> str:
-    """The payload the smoke runs: llama-server and every library (whatever other tools a build has),
-    so a proof's llama-server build and the release's every-tool build of the same code share a pass."""
+    """The payload the smoke runs: llama-server and the libraries (not the other tools, nor their own
+    libraries), so a proof's llama-server build and the release's every-tool build of the same code
+    share a pass."""
     return payload_digest(build_section, SMOKE_PROGRAMS)
