@@ -511,6 +511,10 @@ def _is_program(path: Path, host: Host) -> bool:
     return os.access(path, os.X_OK) and not (path.suffix in (".so", ".dylib") or ".so." in path.name)
 
 
+# a program's own library (llama.cpp builds each tool as lib<tool>-impl.so and a thin executable)
+_PROGRAM_LIBRARY = re.compile(r"^(?:lib)?(.+)-impl(?:\.so(?:\.\d+)*|\.dll|\.dylib)$")
+
+
 def _binaries(build_dir: Path, targets: Iterable[str], host: Host) -> tuple[list[str], list[str]]:
     """(programs, shared libraries) in BUILD_DIR/bin: the named targets, or every program for `all`."""
     bin_dir = build_dir / "bin"
@@ -524,10 +528,17 @@ def _binaries(build_dir: Path, targets: Iterable[str], host: Host) -> tuple[list
         if exe.is_file() and rel not in binaries:
             binaries.append(rel)
     libraries = []
+    # the own library of a program left in bin/ by an earlier build of more targets, which this one does not
+    # ship (llama.cpp builds each tool as lib<tool>-impl.so and a thin executable): not shipped either
+    unshipped = ({p.stem for p in bin_dir.iterdir() if _is_program(p, host)} - {Path(b).stem for b in binaries}
+                 if bin_dir.is_dir() else set())
     if bin_dir.is_dir():
         for path in sorted(bin_dir.iterdir()):
             name = path.name
             if (path.is_file() or path.is_symlink()) and (name.endswith((".so", ".dylib", ".dll")) or ".so." in name):
+                own = _PROGRAM_LIBRARY.match(name)
+                if own and own.group(1) in unshipped:
+                    continue
                 libraries.append(path.relative_to(build_dir).as_posix())
     return binaries, libraries
 
@@ -849,10 +860,6 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
     stamp["last_build"] = {"commit": commit, "targets": targets, "binaries": binaries}
     write_stamp(build_dir, stamp)
     return section
-
-
-# a program's own library (llama.cpp builds each tool as lib<tool>-impl.so and a thin executable)
-_PROGRAM_LIBRARY = re.compile(r"^(?:lib)?(.+)-impl(?:\.so(?:\.\d+)*|\.dll|\.dylib)$")
 
 
 def payload_digest(build_section: dict, programs: Iterable[str] | None = None) -> str:
