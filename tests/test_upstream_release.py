@@ -201,6 +201,20 @@ def test_a_file_that_lacks_what_is_needed_falls_back_with_a_note(tmp_path, text,
     assert upstream_release.cmake_options(reading) == ({}, {})
 
 
+@pytest.mark.parametrize("text", [
+    "jobs:\n  ubuntu-cpu:\n    steps: 5\n",
+    "jobs:\n  ubuntu-cpu:\n    strategy: {matrix: {include: 5}}\n    steps:\n      - run: cmake -B build -DX=1\n",
+    "jobs:\n  ubuntu-cpu:\n    strategy: {matrix: [1, 2]}\n    steps:\n      - run: cmake -B build -DX=1\n",
+    "jobs:\n  ubuntu-cpu:\n    env: 5\n    steps:\n      - run: 5\n      - {if: 5, run: cmake -B build -DX=1}\n",
+    "env: [1]\njobs:\n  7: {}\n  ubuntu-cpu:\n    steps:\n      - run: cmake -B build ${{ env.CMAKE_ARGS }}\n",
+    b"\xff\xfe\x00 not text",
+])
+def test_odd_shapes_never_raise(tmp_path, text):
+    reading = upstream_release.read(tree_with(tmp_path, text), "linux", "cpu", "x64")
+    assert reading.found in (True, False) and (reading.found or reading.note)
+    upstream_release.cmake_options(reading)
+
+
 def test_an_oversized_file_is_not_read(tmp_path):
     reading = upstream_release.read(tree_with(tmp_path, "#" * (upstream_release.MAX_BYTES + 1)), "linux", "cpu", "x64")
     assert not reading.found and "larger than" in reading.note

@@ -132,7 +132,8 @@ def matrix_entries(job: dict) -> list[dict]:
     axes = {k: v for k, v in matrix.items() if k not in ("include", "exclude") and isinstance(v, list)}
     combos = [dict(zip(axes, values)) for values in itertools.product(*axes.values())] if axes else []
     added = []
-    for extra in matrix.get("include") or []:
+    includes = matrix.get("include") if isinstance(matrix.get("include"), list) else []
+    for extra in includes:
         if not isinstance(extra, dict):
             continue
         matched = False
@@ -266,7 +267,8 @@ def options_of(line: str, expressions: list[str] = ()) -> tuple[dict[str, str], 
 
 def _steps(job: dict, matrix: dict, env: dict) -> list[tuple[str | None, str]]:
     """(id, run script) of the job's steps that run for this matrix entry."""
-    return [(s.get("id"), s["run"]) for s in job.get("steps") or []
+    steps = job.get("steps") if isinstance(job.get("steps"), list) else []
+    return [(s.get("id"), s["run"]) for s in steps
             if isinstance(s, dict) and isinstance(s.get("run"), str) and condition_holds(s.get("if"), matrix, env)]
 
 
@@ -309,7 +311,15 @@ def _cudart(scripts: list[str], expressions: list[str]) -> tuple[list[str], str 
 
 
 def read(tree: Path, os_name: str, backend: str, arch: str, toolkit: str | None = None) -> Reading:
-    """What the tree's release workflow does for the entry (os_name, backend, arch, toolkit)."""
+    """What the tree's release workflow does for the entry (os_name, backend, arch, toolkit).
+    Never raises on the file's content: a shape it does not read gives a Reading with a note."""
+    try:
+        return _read(tree, os_name, backend, arch, toolkit)
+    except (TypeError, AttributeError, ValueError, KeyError, IndexError, RecursionError) as exc:
+        return _not_found(f"{WORKFLOW} has a shape dfbuild does not read ({type(exc).__name__})")
+
+
+def _read(tree: Path, os_name: str, backend: str, arch: str, toolkit: str | None) -> Reading:
     rule = backends.table().get("upstream_release", {}).get("jobs", {}).get(f"{os_name}-{backend}")
     if rule is None:
         return _not_found(f"llama.cpp's release workflow has no {os_name} {backend} job dfbuild knows of")
