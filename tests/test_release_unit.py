@@ -993,6 +993,11 @@ def test_archive_layout_comes_from_the_base_s_workflow_else_the_table(tmp_path):
     assert release.archive_layout(tree, "linux", "cpu", "x64", None, "b1-dflash-0") == \
         ("top", "llama-b1-dflash-0", {"file": ".github/workflows/release.yml", "job": "ubuntu-cpu"})
     assert release.archive_layout(tree, "windows", "cpu", "x64", None, "b1-dflash-0")[:2] == ("flat", None)
+    (tmp_path / "odd").mkdir()
+    odd = tree_with(tmp_path / "odd", WORKFLOW.replace('--transform "s,^\\.,llama-${{ steps.tag.outputs.name }},"',
+                                                        '--transform "s,^\\.,../x-${{ steps.tag.outputs.name }},"'))
+    layout, root, record = release.archive_layout(odd, "linux", "cpu", "x64", None, "t")
+    assert (layout, root) == ("top", "llama-t") and "its tarball's folder is '../x-t'" in record["note"]
     (tmp_path / "bare").mkdir()
     bare = tree_with(tmp_path / "bare", None)
     layout, root, record = release.archive_layout(bare, "windows", "vulkan", "x64", None, "t")

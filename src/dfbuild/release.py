@@ -974,11 +974,10 @@ def archive_layout(tree: Path, os_name: str, backend: str, arch: str, toolkit: s
         record = {"file": reading.file, "note": f"{why}; the {os_name} layout of backends.toml"}
     if layout == "flat":
         return layout, None, record
-    root = (reading.root if reading.found and reading.root else f"llama-{upstream_release.TAG}")
-    root = root.replace(upstream_release.TAG, tag)
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", root):  # a folder name, nothing a tree could aim elsewhere
-        record["note"] = f"its archive folder {root!r} is not a plain name; llama-<tag> is used"
-        root = f"llama-{tag}"
+    root = f"llama-{tag}"  # every base's tarballs: --transform "s,^\.,llama-<tag>,"
+    read = (reading.root or "").replace(upstream_release.TAG, tag) if reading.found else ""
+    if read and read != root:  # a folder of another form: dfbuild packs (and verify expects) llama-<tag>
+        record["note"] = f"its tarball's folder is {read!r}; dfbuild's is {root!r}"
     return layout, root, record
 
 
