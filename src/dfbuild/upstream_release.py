@@ -29,6 +29,7 @@ from __future__ import annotations
 import fnmatch
 import itertools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,7 +108,7 @@ def load(tree: Path) -> tuple[dict | None, str | None]:
     except OSError as exc:
         return None, f"{WORKFLOW} cannot be read ({exc.strerror or exc})"
     try:
-        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no Python objects
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         return None, f"{WORKFLOW} is not valid YAML" + (f" (line {where.line + 1})" if where else "")
@@ -127,12 +128,17 @@ def _text(value) -> str:
 def matrix_entries(job: dict) -> list[dict]:
     """The job's matrix as GitHub expands it: the product of its list keys, then `include`
     (an include entry extends the combinations it matches on their keys, else is added)."""
-    strategy = job.get("strategy") if isinstance(job.get("strategy"), dict) else {}
-    matrix = strategy.get("matrix") if isinstance(strategy.get("matrix"), dict) else {}
+    strategy = job.get("strategy")
+    matrix = strategy.get("matrix") if isinstance(strategy, dict) else None
+    if not isinstance(matrix, dict):
+        matrix = {}
     axes = {k: v for k, v in matrix.items() if k not in ("include", "exclude") and isinstance(v, list)}
-    combos = [dict(zip(axes, values)) for values in itertools.product(*axes.values())] if axes else []
+    # each value of the product has one item per axis: strict holds
+    combos = [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())] if axes else []
     added = []
-    includes = matrix.get("include") if isinstance(matrix.get("include"), list) else []
+    includes = matrix.get("include")
+    if not isinstance(includes, list):
+        includes = []
     for extra in includes:
         if not isinstance(extra, dict):
             continue
@@ -248,10 +254,11 @@ def _configure_line(script: str) -> str | None:
     return None
 
 
-def options_of(line: str, expressions: list[str] = ()) -> tuple[dict[str, str], dict[str, str]]:
+def options_of(line: str, expressions: Sequence[str] = ()) -> tuple[dict[str, str], dict[str, str]]:
     """({name: value}, {name: expression}) of the -D options on a configure line (as expand left it,
     EXPRESSIONS its unresolved expressions)."""
-    options, unresolved = {}, {}
+    options: dict[str, str] = {}
+    unresolved: dict[str, str] = {}
     for match in _OPTION.finditer(line):
         name, value = match.group(1), match.group(2)
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
@@ -267,7 +274,9 @@ def options_of(line: str, expressions: list[str] = ()) -> tuple[dict[str, str], 
 
 def _steps(job: dict, matrix: dict, env: dict) -> list[tuple[str | None, str]]:
     """(id, run script) of the job's steps that run for this matrix entry."""
-    steps = job.get("steps") if isinstance(job.get("steps"), list) else []
+    steps = job.get("steps")
+    if not isinstance(steps, list):
+        steps = []
     return [(s.get("id"), s["run"]) for s in steps
             if isinstance(s, dict) and isinstance(s.get("run"), str) and condition_holds(s.get("if"), matrix, env)]
 
@@ -325,7 +334,7 @@ def _read(tree: Path, os_name: str, backend: str, arch: str, toolkit: str | None
         return _not_found(f"llama.cpp's release workflow has no {os_name} {backend} job dfbuild knows of")
     data, why = load(tree)
     if data is None:
-        return _not_found(why)
+        return _not_found(why or f"{WORKFLOW} cannot be read")
     jobs = _jobs_for(data, rule["job"])
     if not jobs:
         return _not_found(f"{WORKFLOW} of this base has no {rule['job']} job: llama.cpp released no "
