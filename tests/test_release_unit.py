@@ -1082,6 +1082,32 @@ def test_an_archive_laid_out_otherwise_than_its_manifest_says_fails(release_copy
 
 
 @posix_only
+def test_an_archive_whose_members_are_split_between_its_two_folders_fails(release_copy, tmp_path):
+    """Each member in a folder the name allows (llama-<tag>/ and the old llama-...-bin-...-x64/), but not all
+    in one: no layout holds it, so verify names the strays and reads no further."""
+    out, rel = release_copy["out"], release_copy["rel"]
+    with tarfile.open(out / rel["archive"]) as tar:
+        tar.extractall(tmp_path / "x")
+    old_root = archive.archive_root(rel["archive"])
+    with tarfile.open(out / rel["archive"], "w:gz") as tar:
+        tar.add(tmp_path / "x" / rel["root"], arcname=rel["root"])
+        tar.add(tmp_path / "x" / rel["root"] / "llama-server", arcname=f"{old_root}/llama-server")
+    release.write_sha256sums(out, [rel["archive"]])
+    top = json.loads((out / "manifest.json").read_text())
+    data = (out / rel["archive"]).read_bytes()
+    for artifact in top["release"]["artifacts"]:
+        if artifact["name"] == rel["archive"]:
+            artifact["sha256"], artifact["size"] = hashlib.sha256(data).hexdigest(), len(data)
+    (out / "manifest.json").write_text(json.dumps(top))
+    release.write_sha256sums(out, [rel["archive"]])
+
+    problems = verify.verify(out, run_binaries=False)["problems"]
+
+    assert any("its members are not all in one folder the archive may have" in p and f"{old_root}/llama-server" in p
+               for p in problems), problems
+
+
+@posix_only
 def test_verify_starts_every_shipped_program_and_fails_one_that_does_not_start(inputs, fake_wheel, tmp_path):
     bin_dir = Path(inputs["sections"]["build"]["build_dir"]) / "bin"
     scripts = {

@@ -17,6 +17,7 @@ import hashlib
 import os
 import re
 import stat
+from collections import Counter
 from pathlib import Path, PurePosixPath
 
 from . import backends, locks, owned, proc, readers, source, state, wheelcheck
@@ -55,13 +56,14 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
     problems_before = len(problems)
     members = read_members(path, limits)  # the strict reader: names, kinds and duplicates are vetted there
     root = layout_root(path.name, [m.name for m in members])
-    if root is _NO_ROOT:
-        stray = [m.name for m in members if m.name.split("/", 1)[0] not in allowed_roots(path.name)]
+    if root is _NO_ROOT:  # name the members outside the folder most of them are in
+        tops = Counter(m.name.split("/", 1)[0] for m in members)
+        most = tops.most_common(1)[0][0] if tops else ""
+        stray = [m.name for m in members if m.name.split("/", 1)[0] != most]
         problems.append(f"{path.name}: its members are not all in one folder the archive may have "
                         f"({' or '.join(f'{r}/' for r in allowed_roots(path.name))}"
                         f"{', or none: a flat zip' if path.name.endswith('.zip') else ''}): "
-                        f"{', '.join(repr(n) for n in (stray or [m.name for m in members])[:3])}"
-                        f"{' ...' if len(stray or members) > 3 else ''}")
+                        f"{', '.join(repr(n) for n in stray[:3])}{' ...' if len(stray) > 3 else ''}")
         return None
     bad = False
     for member in members:
