@@ -484,7 +484,7 @@ def start_programs(label: str, folder: Path, programs: list[str], prefix: list[s
     """Start each of PROGRAMS (paths under FOLDER) with --version, else --help, and fail the one that does
     not start: the loader refuses it (a library or DLL missing, a bad binary), it dies of a signal, or
     it does not exit in time. A program that runs and prints its usage with a non-zero exit has started
-    (rpc-server, llama-quantize know no --version)."""
+    (llama-quantize and mtmd's deprecated llama-*-cli stubs know no --version)."""
     timeout = PROGRAM_TIMEOUT_RUNNER_S if prefix else PROGRAM_TIMEOUT_S
     ok: list[str] = []
     for rel in programs:
@@ -849,7 +849,7 @@ def release_notes(directory: Path, base: str | None = None) -> str:
     lines = [f"Patched {what} with the DFlash multimodal fix (series in patches/). Verify with: sha256sum -c SHA256SUMS"]
     if laid_out:
         lines += ["", "Each archive is laid out as llama.cpp's own of the same name: its programs (every tool llama.cpp "
-                      "ships: llama-server, llama-cli, llama-mtmd-cli, llama-bench, llama-quantize, rpc-server, ...) "
+                      "ships: llama-server, llama-cli, llama-mtmd-cli, llama-bench, llama-quantize, ggml-rpc-server, ...) "
                       "and libraries at the top of `llama-<tag>/` in a tarball, at the top of a Windows zip; "
                       "manifest.json, patches/ and licenses/ beside them."]
     if runtimes:
