@@ -85,7 +85,9 @@ run)
       dfbuild doctor --backend cuda; } >> "$report" 2>&1
     say "release $base: cuda, every tool, CUDA arch ${CUDA_ARCH:-90}, CPU variant x64"
     code=0
-    dfbuild release --base "$base" --backend cuda --cuda-arch "${CUDA_ARCH:-90}" --cpu-variants x64 \
+    # --no-ui: the web UI is built with npm from the tree's tools/ui (npm ci needs the network, which the
+    # GPU machine has not); what this run checks is the CUDA build of every tool, not the UI
+    dfbuild release --base "$base" --backend cuda --cuda-arch "${CUDA_ARCH:-90}" --cpu-variants x64 --no-ui \
         -j "${JOBS:-$(nproc)}" --work /tmp/work --out /tmp/dist --json > "$OUT/release.json" 2> "$logs/release.log" \
         || code=$?
     say "release exit $code"
