@@ -230,6 +230,27 @@ def build_cost_tables(cost: dict) -> str:
     return "\n".join(out)
 
 
+def targets_cost_table(cost: dict) -> str:
+    """bench/targets_cost.py: every tool against llama-server alone, one run side by side."""
+    machine = cost.get("machine", {})
+    out = [f"- {cost['date']}, `{cost['command']}`; {machine.get('cores')} cores, {machine.get('cpu')}, "
+           f"load average at start {machine.get('load_average_at_start')}, at end {machine.get('load_average_at_end')}; "
+           f"base {cost['base']}, `--cpu-variants {cost['cpu_variants']}`, ccache {cost['ccache']}",
+           "", "| target | ninja steps | compile/link steps | build wall | compile | programs | libraries | "
+               "archive | archive files | wheel |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for run in cost["runs"]:
+        out.append(f"| `{run['target']}` | {run['steps']} | {run['compiled_steps']} | {run['build_wall_s']:.0f} s | "
+                   f"{run['compile_s']:.0f} s | {run['programs']} | {run['libraries']} | "
+                   f"{run['archive_bytes'] / 1e6:.1f} MB | {run['archive_files']} | "
+                   + (f"{run['wheel_bytes'] / 1e6:.1f} MB |" if run.get("wheel_bytes") else "- |"))
+    ratios = cost["ratios_all_over_server"]
+    out.append("| all / llama-server | " + " | ".join(
+        _fmt(ratios.get(k), 2, "x") for k in ("steps", "compiled_steps", "build_wall_s", "compile_s")) +
+        " | | | " + _fmt(ratios.get("archive_bytes"), 2, "x") + " | " + _fmt(ratios.get("archive_files"), 2, "x") +
+        " | " + _fmt(ratios.get("wheel_bytes"), 2, "x") + " |")
+    return "\n".join(out) + "\n"
+
+
 def replace_block(text: str, name: str, body: str) -> str:
     pattern = re.compile(rf"(<!-- BEGIN generated: {name} -->\n).*?(<!-- END generated: {name} -->)", re.S)
     if not pattern.search(text):
@@ -253,6 +274,8 @@ def main(argv=None) -> int:
         text = replace_block(text, "spec_images", spec_tables(results["spec_images"]))
     if results.get("build_cost"):
         text = replace_block(text, "build_cost", build_cost_tables(results["build_cost"]))
+    if results.get("targets_cost"):
+        text = replace_block(text, "targets_cost", targets_cost_table(results["targets_cost"]))
     opts.markdown.write_text(text, encoding="utf-8")
     benchlib.log(f"wrote {opts.chart} and the tables in {opts.markdown}")
     return 0

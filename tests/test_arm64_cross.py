@@ -66,8 +66,8 @@ def test_the_cross_build_gets_its_own_build_dir_and_the_archive_llama_cpps_name(
     assert build.dir_label("cpu", ARM64_ON_LINUX) == "cpu-arm64"
     assert build.dir_label("cpu", platforms.target_host("windows", LINUX)) == "cpu-windows"  # unchanged
     assert build.dir_label("cpu", LINUX) == "cpu"
-    assert matrix.artifact_name("b11401-1a2b3c4d", "linux", "cpu", "arm64") == \
-        "llama-b11401-1a2b3c4d-dflash-bin-ubuntu-arm64.tar.gz"
+    assert matrix.artifact_name("b11401-dflash-1a2b3c4d", "linux", "cpu", "arm64") == \
+        "llama-b11401-dflash-1a2b3c4d-bin-ubuntu-arm64.tar.gz"
     # the build section's host, read back: a cross build (no wheel, no host libraries bundled)
     section = {"host": {"os": "linux", "arch": "arm64", "build_os": "linux", "build_arch": "x64"}}
     made = release._cross_host(section)

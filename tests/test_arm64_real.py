@@ -63,7 +63,8 @@ def released(tmp_path_factory):
     out = tmp_path_factory.mktemp("arm64-release") / "out"
     started = time.monotonic()
     result = dfbuild("release", "--base", REAL_BASE, "--backend", "cpu", "--arch", "arm64",
-                     "--cpu-variants", VARIANTS, "--out", out, "--work", WORK, "-j", "2", "--json")
+                     "--cpu-variants", VARIANTS, "--out", out, "--work", WORK, "-j", "2",
+                     "--target", "llama-server", "--json")  # llama-server only, for CI's time (docs/ci.md)
     assert result.returncode == 0, result.stderr[-4000:]
     return {"out": out, "manifest": json.loads(result.stdout), "wall_s": time.monotonic() - started}
 
@@ -71,13 +72,13 @@ def released(tmp_path_factory):
 def test_the_archive_llama_cpp_names_with_aarch64_binaries(released, tmp_path):
     rel = released["manifest"]["release"]
     name = rel["archive"]
-    assert name.startswith(f"llama-{REAL_BASE}-") and name.endswith("-dflash-bin-ubuntu-arm64.tar.gz")
+    assert name.startswith(f"llama-{REAL_BASE}-dflash-") and name.endswith("-bin-ubuntu-arm64.tar.gz")
     assert (rel["os"], rel["arch"]) == ("linux", "arm64") and rel["wheel"] is None
     assert sorted(p.name for p in released["out"].iterdir() if not p.name.startswith(".")) == sorted(
         [name, "SHA256SUMS", "manifest.json"])
     with tarfile.open(released["out"] / name) as tar:
         tar.extractall(tmp_path, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(tmp_path)
-    bin_dir = tmp_path / name[:-len(".tar.gz")] / "bin"
+    bin_dir = tmp_path / rel["root"]  # llama.cpp's layout: the binaries at the top of llama-<tag>/
     assert (bin_dir / f"libggml-cpu-{VARIANTS}.so").is_file()
     elves = [p for p in bin_dir.iterdir() if p.is_file() and not p.is_symlink() and elf.is_elf(p.read_bytes()[:64])]
     assert any(p.name == "llama-server" for p in elves)

@@ -31,11 +31,11 @@ def said(result) -> str:
 
 
 def _repack(archive: Path, root: str, tmp: Path, server_script: str) -> None:
-    """Rewrite ARCHIVE with another bin/llama-server, as an attacker would."""
+    """Rewrite ARCHIVE with another llama-server, as an attacker would."""
     unpacked = tmp / "unpacked"
     with tarfile.open(archive) as tar:
         tar.extractall(unpacked, filter="data")
-    server = unpacked / root / "bin" / "llama-server"
+    server = unpacked / root / "llama-server"
     server.write_text(server_script)
     server.chmod(0o755)
     with tarfile.open(archive, "w:gz") as tar:

@@ -189,13 +189,13 @@ def test_a_header_with_a_bad_checksum_hides_no_member_from_verify(release_dir, t
     tar = raw_tar(out)
     root = tarfile.open(fileobj=io.BytesIO(tar)).getnames()[0].split("/")[0]
     evil = b"#!/bin/sh\necho evil\n"
-    hidden = header(f"{root}/bin/llama-server", b"x" * 10, checksum_ok=False) + header(f"{root}/bin/llama-server", evil)
+    hidden = header(f"{root}/llama-server", b"x" * 10, checksum_ok=False) + header(f"{root}/llama-server", evil)
     at = end_of(tar)
     write_raw(out, tar[:at] + hidden + bytes(1024))
     unpacked = tmp_path / "gnu"
     unpacked.mkdir()
     subprocess.run(["tar", "-xzf", _artifact(out, ".tar.gz"), "-C", unpacked], capture_output=True)
-    assert (unpacked / root / "bin" / "llama-server").read_bytes() == evil  # the attack is real
+    assert (unpacked / root / "llama-server").read_bytes() == evil  # the attack is real
 
     verify_fails(out, ran, "checksum")
 
@@ -246,13 +246,13 @@ def test_setuid_or_setgid_fails_whatever_the_manifest_says(release_dir, bits, re
 
     def setuid(items):
         for info, _ in items:
-            if info.name.endswith("/bin/llama-server"):
+            if info.name.endswith("/llama-server"):
                 info.mode = bits
         return items
 
     def record(manifest):
         for entry in manifest["release"]["files"]:
-            if entry["path"] == "bin/llama-server":
+            if entry["path"] == "llama-server":
                 entry["mode"] = f"{bits:04o}"
 
     _edit_release(out, members=setuid, manifest=record if recorded else None)
@@ -265,7 +265,7 @@ def test_a_member_owned_by_a_user_fails(release_dir):
 
     def owned(items):
         for info, _ in items:
-            if info.name.endswith("/bin/llama-server"):
+            if info.name.endswith("/llama-server"):
                 info.uid, info.uname = 1000, "someone"
         return items
 
@@ -543,15 +543,15 @@ def test_run_with_a_file_below_a_symlink_member_is_51_not_file_exists(release_di
 
     def below(items):
         root = items[0][0].name.split("/")[0]
-        link = tarfile.TarInfo(f"{root}/bin/dir-link")
+        link = tarfile.TarInfo(f"{root}/dir-link")
         link.type, link.linkname, link.mode = tarfile.SYMTYPE, "libllama.so", 0o777
-        under = tarfile.TarInfo(f"{root}/bin/dir-link/x")
+        under = tarfile.TarInfo(f"{root}/dir-link/x")
         under.size = 1
         return [*items, (link, None), (under, b"x")]
 
     def listed(manifest):  # the manifest lists both, as a forger would: every other check passes
-        manifest["release"]["files"] += [{"path": "bin/dir-link", "link": "libllama.so"},
-                                         {"path": "bin/dir-link/x", "sha256": hashlib.sha256(b"x").hexdigest(),
+        manifest["release"]["files"] += [{"path": "dir-link", "link": "libllama.so"},
+                                         {"path": "dir-link/x", "sha256": hashlib.sha256(b"x").hexdigest(),
                                           "mode": "0644"}]
 
     _edit_release(out, members=below, manifest=listed)

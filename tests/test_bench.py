@@ -344,3 +344,22 @@ def test_unseen_part_times_a_cold_build_and_the_proof_of_the_same_base_without_c
     assert result["builds_over_cold"] == pytest.approx(result["build_s"] / result["cold_build_s"], rel=0.02)
     assert result["goal"] == 1.1 and isinstance(result["goal_met"], bool)
     assert not build_cost.parse_args([]).parts.count("unseen")  # two cold builds: only when asked for
+
+
+def test_the_targets_cost_table_shows_both_runs_and_their_ratios():
+    import report
+
+    run = {"target": "llama-server", "build_wall_s": 400.0, "configure_s": 10.0, "compile_s": 380.0, "steps": 200,
+           "compiled_steps": 190, "programs": 1, "libraries": 9, "archive_bytes": 10_000_000, "archive_files": 20,
+           "wheel_bytes": 12_000_000}
+    every = {**run, "target": "all", "build_wall_s": 1000.0, "compile_s": 960.0, "steps": 500, "compiled_steps": 480,
+             "programs": 40, "archive_bytes": 30_000_000, "archive_files": 60, "wheel_bytes": 33_000_000}
+    cost = {"date": "2026-12-03", "command": "python bench/targets_cost.py", "base": "b11434", "cpu_variants": "x64",
+            "ccache": "off for both", "machine": {"cores": 2, "cpu": "x"}, "runs": [run, every],
+            "ratios_all_over_server": {"steps": 2.5, "compiled_steps": 2.53, "build_wall_s": 2.5, "compile_s": 2.53,
+                                       "archive_bytes": 3.0, "archive_files": 3.0, "wheel_bytes": 2.75}}
+    table = report.targets_cost_table(cost)
+    assert "| `llama-server` | 200 | 190 | 400 s | 380 s | 1 | 9 | 10.0 MB | 20 | 12.0 MB |" in table
+    assert "| all / llama-server | 2.50x | 2.53x | 2.50x | 2.53x | | | 3.00x | 3.00x | 2.75x |" in table
+    text = report.replace_block("# Benchmarks\n", "targets_cost", table)
+    assert "<!-- BEGIN generated: targets_cost -->" in text and "| `all` | 500 |" in text

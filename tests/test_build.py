@@ -504,10 +504,17 @@ def test_target_all_ships_every_program(tree):
     cmake = (tree / "CMakeLists.txt").read_text() + "add_executable(llama-cli tools/server/server.c)\n" \
         "target_compile_definitions(llama-cli PRIVATE BUILD_COMMIT=\"x\" BUILD_NUMBER=1)\n" \
         "target_link_libraries(llama-cli PRIVATE llama)\n"
+    cmake += "add_library(llama-cli-impl SHARED src/llama.c)\ntarget_link_libraries(llama-cli PRIVATE llama-cli-impl)\n"
     commit_change(tree, "CMakeLists.txt", cmake)
     section = run_build(tree, targets=["all"])
     assert section["binaries"] == ["bin/llama-cli", "bin/llama-server"]
     assert section["targets"] == ["all"]
+    impl = "bin/libllama-cli-impl" + (".dylib" if sys.platform == "darwin" else ".so")
+    assert impl in section["libraries"]  # llama.cpp builds each tool as lib<tool>-impl.so
+    # the same build dir, llama-server alone: the other tool's own library is not shipped with it
+    alone = run_build(tree, targets=["llama-server"])
+    assert alone["binaries"] == ["bin/llama-server"] and impl not in alone["libraries"]
+    assert "bin/libllama.so" in alone["libraries"]
 
 
 # --- the command ---------------------------------------------------------------------------------

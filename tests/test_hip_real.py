@@ -87,7 +87,8 @@ def root(root_cache) -> Path:
 def released(root, tmp_path_factory):
     out = tmp_path_factory.mktemp("hip-out")
     result = dfbuild("release", "--base", BASE, "--backend", "hip", "--gpu-targets", TARGET, "--cpu-variants",
-                     "x64", "--allow-cpu-fallback", "--work", WORK, "--out", out, "--json")
+                     "x64", "--allow-cpu-fallback", "--work", WORK, "--out", out,
+                     "--target", "llama-server", "--json")  # llama-server only, for CI's time (docs/ci.md)
     assert result.returncode == 0, result.stderr[-4000:]
     return out, json.loads(result.stdout)
 
@@ -104,7 +105,7 @@ def test_the_root_holds_rocm_6_4(root):
 def test_the_archive_is_named_as_llama_cpps_rocm_build(released):
     out, _ = released
     names = [p.name for p in out.glob("*.tar.gz")]
-    assert len(names) == 1 and names[0].endswith("-dflash-bin-ubuntu-rocm-6.4-x64.tar.gz"), names
+    assert len(names) == 1 and names[0].endswith("-bin-ubuntu-rocm-6.4-x64.tar.gz") and "-dflash-" in names[0], names
 
 
 def test_the_smoke_ran_on_the_cpu_backend_saying_no_rocm_device_was_found(released):
@@ -137,7 +138,7 @@ def test_the_unpacked_server_names_the_patched_commit_inside_the_root(released, 
     archive = next(out.glob("*.tar.gz"))
     with tarfile.open(archive) as tar:
         tar.extractall(tmp_path, filter="data")
-    server = next(tmp_path.glob("*/bin/llama-server"))
+    server = next(tmp_path.glob("*/llama-server"))
     done = subprocess.run([*rocm_root.launcher_for_root(root), str(server), "--version"], capture_output=True,
                           text=True, cwd=tmp_path)
     patched = manifest["series"]["head"] if "series" in manifest else manifest["build"]["source_commit"]

@@ -87,27 +87,32 @@ def test_dfbuild_build_on_each_runner_uses_the_entrys_flags():
         assert static == entry["flags"], entry["id"]
 
 
-def test_artifact_names_follow_llama_cpp_with_the_dflash_marker():
-    """llama.cpp's release.yml names: -bin-ubuntu-x64, -bin-ubuntu-vulkan-x64, -bin-win-cpu-x64,
-    -bin-win-cuda-12.4-x64, -bin-macos-arm64, plus cudart-llama-bin-win-cuda-12.4-x64.zip."""
+def test_artifact_names_follow_llama_cpp_with_the_dflash_marker_in_the_tag():
+    """llama.cpp's release.yml names, llama-<tag>-bin-<platform>: -bin-ubuntu-x64, -bin-ubuntu-vulkan-x64,
+    -bin-win-cpu-x64, -bin-win-cuda-12.4-x64, -bin-macos-arm64; the dflash marker is in the tag
+    (b10359-dflash-3f9a0c1d); the CUDA runtime beside them as llama.cpp names it."""
     name = matrix.artifact_name
-    assert name("b10359", "linux", "cpu", "x64") == "llama-b10359-dflash-bin-ubuntu-x64.tar.gz"
-    assert name("b10359", "linux", "cpu", "arm64") == "llama-b10359-dflash-bin-ubuntu-arm64.tar.gz"
-    assert name("b10359", "linux", "vulkan", "x64") == "llama-b10359-dflash-bin-ubuntu-vulkan-x64.tar.gz"
-    assert name("b10359", "linux", "cuda", "x64", "12.8.93") == "llama-b10359-dflash-bin-ubuntu-cuda-12.8-x64.tar.gz"
-    assert name("b10359", "linux", "hip", "x64", "6.4") == "llama-b10359-dflash-bin-ubuntu-rocm-6.4-x64.tar.gz"
-    assert name("b10359", "windows", "cpu", "x64") == "llama-b10359-dflash-bin-win-cpu-x64.zip"
-    assert name("b10359", "windows", "vulkan", "x64") == "llama-b10359-dflash-bin-win-vulkan-x64.zip"
-    assert name("b10359", "windows", "cuda", "x64", "12.4") == "llama-b10359-dflash-bin-win-cuda-12.4-x64.zip"
-    assert name("b10359", "macos", "metal", "arm64") == "llama-b10359-dflash-bin-macos-arm64.tar.gz"
-    assert matrix.cudart_name("12.4") == "cudart-llama-dflash-bin-win-cuda-12.4-x64.zip"
+    tag = "b10359-dflash-3f9a0c1d"
+    assert name(tag, "linux", "cpu", "x64") == f"llama-{tag}-bin-ubuntu-x64.tar.gz"
+    assert name(tag, "linux", "cpu", "arm64") == f"llama-{tag}-bin-ubuntu-arm64.tar.gz"
+    assert name(tag, "linux", "vulkan", "x64") == f"llama-{tag}-bin-ubuntu-vulkan-x64.tar.gz"
+    assert name(tag, "linux", "cuda", "x64", "12.8.93") == f"llama-{tag}-bin-ubuntu-cuda-12.8-x64.tar.gz"
+    assert name(tag, "linux", "hip", "x64", "6.4") == f"llama-{tag}-bin-ubuntu-rocm-6.4-x64.tar.gz"
+    assert name(tag, "windows", "cpu", "x64") == f"llama-{tag}-bin-win-cpu-x64.zip"
+    assert name(tag, "windows", "vulkan", "x64") == f"llama-{tag}-bin-win-vulkan-x64.zip"
+    assert name(tag, "windows", "cuda", "x64", "12.4") == f"llama-{tag}-bin-win-cuda-12.4-x64.zip"
+    assert name(tag, "macos", "metal", "arm64") == f"llama-{tag}-bin-macos-arm64.tar.gz"
+    assert matrix.cudart_name("12.4") == "cudart-llama-bin-win-cuda-12.4-x64.zip"  # llama.cpp's: no tag
+    assert matrix.cudart_name("12.8.1", os="linux", tag=tag) == f"cudart-llama-{tag}-bin-ubuntu-cuda-12.8-x64.tar.gz"
     with pytest.raises(DfbuildError, match="toolkit version"):
         name("b10359", "windows", "cuda", "x64")
     for entry in matrix_json("--tag", "b10359")["include"]:
         assert entry["artifact"] == name("b10359", entry["os"], entry["backend"], entry["arch"], entry["toolkit"] or None)
         assert entry["artifact"].endswith(".zip" if entry["os"] == "windows" else ".tar.gz")
-        windows_cuda = entry["os"] == "windows" and entry["backend"] == "cuda"
-        assert entry["extra_artifacts"] == ([matrix.cudart_name(entry["toolkit"])] if windows_cuda else [])
+        # the CUDA runtime beside every CUDA archive, Linux too (as llama.cpp's ubuntu-cuda job, issue 36)
+        cuda = entry["backend"] == "cuda"
+        cudart = [matrix.cudart_name(entry["toolkit"], entry["arch"], os=entry["os"], tag="b10359")] if cuda else []
+        assert entry["extra_artifacts"] == cudart
 
 
 @pytest.mark.parametrize("args", [("../x", "linux", "cpu", "x64"), ("b1", "win", "cpu", "x64"),

@@ -198,8 +198,9 @@ def test_tag_and_wheel_version_name_base_and_series():
     section = series_section("0" * 40)
     digest = release.series_hash(section)
     assert len(digest) == 8 and int(digest, 16) >= 0
-    assert release.release_tag("pydist-0.94.0", section) == f"pydist-0.94.0-{digest}"
-    assert release.release_tag("5ecbe1ac17ec0484c5b44af0bd580cdc9c428ed4", section) == f"5ecbe1ac17ec-{digest}"
+    assert release.release_tag("pydist-0.94.0", section) == f"pydist-0.94.0-dflash-{digest}"
+    assert release.release_tag("5ecbe1ac17ec0484c5b44af0bd580cdc9c428ed4", section) == f"5ecbe1ac17ec-dflash-{digest}"
+    assert release.release_tag("b11434", section) == f"b11434-dflash-{digest}"  # llama.cpp's tag first
     version = release.wheel_version(10359, digest, "cpu")
     assert version == f"0.0.10359+dflash.{digest}.cpu"
     assert str(Version(version)) == version  # valid, already normalised PEP 440
@@ -219,7 +220,7 @@ def test_artifact_name_comes_from_the_matrix_naming_rule(released):
 
     assert rel["archive"] == matrix.artifact_name(rel["tag"], HOST.os, "cpu", HOST.arch)
     label = {"linux": "ubuntu", "windows": "win-cpu", "macos": "macos-cpu"}[HOST.os]  # llama.cpp's names
-    assert rel["archive"].startswith(f"llama-{rel['tag']}-dflash-bin-{label}-{HOST.arch}")
+    assert rel["archive"].startswith(f"llama-{rel['tag']}-bin-{label}-{HOST.arch}")
 
 
 # --- archives ----------------------------------------------------------------------------
@@ -252,10 +253,10 @@ def test_archive_members_are_sorted_owned_by_root_with_fixed_time_and_modes(inpu
     assert all(n == "x" or n.startswith("x/") for n in names)
     assert all(m.mtime == 946684800 and m.uid == 0 and m.gid == 0 and m.uname == "" and m.gname == "" for m in members)
     by_name = {m.name: m for m in members}
-    assert by_name["x/bin/llama-server"].mode == 0o755
+    assert by_name["x/llama-server"].mode == 0o755  # llama.cpp's layout: the binaries at the top
     assert by_name["x/LICENSE"].mode == 0o644
-    assert by_name["x/bin"].isdir()
-    assert by_name["x/bin/libllama.so.0"].issym() and by_name["x/bin/libllama.so.0"].linkname == "libllama.so.0.2.0"
+    assert "x/bin" not in by_name
+    assert by_name["x/libllama.so.0"].issym() and by_name["x/libllama.so.0"].linkname == "libllama.so.0.2.0"
     assert {"x/patches/0001-embedding-skip.patch", "x/patches/series.toml", "x/licenses/LICENSE-jsonhpp"} <= set(names)
 
 
@@ -276,8 +277,8 @@ def test_zip_is_reproducible_with_modes_and_links_resolved(inputs, tmp_path):
     with zipfile.ZipFile(one) as zf:
         infos = {i.filename: i for i in zf.infolist()}
         assert list(infos) == sorted(infos)
-        assert (infos["x/bin/llama-server"].external_attr >> 16) & 0o777 == 0o755
-        assert zf.read("x/bin/libllama.so.0") == zf.read("x/bin/libllama.so.0.2.0")
+        assert (infos["x/llama-server"].external_attr >> 16) & 0o777 == 0o755
+        assert zf.read("x/libllama.so.0") == zf.read("x/libllama.so.0.2.0")
         assert infos["x/LICENSE"].date_time == (2000, 1, 1, 0, 0, 0)
 
 
@@ -336,7 +337,7 @@ def test_archive_manifest_holds_every_section_and_the_file_list(released):
     assert embedded["series"]["head"] == inputs["head"]
     listed = {f["path"] for f in embedded["release"]["files"]}
     assert listed | {"manifest.json"} == files
-    server = next(f for f in embedded["release"]["files"] if f["path"] == "bin/llama-server")
+    server = next(f for f in embedded["release"]["files"] if f["path"] == "llama-server")
     assert server["sha256"] == release.sha256_file(Path(inputs["sections"]["build"]["build_dir"]) / "bin/llama-server")
     assert embedded["release"]["source_date_epoch"] == 946684800  # the commit's date
     assert rel["artifacts"][0]["kind"] == "archive" and rel["artifacts"][1]["kind"] == "wheel"
@@ -386,13 +387,13 @@ def test_verify_catches_a_rebuilt_archive_whose_contents_differ_from_its_manifes
     unpacked = tmp_path / "unpacked"
     with tarfile.open(archive) as tar:
         tar.extractall(unpacked, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(unpacked)
-    server = unpacked / root / "bin" / "llama-server"
+    server = unpacked / root / "llama-server"
     server.write_text(server.read_text().replace("commit", "commit  "))
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(unpacked / root, arcname=root)
     release.write_sha256sums(out, [rel["archive"]])
     problems = verify.verify(out, run_binaries=False)["problems"]
-    assert any("bin/llama-server does not match its sha256 in the manifest" in p for p in problems), problems
+    assert any(": llama-server does not match its sha256 in the manifest" in p for p in problems), problems
     assert any("sha256 or size does not match manifest.json" in p for p in problems), problems
 
 
@@ -436,7 +437,7 @@ def test_verify_reports_glibc_and_fails_a_wheel_whose_tag_promises_less(inputs, 
     assert "manylinux_2_17" in wheel
 
     report = verify.verify(out, run_binaries=False)
-    assert report["glibc"][rel["archive"]]["bin/libllama.so.0.2.0"] == "2.39"
+    assert report["glibc"][rel["archive"]]["libllama.so.0.2.0"] == "2.39"
     assert report["glibc"][wheel]["bin/libllama.so.0"] == "2.39"  # the wheel carries it by its soname
     assert any(f"{rel['archive']}: needs glibc 2.39 or newer" in note for note in report["checked"]), report["checked"]
     assert report["problems"] == [f"{wheel}: bin/libllama.so.0 needs GLIBC_2.39, but the tag "
@@ -459,7 +460,7 @@ def test_verify_checks_the_stamp_when_the_binary_cannot_run_here(inputs, fake_wh
     write_full_release(inputs, out)
     report = verify.verify(out)
     assert report["ok"], report["problems"]
-    assert any("needs libcuda.so.1 from the system" in n and "stamped into bin/llama-server" in n
+    assert any("needs libcuda.so.1 from the system" in n and "stamped into llama-server" in n
                for n in report["checked"]), report["checked"]
     foreign = backends.Host("windows" if HOST.os != "windows" else "linux", HOST.arch)
     assert any("not run on" in n for n in verify.verify(out, host=foreign)["checked"])
@@ -475,7 +476,7 @@ def test_verify_checks_the_stamp_when_the_binary_cannot_run_here(inputs, fake_wh
 @posix_only
 def test_verify_rejects_unsafe_members_and_unlisted_artifacts(release_copy, tmp_path):
     out = release_copy["out"]
-    evil = out / "llama-evil-dflash-bin-linux-cpu-x64.tar.gz"
+    evil = out / "llama-evil-dflash-1-bin-ubuntu-x64.tar.gz"
     with tarfile.open(evil, "w:gz") as tar:
         info = tarfile.TarInfo("../escape")
         data = b"x"
@@ -659,6 +660,40 @@ def stub_stages(inputs, fake_wheel, monkeypatch):
 
 
 @posix_only
+def test_a_release_builds_every_tool_unless_told_otherwise(inputs, stub_stages, tmp_path, monkeypatch):
+    """As llama.cpp's release workflow, `release` builds `all`; `--target llama-server` a quicker server alone."""
+    asked = []
+    monkeypatch.setattr(build, "build_tree", lambda tree, backend, build_dir, **kw: asked.append(kw["targets"])
+                        or inputs["sections"]["build"])
+    for extra, wanted in (([], ["all"]), (["--target", "llama-server"], ["llama-server"])):
+        result = CliRunner().invoke(main, ["release", "--base", "pydist-0.94.0", "--backend", "cpu", "--skip-smoke",
+                                           "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), *extra])
+        assert result.exit_code == 0, result.output
+        assert asked[-1] == wanted
+    # a release's proof builds what its smoke runs; the build stage then adds every other tool
+    assert release._proof_targets(["all"]) == ["llama-server"]
+    assert release._proof_targets(["all", "llama-cli"]) == ["llama-server", "llama-cli"]
+
+
+@posix_only
+def test_the_smoke_key_is_llama_server_and_the_libraries_not_the_other_tools(inputs):
+    """A proof's llama-server build and the release's every-tool build of the same code share one smoke pass."""
+    section = dict(inputs["sections"]["build"])
+    bin_dir = Path(section["build_dir"]) / "bin"
+    (bin_dir / "llama-cli").write_text("#!/bin/sh\necho cli\n")
+    (bin_dir / "libllama-cli-impl.so").write_bytes(b"\x7fELF cli")  # llama.cpp builds each tool as lib<tool>-impl
+    every = {**section, "binaries": ["bin/llama-cli", "bin/llama-server"],
+             "libraries": [*section["libraries"], "bin/libllama-cli-impl.so"]}
+    assert build.smoke_digest(every) == build.smoke_digest(section)
+    assert build.payload_digest(every) != build.payload_digest(section)
+    (bin_dir / "llama-cli").write_text("#!/bin/sh\necho other cli\n")
+    assert build.smoke_digest(every) == build.smoke_digest(section)
+    before = build.smoke_digest(every)
+    (bin_dir / "libimpl.so").write_bytes(b"\x7fELF another impl")  # what llama-server loads: a new key
+    assert build.smoke_digest(every) != before
+
+
+@posix_only
 def test_skip_smoke_is_recorded_in_every_manifest(inputs, stub_stages, tmp_path):
     out = tmp_path / "out"
     result = CliRunner().invoke(main, ["release", "--base", "pydist-0.94.0", "--backend", "cpu", "--out", str(out),
@@ -784,14 +819,15 @@ def test_two_backends_wheels_in_one_folder_pip_installs_the_named_one(released, 
 
 
 def test_windows_cuda_runtime_bundle_is_named_and_laid_out_like_llama_cpps(tmp_path):
-    """cudart-llama-dflash-bin-win-cuda-12.4-x64.zip: the runtime DLLs at the top, to unzip next to the .exe."""
+    """cudart-llama-bin-win-cuda-12.4-x64.zip (llama.cpp's own name): the runtime DLLs at the top, to unzip next
+    to the .exe."""
     cuda = tmp_path / "CUDA" / "v12.4"
     (cuda / "bin").mkdir(parents=True)
     for name in ("cudart64_12.dll", "cublas64_12.dll", "cublasLt64_12.dll", "nvcc.exe", "cufft64_11.dll"):
         (cuda / "bin" / name).write_bytes(b"MZ" + name.encode())
     out = tmp_path / "out"
     bundle = release.cudart_bundle(out, "12.4", "x64", cuda_path=cuda)
-    assert bundle.name == "cudart-llama-dflash-bin-win-cuda-12.4-x64.zip"
+    assert bundle.name == "cudart-llama-bin-win-cuda-12.4-x64.zip"
     with zipfile.ZipFile(bundle) as zf:
         assert zf.namelist() == ["cublas64_12.dll", "cublasLt64_12.dll", "cudart64_12.dll"]
     assert release.cudart_bundle(tmp_path / "again", "12.4", "x64", cuda_path=cuda).read_bytes() == bundle.read_bytes()
@@ -830,12 +866,12 @@ def test_a_hip_build_made_in_the_forky_root_is_named_as_llama_cpps_rocm_build_wi
     out = tmp_path / "out"
     rel = write_full_release(inputs, out)
     names = [a["name"] for a in rel["artifacts"]]
-    assert len(names) == 1 and names[0].endswith("-dflash-bin-ubuntu-rocm-6.4-x64.tar.gz"), names
+    assert len(names) == 1 and names[0].endswith("-bin-ubuntu-rocm-6.4-x64.tar.gz") and "-dflash-" in names[0], names
     report = verify.verify(out)
     assert report["ok"], report["problems"]
     checked = "\n".join(report["checked"])
     assert "not run: it runs only inside the Debian forky root it was built in" in checked
-    assert "stamped into bin/llama-server" in checked
+    assert "stamped into llama-server" in checked
     assert "its glibc floor is forky's (glibc 2.43" in checked and "Ubuntu 22.04 image" in checked
 
 
@@ -879,7 +915,8 @@ def test_a_gpu_release_records_its_device_and_a_cpu_pass_is_not_reused_on_the_gp
     assert said.exit_code == 0, said.output
     assert said.stdout.startswith("Patched llama.cpp b10359 with the DFlash multimodal fix")
     assert (f"- `{on_cpu['release']['archive']}`: smoke passed on the CPU backend, not on a vulkan device "
-            "(no Vulkan device here, ran on the CPU backend)") in said.stdout
+            "(no Vulkan device here, ran on the CPU backend); 1 program") in said.stdout
+    assert "laid out as llama.cpp's own of the same name" in said.stdout
     assert "did not run on a GPU" in said.stdout
 
     listed[:] = [H200.format(free=142000)]  # libglvnd installed: the device appears
@@ -907,3 +944,277 @@ def test_verify_rejects_a_smoke_device_that_is_not_text():
         "smoke.ran_on is not text"
     assert verify.manifest_field_problem({"release": {"files": []}, "smoke": {"cpu_fallback": "yes"}}) == \
         "smoke.cpu_fallback is not true or false"
+
+
+# --- llama.cpp's layout and names (issue 36) ------------------------------------------------------------
+
+
+UPSTREAM_NAME = r"^llama-(?P<tag>.+)-bin-(?P<platform>.+)\.(?:tar\.gz|zip)$"   # how upstream-style parsers read one
+
+
+@posix_only
+def test_the_tarball_holds_the_binaries_at_the_top_of_llama_tag(released):
+    """As llama.cpp's release.yml packs build/bin: tar --transform s,^\\.,llama-<tag>, -C build/bin ."""
+    import re
+
+    rel = released["rel"]
+    assert rel["root"] == f"llama-{rel['tag']}" and rel["layout"] == "top"
+    with tarfile.open(released["out"] / rel["archive"]) as tar:
+        names = {m.name: m for m in tar.getmembers()}
+    root = rel["root"]
+    assert {f"{root}/llama-server", f"{root}/libllama.so.0.2.0", f"{root}/LICENSE", f"{root}/manifest.json",
+            f"{root}/REQUIRES.txt", f"{root}/patches/series.toml", f"{root}/licenses/LICENSE-jsonhpp"} <= set(names)
+    assert names[f"{root}/libllama.so.0"].issym()
+    assert not any(n.startswith(f"{root}/bin") for n in names)
+    # the tree has no release.yml: the layout is the table's, and the manifest says so
+    assert "the linux layout of backends.toml" in rel["layout_from"]["note"]
+    # a parser of llama-<tag>-bin-<platform> reads dfbuild's whole tag, one of llama-b<N>- the build number
+    parsed = re.match(UPSTREAM_NAME, rel["archive"])
+    assert parsed["tag"] == rel["tag"] and parsed["platform"] == f"ubuntu-{HOST.arch}"
+    tag = release.release_tag("b11434", released["sections"]["series"])
+    assert re.match(r"^llama-b(\d+)-", matrix_name := f"llama-{tag}-bin-ubuntu-x64.tar.gz")[1] == "11434"
+    assert not re.match(r"^llama-(b\d+)-bin-", matrix_name)  # no parser of upstream's own builds takes it for one
+
+
+@posix_only
+def test_the_wheel_holds_every_tool_the_archive_has(inputs, tmp_path):
+    bin_dir = Path(inputs["sections"]["build"]["build_dir"]) / "bin"
+    (bin_dir / "llama-cli").write_text("#!/bin/sh\necho cli\n")
+    (bin_dir / "llama-cli").chmod(0o755)
+    inputs["sections"]["build"]["binaries"] = ["bin/llama-cli", "bin/llama-server"]
+    staged = release.stage_wheel_bin(payload(inputs), tmp_path / "bin")
+    assert {p.name for p in staged.iterdir()} == {"llama-cli", "llama-server", "libimpl.so", "libllama.so.0"}
+
+
+def test_archive_layout_comes_from_the_base_s_workflow_else_the_table(tmp_path):
+    from test_upstream_release import WORKFLOW, tree_with
+
+    tree = tree_with(tmp_path, WORKFLOW)
+    assert release.archive_layout(tree, "linux", "cpu", "x64", None, "b1-dflash-0") == \
+        ("top", "llama-b1-dflash-0", {"file": ".github/workflows/release.yml", "job": "ubuntu-cpu"})
+    assert release.archive_layout(tree, "windows", "cpu", "x64", None, "b1-dflash-0")[:2] == ("flat", None)
+    (tmp_path / "odd").mkdir()
+    odd = tree_with(tmp_path / "odd", WORKFLOW.replace('--transform "s,^\\.,llama-${{ steps.tag.outputs.name }},"',
+                                                        '--transform "s,^\\.,../x-${{ steps.tag.outputs.name }},"'))
+    layout, root, record = release.archive_layout(odd, "linux", "cpu", "x64", None, "t")
+    assert (layout, root) == ("top", "llama-t") and "its tarball's folder is '../x-t'" in record["note"]
+    (tmp_path / "bare").mkdir()
+    bare = tree_with(tmp_path / "bare", None)
+    layout, root, record = release.archive_layout(bare, "windows", "vulkan", "x64", None, "t")
+    assert (layout, root) == ("flat", None) and "the windows layout of backends.toml" in record["note"]
+
+
+def _old_layout(out: Path) -> str:
+    """Turn OUT's release into one dfbuild packed before issue 36 (a user's existing download): the tag
+    <base>-<hash>, the archive llama-<tag>-dflash-bin-..., rooted at a folder named like it, the binaries
+    in bin/, a manifest without a layout; no wheel."""
+    top = json.loads((out / "manifest.json").read_text())
+    rel = top["release"]
+    new_name, new_root = rel["archive"], rel["root"]
+    old_tag = rel["tag"].replace("-dflash-", "-")
+    old_name = new_name.replace(f"llama-{rel['tag']}-bin-", f"llama-{old_tag}-dflash-bin-")
+    old_root = archive.archive_root(old_name)
+    own = {"LICENSE", "licenses", "patches", "manifest.json", "REQUIRES.txt"}
+
+    def moved(path: str) -> str:
+        return path if path.split("/")[0] in own else f"bin/{path}"
+
+    with tarfile.open(out / new_name) as tar:
+        members = [(m, tar.extractfile(m).read() if m.isfile() else None) for m in tar.getmembers()]
+    embedded = json.loads(next(d for m, d in members if m.name == f"{new_root}/manifest.json"))
+    packed = embedded["release"]
+    for key in ("layout", "layout_from"):
+        packed.pop(key)
+    packed.update({"tag": old_tag, "archive": old_name, "root": old_root})
+    for record in packed["files"]:
+        record["path"] = moved(record["path"])
+    entries = []
+    for member, data in members:
+        rel_path = member.name[len(new_root) + 1:]
+        if not rel_path or member.isdir():
+            continue
+        if rel_path == "manifest.json":
+            data = json.dumps(embedded, indent=2, sort_keys=True).encode()
+        entries.append(archive.Entry(moved(rel_path), member.mode, data=data,
+                                     link=member.linkname if member.issym() else None))
+    archive.write_archive(out / old_name, old_root, sorted(entries, key=lambda e: e.path), mtime=946684800)
+    for artifact in rel["artifacts"]:
+        (out / artifact["name"]).unlink()
+    data = (out / old_name).read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    top["release"] = {**packed, "artifacts": [{"name": old_name, "kind": "archive", "sha256": digest,
+                                               "size": len(data)}], "stages": {}, "sha256sums": "SHA256SUMS"}
+    (out / "manifest.json").write_text(json.dumps(top, indent=2, sort_keys=True))
+    (out / "SHA256SUMS").write_text(f"{digest}  {old_name}\n")
+    return old_name
+
+
+@posix_only
+def test_an_archive_in_the_old_layout_still_verifies_and_its_programs_run(release_copy):
+    """A user's download from before issue 36: llama-<base>-<hash>-dflash-bin-..., one folder named like it, bin/."""
+    out = release_copy["out"]
+    old = _old_layout(out)
+    with tarfile.open(out / old) as tar:
+        assert f"{archive.archive_root(old)}/bin/llama-server" in tar.getnames()
+    report = verify.verify(out, run_binaries=True)
+    assert report["ok"], report["problems"]
+    assert any("unpacked bin/llama-server --version names the patched commit" in n for n in report["checked"]), \
+        report["checked"]
+
+
+@posix_only
+def test_an_archive_laid_out_otherwise_than_its_manifest_says_fails(release_copy, tmp_path):
+    out, rel = release_copy["out"], release_copy["rel"]
+    with tarfile.open(out / rel["archive"]) as tar:
+        tar.extractall(tmp_path / "x")
+    with tarfile.open(out / rel["archive"], "w:gz") as tar:  # the new manifest, in a folder named like the archive
+        tar.add(tmp_path / "x" / rel["root"], arcname=archive.archive_root(rel["archive"]))
+    data = (out / rel["archive"]).read_bytes()
+    top = json.loads((out / "manifest.json").read_text())
+    for artifact in top["release"]["artifacts"]:
+        if artifact["name"] == rel["archive"]:
+            artifact["sha256"], artifact["size"] = hashlib.sha256(data).hexdigest(), len(data)
+    (out / "manifest.json").write_text(json.dumps(top))
+    release.write_sha256sums(out, [rel["archive"]])
+    problems = verify.verify(out, run_binaries=False)["problems"]
+    assert any(f"its members are in {archive.archive_root(rel['archive'])}/, but its manifest says in "
+               f"{rel['root']}/" in p for p in problems), problems
+
+
+@posix_only
+def test_an_archive_whose_members_are_split_between_its_two_folders_fails(release_copy, tmp_path):
+    """Each member in a folder the name allows (llama-<tag>/ and the old llama-...-bin-...-x64/), but not all
+    in one: no layout holds it, so verify names the strays and reads no further."""
+    out, rel = release_copy["out"], release_copy["rel"]
+    with tarfile.open(out / rel["archive"]) as tar:
+        tar.extractall(tmp_path / "x")
+    old_root = archive.archive_root(rel["archive"])
+    with tarfile.open(out / rel["archive"], "w:gz") as tar:
+        tar.add(tmp_path / "x" / rel["root"], arcname=rel["root"])
+        tar.add(tmp_path / "x" / rel["root"] / "llama-server", arcname=f"{old_root}/llama-server")
+    release.write_sha256sums(out, [rel["archive"]])
+    top = json.loads((out / "manifest.json").read_text())
+    data = (out / rel["archive"]).read_bytes()
+    for artifact in top["release"]["artifacts"]:
+        if artifact["name"] == rel["archive"]:
+            artifact["sha256"], artifact["size"] = hashlib.sha256(data).hexdigest(), len(data)
+    (out / "manifest.json").write_text(json.dumps(top))
+    release.write_sha256sums(out, [rel["archive"]])
+
+    problems = verify.verify(out, run_binaries=False)["problems"]
+
+    assert any("its members are not all in one folder the archive may have" in p and f"{old_root}/llama-server" in p
+               for p in problems), problems
+
+
+@posix_only
+def test_verify_starts_every_shipped_program_and_fails_one_that_does_not_start(inputs, fake_wheel, tmp_path):
+    bin_dir = Path(inputs["sections"]["build"]["build_dir"]) / "bin"
+    scripts = {
+        "llama-cli": 'case "$1" in --version) echo "version: 1 (cli)";; *) exit 2;; esac\n',
+        "rpc-server": 'echo "usage: rpc-server [options]" >&2\nexit 1\n',        # knows neither flag: it started
+        "llama-bench": 'echo "llama-bench: error while loading shared libraries: libgone.so.1: cannot open" >&2\n'
+                       "exit 127\n",
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(0o755)
+    inputs["sections"]["build"]["binaries"] = ["bin/llama-bench", "bin/llama-cli", "bin/llama-server",
+                                               "bin/rpc-server"]
+    out = tmp_path / "out"
+    rel = write_full_release(inputs, out)
+    report = verify.verify(out)
+    assert report["problems"] == [f"{rel['archive']}: the unpacked llama-bench does not start (--version): "
+                                  "llama-bench: error while loading shared libraries: libgone.so.1: cannot open"], \
+        report["problems"]
+    (bin_dir / "llama-bench").write_text("#!/bin/sh\nexit 0\n")
+    write_full_release(inputs, tmp_path / "out2")
+    report = verify.verify(tmp_path / "out2")
+    assert report["ok"], report["problems"]
+    assert any("3 more programs start: llama-bench --version, llama-cli --version, rpc-server (usage, exit 1)" in n
+               for n in report["checked"]), report["checked"]
+
+
+@posix_only
+def test_a_program_that_hangs_or_dies_does_not_start(tmp_path, monkeypatch):
+    monkeypatch.setattr(verify, "PROGRAM_TIMEOUT_S", 2)
+    for name, body in {"hangs": "sleep 30\n", "dies": "kill -SEGV $$\n"}.items():
+        (tmp_path / name).write_text("#!/bin/sh\n" + body)
+        (tmp_path / name).chmod(0o755)
+    problems, notes = [], []
+    verify.start_programs("a.tar.gz", tmp_path, ["dies", "hangs"], [], dict(os.environ), problems, notes)
+    assert problems == ["a.tar.gz: the unpacked dies does not start (--version): killed by signal 11",
+                        "a.tar.gz: the unpacked hangs did not exit within 2 s of --version"]
+    assert notes == []
+
+
+def fake_cuda_toolkit(root: Path, major: str = "13", eula: bool = True) -> Path:
+    """A CUDA toolkit folder as NVIDIA lays it out: lib64/libX.so.<major> -> libX.so.<major>.<minor>.<patch>."""
+    lib = root / "lib64"
+    lib.mkdir(parents=True)
+    for name in ("libcudart", "libcublas", "libcublasLt", "libcufft"):
+        (lib / f"{name}.so.{major}.0.9").write_bytes(f"\x7fELF {name}".encode())
+        os.symlink(f"{name}.so.{major}.0.9", lib / f"{name}.so.{major}")
+        os.symlink(f"{name}.so.{major}", lib / f"{name}.so")
+    if eula:
+        (root / "EULA.txt").write_text("NVIDIA CUDA Toolkit EULA (test copy)\n")
+    return root
+
+
+@posix_only
+def test_the_linux_cuda_runtime_archive_is_packed_as_llama_cpps(tmp_path):
+    """cudart-llama-<tag>-bin-ubuntu-cuda-13.0-x64.tar.gz: a folder of that name, the three sonames as plain
+    files (cp -L), the toolkit's EULA and a notice of the terms beside them."""
+    toolkit = fake_cuda_toolkit(tmp_path / "cuda")
+    out = tmp_path / "out"
+    path, record = release.cudart_linux(out, tag="b11434-dflash-0", toolkit="13.0.88", arch="x64",
+                                        archive="llama-b11434-dflash-0-bin-ubuntu-cuda-13.0-x64.tar.gz",
+                                        libraries=["libcudart", "libcublas", "libcublasLt"], toolkit_root=toolkit,
+                                        epoch=946684800)
+    root = "cudart-llama-b11434-dflash-0-bin-ubuntu-cuda-13.0-x64"
+    assert path.name == f"{root}.tar.gz"
+    with tarfile.open(path) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        assert sorted(n for n, m in members.items() if m.isfile()) == [
+            f"{root}/libcublas.so.13", f"{root}/libcublasLt.so.13", f"{root}/libcudart.so.13",
+            f"{root}/licenses/CUDA-EULA.txt", f"{root}/licenses/CUDA-NOTICE.txt"]
+        assert tar.extractfile(f"{root}/libcudart.so.13").read() == b"\x7fELF libcudart"
+        notice = tar.extractfile(f"{root}/licenses/CUDA-NOTICE.txt").read().decode()
+    assert "CUDA Toolkit 13.0.88" in notice and "licenses/CUDA-EULA.txt" in notice
+    assert record["libraries"] == ["libcublas.so.13", "libcublasLt.so.13", "libcudart.so.13"] and record["eula"]
+    again, _ = release.cudart_linux(tmp_path / "again", tag="b11434-dflash-0", toolkit="13.0.88", arch="x64",
+                                    archive="a", libraries=["libcudart", "libcublas", "libcublasLt"],
+                                    toolkit_root=toolkit, epoch=946684800)
+    assert again.read_bytes() != b"" and tarfile.open(again).getnames() == tarfile.open(path).getnames()
+
+    # no EULA in the toolkit: the notice alone says the terms; a missing library or toolkit is a clear error
+    bare = fake_cuda_toolkit(tmp_path / "bare", eula=False)
+    path, record = release.cudart_linux(tmp_path / "o2", tag="t", toolkit="13.0", arch="x64", archive="a",
+                                        libraries=["libcudart"], toolkit_root=bare, epoch=0)
+    assert not record["eula"] and "licenses/CUDA-EULA.txt" not in "".join(tarfile.open(path).getnames())
+    with pytest.raises(ReleaseError, match="libnvrtc.so.13 not found under"):
+        release.cudart_linux(tmp_path / "o3", tag="t", toolkit="13.0", arch="x64", archive="a",
+                             libraries=["libnvrtc"], toolkit_root=bare, epoch=0)
+    with pytest.raises(ReleaseError, match="CUDA_PATH"):
+        release.cudart_linux(tmp_path / "o4", tag="t", toolkit="13.0", arch="x64", archive="a",
+                             libraries=["libcudart"], toolkit_root=None, epoch=0)
+
+
+@posix_only
+def test_a_linux_cuda_release_ships_the_runtime_archive_beside_it(inputs, fake_wheel, tmp_path, monkeypatch):
+    toolkit = fake_cuda_toolkit(tmp_path / "cuda", major="12")
+    monkeypatch.setenv("CUDA_PATH", str(toolkit))
+    build_section = inputs["sections"]["build"]
+    build_section.update(backend="cuda", toolchain={"nvcc": "12.8.93"})
+    out = tmp_path / "out"
+    rel = write_full_release(inputs, out)
+    assert rel["archive"].endswith("-bin-ubuntu-cuda-12.8-x64.tar.gz") if HOST.arch == "x64" else True
+    cudart = next(a for a in rel["artifacts"] if a["kind"] == "cudart")
+    assert cudart["name"] == f"cudart-llama-{rel['tag']}-bin-ubuntu-cuda-12.8-{HOST.arch}.tar.gz"
+    assert rel["cudart"]["libraries"] == ["libcublas.so.12", "libcublasLt.so.12", "libcudart.so.12"]
+    assert cudart["name"] in (out / "SHA256SUMS").read_text()
+    report = verify.verify(out, run_binaries=False)
+    assert report["ok"], report["problems"]
+    said = CliRunner().invoke(main, ["release-notes", str(out)]).stdout
+    assert f"The CUDA runtime libraries, to unpack beside the programs of the CUDA archive" in said
+    assert f"`{cudart['name']}`" in said

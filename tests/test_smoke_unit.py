@@ -460,3 +460,15 @@ def test_begin_warning_matches_upstreams_warning_line_only():
     # another implementation's line (N-2), and a log without the line
     assert smoke.begin_warnings("0.1 W spec        begin: ctx_dft pos_max=3 < N-2=9 — process() did not run") == []
     assert smoke.begin_warnings("0.1 D spec      process: seq_id=0: zero-filling draft positions [33, 709)") == []
+
+
+def test_an_unpacked_release_archive_is_smoked_where_llama_cpp_puts_its_server(tmp_path):
+    """llama.cpp's layout (issue 36): llama-<tag>/llama-server, no bin/; a build dir keeps bin/ first."""
+    unpacked = tmp_path / "llama-b1-dflash-0"
+    unpacked.mkdir()
+    (unpacked / "llama-server").write_text("#!/bin/sh\n")
+    assert smoke.server_binary(unpacked) == unpacked / "llama-server"
+    (unpacked / "bin").mkdir()
+    (unpacked / "bin" / "llama-server").write_text("#!/bin/sh\n")
+    assert smoke.server_binary(unpacked) == unpacked / "bin" / "llama-server"
+    assert smoke.server_binary(tmp_path / "empty") == tmp_path / "empty" / "bin" / "llama-server"

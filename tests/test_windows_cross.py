@@ -235,13 +235,16 @@ def test_pe_reading_machine_and_imports(windows_inputs):
 def test_the_windows_zip_verifies_and_fails_without_a_dll_it_imports(windows_inputs, tmp_path):
     out = tmp_path / "out"
     rel = package_windows(windows_inputs, out)
-    assert rel["archive"].endswith("-dflash-bin-win-cpu-x64.zip")
+    assert rel["archive"].endswith("-bin-win-cpu-x64.zip") and "-dflash-" in rel["tag"]
     assert [a["kind"] for a in rel["artifacts"]] == ["archive"]   # a cross build ships no wheel
     report = verify.verify(out, run_binaries=False)
     assert report["ok"], report["problems"]
     assert any("PE files are x64" in n for n in report["checked"]), report["checked"]
     paths_in_zip = zipfile.ZipFile(out / rel["archive"]).namelist()
-    assert any(p.endswith("/licenses/winpthreads-COPYING.txt") for p in paths_in_zip), paths_in_zip
+    # flat, as llama.cpp's Windows zips: the .exe, its DLLs and dfbuild's own files at the top, no folder
+    assert rel["layout"] == "flat" and rel["root"] is None
+    assert {"llama-server.exe", "llama.dll", "LICENSE", "manifest.json", "licenses/winpthreads-COPYING.txt"} \
+        <= set(paths_in_zip), paths_in_zip
 
     # the same build without llama.dll: every other check passes, the import does not resolve
     windows_inputs["sections"]["build"]["libraries"] = []
@@ -275,7 +278,7 @@ def test_verify_fails_a_pe_file_that_names_a_build_path_or_the_wrong_machine(win
     out = tmp_path / "out-arm"
     package_windows(windows_inputs, out)
     problems = verify.verify(out, run_binaries=False)["problems"]
-    assert any("bin/llama.dll is a arm64 PE file, not x64" in p for p in problems), problems
+    assert any(": llama.dll is a arm64 PE file, not x64" in p for p in problems), problems
 
 
 WINE = shutil.which("wine")

@@ -32,12 +32,18 @@ def archive_root(name: str) -> str:
     return name
 
 
+def payload_prefix(packed: dict) -> str:
+    """Where an archive's binaries are, from its manifest's release section: at the top (it names a layout:
+    llama.cpp's, issue 36), or in bin/ (an archive packed before: no layout in its manifest)."""
+    return "" if packed.get("layout") else "bin/"
+
+
 
 @dataclass(frozen=True)
 class Entry:
     """One file of the archive, relative to its root directory."""
 
-    path: str                     # posix, e.g. "bin/llama-server"
+    path: str                     # posix, relative to the archive's folder, e.g. "llama-server"
     mode: int = 0o644
     source: Path | None = None    # a file on disk ...
     data: bytes | None = None     # ... or bytes

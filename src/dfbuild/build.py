@@ -35,7 +35,7 @@ from typing import Iterable
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import backends, doctor, platforms, ui, webui
+from . import backends, doctor, platforms, ui, upstream_release, webui
 from .platforms import rocm_root
 from .backends import Host
 from .paths import cache_dir, sha256_file
@@ -320,12 +320,37 @@ def _probe_path(entry: dict, name: str) -> str | None:
     return None
 
 
+def upstream_options(source_dir: Path, backend: "backends.Backend | str", host: Host,
+                     entry: dict) -> tuple[dict[str, str], dict]:
+    """The CMake options llama.cpp's own release workflow of this tree configures this entry with
+    (its .github/workflows/release.yml), as dfbuild takes them, and the record of where they came
+    from (the manifest's build.upstream_release): the job and matrix entry, what was not taken and
+    why, or why the tree's file gave nothing (then the backend table's flags stand alone)."""
+    backend = backends.resolve(backend).name
+    nvcc = _nvcc_version(entry)
+    toolkit = ".".join(map(str, nvcc[:2])) if backend == "cuda" and nvcc else None
+    reading = upstream_release.read(source_dir, host.os, backend, host.arch, toolkit)
+    taken, not_taken = upstream_release.cmake_options(reading)
+    record = reading.summary()
+    if reading.found:
+        record.update({"taken": taken, "not_taken": not_taken})
+    else:
+        record["note"] = f"{reading.note}; the flags are backends.toml's"
+    return taken, record
+
+
 def build_flags(backend: "backends.Backend | str", host: Host, *, commit: str, number: int, entry: dict,
-                cuda_arch=None, gpu_targets=None, vulkan_include_dir=None, use_ccache: bool = True) -> dict[str, str]:
-    """The table's flags for (backend, host) plus the per-build ones: version stamp, launchers, compilers."""
+                cuda_arch=None, gpu_targets=None, vulkan_include_dir=None, use_ccache: bool = True,
+                upstream: dict[str, str] | None = None) -> dict[str, str]:
+    """The table's flags for (backend, host), then UPSTREAM (the options the tree's own release
+    workflow takes: upstream_options), then a cross target's own flags and the per-build ones:
+    version stamp, launchers, compilers. --cuda-arch / --gpu-targets stay the user's."""
     flags = backends.cmake_flags(backend, host.os, cuda_arch=cuda_arch, gpu_targets=gpu_targets,
                                  vulkan_include_dir=vulkan_include_dir, nvcc_version=_nvcc_version(entry),
                                  arch=host.arch)
+    for name, value in (upstream or {}).items():
+        if name not in ("CMAKE_CUDA_ARCHITECTURES", "GPU_TARGETS") or name not in flags:
+            flags[name] = value
     if host.cross:  # the cross target's own flags (targets.toml): shared libraries, its TLS choice
         flags.update(platforms.cross_entry(host).get("flags", {}))
     flags["LLAMA_BUILD_NUMBER"] = str(number)
@@ -486,6 +511,10 @@ def _is_program(path: Path, host: Host) -> bool:
     return os.access(path, os.X_OK) and not (path.suffix in (".so", ".dylib") or ".so." in path.name)
 
 
+# a program's own library (llama.cpp builds each tool as lib<tool>-impl.so and a thin executable)
+_PROGRAM_LIBRARY = re.compile(r"^(?:lib)?(.+)-impl(?:\.so(?:\.\d+)*|\.dll|\.dylib)$")
+
+
 def _binaries(build_dir: Path, targets: Iterable[str], host: Host) -> tuple[list[str], list[str]]:
     """(programs, shared libraries) in BUILD_DIR/bin: the named targets, or every program for `all`."""
     bin_dir = build_dir / "bin"
@@ -499,10 +528,17 @@ def _binaries(build_dir: Path, targets: Iterable[str], host: Host) -> tuple[list
         if exe.is_file() and rel not in binaries:
             binaries.append(rel)
     libraries = []
+    # the own library of a program left in bin/ by an earlier build of more targets, which this one does not
+    # ship (llama.cpp builds each tool as lib<tool>-impl.so and a thin executable): not shipped either
+    unshipped = ({p.stem for p in bin_dir.iterdir() if _is_program(p, host)} - {Path(b).stem for b in binaries}
+                 if bin_dir.is_dir() else set())
     if bin_dir.is_dir():
         for path in sorted(bin_dir.iterdir()):
             name = path.name
             if (path.is_file() or path.is_symlink()) and (name.endswith((".so", ".dylib", ".dll")) or ".so." in name):
+                own = _PROGRAM_LIBRARY.match(name)
+                if own and own.group(1) in unshipped:
+                    continue
                 libraries.append(path.relative_to(build_dir).as_posix())
     return binaries, libraries
 
@@ -645,10 +681,18 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
     ui_section = webui.provide(source_dir, number, wanted=web_ui)
     label = commit + ("-dirty" if dirty else "")
     configured_commit = stamp_base(source_dir) if _stamps_build_info(source_dir) else label
+    # llama.cpp's own release options for this base and entry, read from the tree (GGML_RPC, every tool, ...)
+    upstream, upstream_record = upstream_options(source_dir, spec, host, entry)
+    if upstream_record.get("found"):
+        ui.info(f"    llama.cpp's release options: the {upstream_record['job']} job of {upstream_record['file']} "
+                f"({len(upstream_record['taken'])} taken, {len(upstream_record['not_taken'])} not: "
+                f"{', '.join(upstream_record['not_taken']) or 'none'})")
+    else:
+        ui.info(f"    llama.cpp's release options: {upstream_record['note']}")
     flags = build_flags(backend, host, commit=configured_commit, number=number, entry=entry,
                         cuda_arch=cuda_arch, gpu_targets=gpu_targets,
                         vulkan_include_dir=str(vulkan_include_dir) if vulkan_include_dir else None,
-                        use_ccache=use_ccache)
+                        use_ccache=use_ccache, upstream=upstream)
     variant_args: list[str] = []
     variant_targets: list[str] = []
     if variants:
@@ -777,6 +821,7 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
         "build_number": number,
         "build_dir": str(build_dir),
         "flags": flags,
+        "upstream_release": upstream_record,  # where the base's own release options came from
         "extra_cmake_args": extra_cmake_args,
         "cmake_args_env": env_cmake_args(),  # DFBUILD_CMAKE_ARGS
         "toolchain": {**doctor.toolchain_versions(entry), **(cross.toolchain_versions(host) if cross else {})},
@@ -817,12 +862,29 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
     return section
 
 
-def payload_digest(build_section: dict) -> str:
+def payload_digest(build_section: dict, programs: Iterable[str] | None = None) -> str:
     """A hash of everything a build ships (its binaries and libraries, by content): two builds
-    with the same payload digest run the same code, whatever folder they were built in."""
+    with the same payload digest run the same code, whatever folder they were built in.
+    PROGRAMS (names without .exe): only those of the binaries, and every library but the other
+    programs' own (lib<tool>-impl.so: no other program loads one)."""
     build_dir = Path(build_section["build_dir"])
+    wanted = None if programs is None else set(programs)
+    binaries = [b for b in build_section["binaries"] if wanted is None or Path(b).stem in wanted]
+    others = set() if wanted is None else {Path(b).stem for b in build_section["binaries"]} - wanted
+    libraries = [lib for lib in build_section.get("libraries", [])
+                 if not ((match := _PROGRAM_LIBRARY.match(Path(lib).name)) and match.group(1) in others)]
     parts = {}
-    for rel in [*build_section["binaries"], *build_section.get("libraries", [])]:
+    for rel in [*binaries, *libraries]:
         path = build_dir / rel
         parts[rel] = "link:" + os.readlink(path) if path.is_symlink() else sha256_file(path)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+SMOKE_PROGRAMS = ("llama-server",)
+
+
+def smoke_digest(build_section: dict) -> str:
+    """The payload the smoke runs: llama-server and the libraries (not the other tools, nor their own
+    libraries), so a proof's llama-server build and the release's every-tool build of the same code
+    share a pass."""
+    return payload_digest(build_section, SMOKE_PROGRAMS)

@@ -48,9 +48,10 @@ def artifact_label(os: str, backend: str, toolkit: str | None = None) -> str:
 
 def artifact_name(tag: str, os: str, backend: str, arch: str,
                   toolkit: str | None = None) -> str:
-    """llama-<tag>-dflash-bin-<label>-<arch>.tar.gz (.zip on Windows): llama.cpp's scheme with the dflash marker.
+    """llama-<tag>-bin-<label>-<arch>.tar.gz (.zip on Windows): llama.cpp's own scheme, the dflash marker
+    inside the tag (release.release_tag: b11434-dflash-e8448d4a).
 
-    e.g. llama-b10359-3f9a0c1d-dflash-bin-ubuntu-x64.tar.gz, ...-bin-ubuntu-vulkan-x64.tar.gz,
+    e.g. llama-b11434-dflash-e8448d4a-bin-ubuntu-x64.tar.gz, ...-bin-ubuntu-vulkan-x64.tar.gz,
     ...-bin-win-cuda-12.4-x64.zip, ...-bin-macos-arm64.tar.gz.
     """
     if tag != TAG_PLACEHOLDER and not _TAG.fullmatch(tag):
@@ -59,12 +60,17 @@ def artifact_name(tag: str, os: str, backend: str, arch: str,
         raise DfbuildError(f"unknown os '{os}'", f"use one of {', '.join(backends.OSES)}")
     if arch not in backends.ARCHES:
         raise DfbuildError(f"unknown arch '{arch}'", f"use one of {', '.join(backends.ARCHES)}")
-    return f"llama-{tag}-dflash-bin-{artifact_label(os, backend, toolkit)}-{arch}{archive_extension(os)}"
+    return f"llama-{tag}-bin-{artifact_label(os, backend, toolkit)}-{arch}{archive_extension(os)}"
 
 
-def cudart_name(toolkit: str, arch: str = "x64") -> str:
-    """The Windows CUDA runtime DLL bundle, as llama.cpp names it (cudart-llama-bin-win-cuda-12.4-x64.zip)."""
-    return f"cudart-llama-dflash-bin-win-cuda-{_toolkit_label(toolkit)}-{arch}.zip"
+def cudart_name(toolkit: str, arch: str = "x64", *, os: str = "windows", tag: str = TAG_PLACEHOLDER) -> str:
+    """The CUDA runtime libraries beside a CUDA archive, as llama.cpp names them: on Windows
+    cudart-llama-bin-win-cuda-12.4-x64.zip (no tag: the toolkit's DLLs, the same for every release),
+    on Linux cudart-llama-<tag>-bin-ubuntu-cuda-12.8-x64.tar.gz (a tarball rooted at a folder of
+    that name)."""
+    if os == "windows":
+        return f"cudart-llama-bin-win-cuda-{_toolkit_label(toolkit)}-{arch}.zip"
+    return f"cudart-llama-{tag}-bin-{artifact_label(os, 'cuda', toolkit)}-{arch}{archive_extension(os)}"
 
 
 def entry_id(os: str, backend: str, arch: str, toolkit: str | None = None) -> str:
@@ -139,7 +145,7 @@ def release_matrix(tag: str = TAG_PLACEHOLDER) -> list[dict]:
                                "the CPU", "fix the [[release]] table in backends.toml")
         nvcc = backends.version_tuple(toolkit) if (toolkit and backend == "cuda") else None
         # every CUDA row of backends.toml [[release]] names its toolkit (tests/test_matrix.py reads them all)
-        extra = [cudart_name(cast(str, toolkit), arch)] if (backend == "cuda" and os_name == "windows") else []
+        extra = [cudart_name(cast(str, toolkit), arch, os=os_name, tag=tag)] if backend == "cuda" else []
         flags = backends.cmake_flags(backend, os_name, nvcc_version=nvcc, arch=arch)
         build_os = row.get("build_os", "")
         if build_os and build_os != os_name:  # a cross build (--os): the target's flags on top (targets.toml)

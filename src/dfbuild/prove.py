@@ -380,7 +380,7 @@ def prove(base: str, *, backend: backends.Backend | str = "cpu", work: Path, rep
         proof["no_longer_needed"] = [c["id"] for c in applied["concerns"]
                                      if c["status"] == "applied" or c.get("detail", "").startswith("already present")]
     if patched_section is not None:  # a release of these very binaries reuses a pass (smoke.recall)
-        smoke.remember(plan.memo_key(build.payload_digest(built), fx), patched_section)
+        smoke.remember(plan.memo_key(build.smoke_digest(built), fx), patched_section)
     record.put(key, proof)
     _record_in_tree(tree, proof)
     return proof

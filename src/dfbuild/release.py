@@ -11,12 +11,17 @@ section, and the archive (whose manifest.json holds those sections) stays
 byte-identical.
 
 Artifacts in OUT:
-- llama-<tag>-dflash-bin-<os>-<backend>-<arch>.tar.gz (.zip on Windows), rooted
-  at one directory named like the archive: bin/ (llama-server, other built
-  tools, their shared libraries; $ORIGIN rpath), LICENSE and licenses/,
-  patches/ (the applied patches and series.toml) and manifest.json.
-  <tag> is `<base>-<series hash>`, e.g. b10359-3f9a0c1d: the llama.cpp base
-  and the first 8 hex of a hash over the series as applied to it.
+- llama-<tag>-bin-<os>[-<backend>]-<arch>.tar.gz (.zip on Windows), llama.cpp's
+  own name and layout (as the base's .github/workflows/release.yml packs it): a
+  tarball rooted at llama-<tag>/, a flat zip, with every program and shared
+  library of the build at the top ($ORIGIN rpath), and beside them LICENSE,
+  licenses/, patches/ (the applied patches and series.toml), manifest.json and
+  (Linux) REQUIRES.txt. <tag> is `<base>-dflash-<series hash>`, e.g.
+  b11434-dflash-e8448d4a: the llama.cpp base, the marker, and the first 8 hex
+  of a hash over the series as applied to it.
+- beside a CUDA archive, the CUDA runtime: cudart-llama-<tag>-bin-ubuntu-cuda-
+  <x.y>-<arch>.tar.gz on Linux, cudart-llama-bin-win-cuda-<x.y>-<arch>.zip on
+  Windows, as llama.cpp ships them.
 - llama_dflash-0.0.<build>+dflash.<series hash>.<backend>-py3-none-<platform>.whl,
   built through builder/ (scikit-build-core): `pip install` gives `llama-server`.
 - SHA256SUMS (sha256sum -c format) over the archives and wheels in OUT.
@@ -56,6 +61,7 @@ MANIFEST_NAME = "manifest.json"
 REQUIRES_NAME = "REQUIRES.txt"       # in the archive: the system libraries it needs, and their packages
 WHEEL_DIST = "llama_dflash"          # the builder's package; a release renames it per backend
 STAGES = ("checkout", "apply", "build", "smoke", "package")
+RELEASE_TARGETS = (build.ALL_TARGETS,)  # what a release builds and ships: every tool, as llama.cpp's archives
 
 
 # --- names and versions ------------------------------------------------------------
@@ -77,11 +83,17 @@ def series_hash(series_section: dict) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:8]
 
 
+TAG_MARKER = "dflash"
+
+
 def release_tag(base: str, series_section: dict) -> str:
-    """<base>-<series hash>; a full commit id as base is shortened, odd characters become '-'."""
+    """<base>-dflash-<series hash> (b11434-dflash-e8448d4a): llama.cpp's tag first, so a parser of
+    llama-<tag>-bin-<platform> reads the whole tag and one of llama-b<N>-... the build number; the
+    marker says it is not llama.cpp's own build, the hash which series (docs/backends.md, "The tag").
+    A full commit id as base is shortened, odd characters become '-'."""
     label = base[:12] if re.fullmatch(r"[0-9a-fA-F]{13,40}", base) else base
     label = re.sub(r"[^A-Za-z0-9._+]+", "-", label).strip("-") or "base"
-    return f"{label}-{series_hash(series_section)}"
+    return f"{label}-{TAG_MARKER}-{series_hash(series_section)}"
 
 
 def wheel_version(build_number: int, series_digest: str, backend: str) -> str:
@@ -169,18 +181,29 @@ def _sibling_link(path: Path) -> str:
     return target
 
 
+# dfbuild's own files in an archive, beside the binaries (manifest.json and REQUIRES.txt too)
+OWN_FILES = ("LICENSE", "licenses", "patches")
+
+
 def collect_payload(build_section: dict, tree: Path, patches_root: Path, series_section: dict,
-                    extra_licenses: dict[str, Path] | None = None) -> list[Entry]:
+                    extra_licenses: dict[str, Path] | None = None, prefix: str = "") -> list[Entry]:
     """What the archive ships besides manifest.json, sorted by path.
 
-    EXTRA_LICENSES ({name in licenses/: file}): those of shipped toolchain runtimes (a cross build's DLLs).
+    The binaries and libraries go under PREFIX: "" (llama.cpp's layout: at the top of the archive's
+    folder, or of a flat zip, as its release workflow packs build/bin), or "bin/" (dfbuild's layout
+    before issue 36). EXTRA_LICENSES ({name in licenses/: file}): those of shipped toolchain runtimes
+    (a cross build's DLLs).
     """
     build_dir = Path(build_section["build_dir"])
     entries: dict[str, Entry] = {}
+    own = {*OWN_FILES, MANIFEST_NAME, REQUIRES_NAME}
 
     for rel in [*build_section["binaries"], *build_section["libraries"]]:
         path = build_dir / rel
-        arcname = f"bin/{Path(rel).name}"
+        arcname = f"{prefix}{Path(rel).name}"
+        if arcname in own:  # never here: llama.cpp's build/bin has no file of these names
+            raise ReleaseError(f"the build's {rel} has the name of a file dfbuild ships beside the binaries",
+                               "this is a dfbuild bug; please report it")
         if path.is_symlink():
             entries[arcname] = Entry(arcname, 0o777, link=_sibling_link(path))
         elif path.is_file():
@@ -246,8 +269,11 @@ def check_wheel_tools() -> None:
     builder_dir()
 
 
-def stage_wheel_bin(entries: list[Entry], dest: Path) -> Path:
+def stage_wheel_bin(entries: list[Entry], dest: Path, payload: set[str] | None = None) -> Path:
     """bin/ for the wheel: regular files only, one per library under the name the loader asks for.
+
+    PAYLOAD: the archive paths of the binaries and libraries (default: every entry but dfbuild's own
+    files); the wheel's bin/ holds every one of them, every tool as the archive does.
 
     A wheel cannot hold symlinks. CMake lays libraries out as libX.so ->
     libX.so.0 -> libX.so.0.21.0, and binaries ask for the middle name (the
@@ -257,7 +283,9 @@ def stage_wheel_bin(entries: list[Entry], dest: Path) -> Path:
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    in_bin = {e.path: e for e in entries if e.path.startswith("bin/")}
+    own = {*OWN_FILES, MANIFEST_NAME, REQUIRES_NAME}
+    in_bin = {e.path: e for e in entries
+              if (e.path in payload if payload is not None else e.path.split("/")[0] not in own)}
     link_targets = {str(PurePosixPath(e.path).parent / e.link) for e in in_bin.values() if e.link}
     for entry in in_bin.values():
         if entry.link is not None:
@@ -517,9 +545,13 @@ def _timed(stages: dict, name: str, title: str):
 
 def release(base: str, *, backend: "backends.Backend | str", pr: int | None = None, repo: str | None = None,
             out: Path | None = None, work: Path | None = None, skip_smoke: bool = False,
-            targets=build.DEFAULT_TARGETS, patches_dir: Path | None = None, build_options: dict | None = None,
+            targets=RELEASE_TARGETS, patches_dir: Path | None = None, build_options: dict | None = None,
             smoke_options: dict | None = None, reprove: bool = False) -> dict:
     """checkout -> apply -> build -> smoke -> package; returns the full manifest (also OUT/manifest.json).
+
+    TARGETS: every tool by default (`all`, as llama.cpp's release workflow builds); a proof the release
+    needs builds llama-server only (the smoke runs it) and the build stage then adds the rest to the
+    same build dir.
 
     A carried base whose proof series.toml records is not proven again unless REPROVE.
 
@@ -577,7 +609,8 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
                                    "released without smoke tests", "drop --skip-smoke")
             with _timed(stages, "prove", "prove the carried series: build and smoke it unpatched and patched"):
                 proof = prove.prove(base, backend=spec, work=work, repo=repo, pr=pr, patches_dir=patches_dir,
-                                    targets=targets, build_options=build_options, smoke_options=smoke_options)
+                                    targets=_proof_targets(targets), build_options=build_options,
+                                    smoke_options=smoke_options)
             build_dir, ser = _proven_release(proof, ser, work, label)
         # fixed upstream: the release is the unpatched binaries the proof kept, not the tree's HEAD
         as_is = build_dir == prove.unpatched_dir(work, label)
@@ -606,7 +639,7 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
                 plan = smoke.plan(spec, build_dir, release=carry.tree_build(tree, series.series_start(tree)),
                                   **(smoke_options or {}))
                 _say_plan(plan)
-                key = plan.memo_key(shipped, fx)
+                key = plan.memo_key(build.smoke_digest(built), fx)  # what the smoke runs: llama-server, libraries
                 smk = state.cached("smoke", key)
                 if smk is None:
                     # a proof of these very binaries, or a release of them from another work folder
@@ -647,6 +680,13 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
     if not as_is:
         manifest.update_tree_manifest(tree, "release", rel)
     return full
+
+
+def _proof_targets(targets: list[str]) -> list[str]:
+    """What a release's proof builds: llama-server, which the smoke runs (and any other named target);
+    `all` is left to the build stage, which adds every other tool to the proof's patched build dir."""
+    named = [t for t in targets if t != build.ALL_TARGETS]
+    return named if "llama-server" in named else ["llama-server", *named]
 
 
 def _proven_release(proof: dict, ser: dict, work: Path, backend: str) -> tuple[Path, dict]:
@@ -739,6 +779,68 @@ def cudart_bundle(out_dir: Path, toolkit: str, arch: str, cuda_path: Path | None
     return write_archive(out_dir / name, None, entries, ZIP_EPOCH_MIN)
 
 
+CUDA_NOTICE = """\
+The libraries in this archive are NVIDIA's CUDA runtime libraries, copied unchanged from the
+CUDA Toolkit {toolkit} that built the llama.cpp archive they belong to ({archive}).
+They are NVIDIA's, redistributed under the distribution terms of the CUDA Toolkit End User
+License Agreement (https://docs.nvidia.com/cuda/eula/){eula}, for use by those binaries only.
+Unpack them into the folder that holds llama-server: its libraries find them there ($ORIGIN).
+"""
+
+
+def cuda_toolkit_root(build_section: dict) -> Path | None:
+    """The CUDA toolkit a build used: CUDA_PATH or CUDA_HOME, else the folder above the nvcc on PATH,
+    else /usr/local/cuda."""
+    for candidate in (os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME")):
+        if candidate and Path(candidate).is_dir():
+            return Path(candidate)
+    nvcc = (build_section.get("flags") or {}).get("CMAKE_CUDA_COMPILER") or shutil.which("nvcc")
+    if nvcc and Path(nvcc).resolve().parent.name == "bin":
+        return Path(nvcc).resolve().parent.parent
+    return Path("/usr/local/cuda") if Path("/usr/local/cuda").is_dir() else None
+
+
+def cudart_linux(out_dir: Path, *, tag: str, toolkit: str, arch: str, archive: str, libraries: list[str],
+                 toolkit_root: Path | None, epoch: int) -> tuple[Path, dict]:
+    """Linux CUDA: the runtime libraries as llama.cpp's release workflow packs them beside its archive,
+    cudart-llama-<tag>-bin-ubuntu-cuda-<major.minor>-<arch>.tar.gz, rooted at a folder of that name:
+    each of LIBRARIES (libcudart, libcublas, libcublasLt) as lib<name>.so.<major>, the soname the
+    binaries ask for, dereferenced into a plain file (upstream's cp -L). Beside them, in licenses/,
+    the toolkit's EULA where the toolkit has one, and always a notice of what they are and under
+    which terms they travel. Returns (the archive, its record for the manifest)."""
+    spec = backends.get("cuda").raw.get("runtime_archive", {})
+    major = str(backends.version_tuple(toolkit)[0]) if toolkit else ""
+    if toolkit_root is None or not Path(toolkit_root).is_dir():
+        raise ReleaseError("the CUDA toolkit folder was not found, so its runtime libraries cannot be packed",
+                           "set CUDA_PATH (or CUDA_HOME) to the toolkit that built the release, e.g. /usr/local/cuda")
+    root = Path(toolkit_root)
+    folders = [root / d for d in spec.get("lib_dirs", ["lib64", "lib"])]
+    found, missing = {}, []
+    for library in libraries:
+        soname = f"{library}.so.{major}"
+        path = next((f / soname for f in folders if (f / soname).is_file()), None)
+        if path is None:
+            missing.append(soname)
+        else:
+            found[soname] = path.resolve()  # cp -L: the file the soname link ends at
+    if missing:
+        raise ReleaseError(f"{', '.join(missing)} not found under {root} ({', '.join(d for d in spec.get('lib_dirs', []))})",
+                           "install the toolkit's cudart and cublas runtime libraries (CUDA_PATH names the toolkit)")
+    name = matrix.cudart_name(toolkit, arch, os="linux", tag=tag)
+    eula = next((root / rel for rel in spec.get("licenses", []) if (root / rel).is_file()), None)
+    entries = [Entry(soname, 0o755, source=path) for soname, path in sorted(found.items())]
+    notice = CUDA_NOTICE.format(toolkit=toolkit, archive=archive,
+                                eula=", a copy of which is licenses/CUDA-EULA.txt" if eula else "")
+    entries.append(Entry("licenses/CUDA-NOTICE.txt", data=notice.encode()))
+    if eula is not None:
+        entries.append(Entry("licenses/CUDA-EULA.txt", source=eula))
+    owned.claim(out_dir, [name], ReleaseError, legacy=release_files)
+    path = write_archive(out_dir / name, archive_root(name), sorted(entries, key=lambda e: e.path), epoch)
+    record = {"name": name, "toolkit": toolkit, "libraries": sorted(found), "eula": eula is not None,
+              "files": payload_records(sorted(entries, key=lambda e: e.path))}
+    return path, record
+
+
 def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, work_dir: Path,
             state: _State | None = None, commit: str | None = None) -> dict:
     """Write the archive, the wheel and SHA256SUMS into OUT_DIR; return the release section.
@@ -757,7 +859,9 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
     tag = release_tag(base, sections["series"])
     toolkit = toolkit_version(build_section)
     name = matrix.artifact_name(tag, os_name, backend, arch, toolkit)
-    root = archive_root(name)
+    # as the base's own release workflow packs it: binaries at the top of llama-<tag>/, or a flat zip
+    layout, root, layout_record = archive_layout(tree, os_name, backend, arch, toolkit, tag)
+    cudart_libraries = cuda_runtime_libraries(tree, os_name, arch, toolkit) if backend == "cuda" else []
     epoch = source_date_epoch(tree, commit)
     version = wheel_version(build_section.get("build_number", 0), series_hash(sections["series"]), backend)
 
@@ -768,10 +872,11 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
 
         extra_licenses = platforms.cross(cross_host).license_files(cross_host)
     entries = collect_payload(build_section, tree, patches_root, sections["series"], extra_licenses)
+    payload = {Path(rel).name for rel in [*build_section["binaries"], *build_section["libraries"]]}
     requires = runtime_requirements(entries) if os_name == "linux" else {}
     if os_name == "linux":
         entries = sorted([*entries, Entry(REQUIRES_NAME, data=_requires_text(requires))], key=lambda e: e.path)
-    wheel_bin = stage_wheel_bin(entries, work_dir / "bin")
+    wheel_bin = stage_wheel_bin(entries, work_dir / "bin", payload)  # every tool, as the archive
     # the wheel carries this machine's libssl/libgomp: only for a wheel of this machine's kind (none is
     # built for a cross target, whose libraries this machine's loader does not have)
     bundled = bundle_system_libraries(wheel_bin) if os_name == "linux" and cross_host is None else []
@@ -782,11 +887,13 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
         "backend": backend,
         "toolkit": toolkit,
         "archive": name,
-        "root": root,
+        "layout": layout,        # top: the binaries at the top of ROOT/; flat: a zip without a folder
+        "root": root,            # llama-<tag> (as llama.cpp's tarballs), or None for a flat zip
+        "layout_from": layout_record,
         "source_date_epoch": epoch,
         "cpu_variants": build_section.get("cpu_variants", []),
         # a cross build's toolchain DLLs, shipped as the distribution built them (verify names them apart)
-        **({"runtime_dlls": [f"bin/{n}" for n in (build_section.get("cross") or {}).get("runtime_dlls", [])]}
+        **({"runtime_dlls": list((build_section.get("cross") or {}).get("runtime_dlls", []))}
            if cross_host is not None else {}),
         "requires": requires,
         "wheel_dist": wheel_package(backend).replace("_", "-"),
@@ -806,10 +913,12 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
     key = _digest([hashlib.sha256(manifest_bytes).hexdigest(), builder_files, sys.version_info[:2]])
 
     previous = state.cached("package", key) if state else None
+    extras: dict = {}  # what else the release section records of an artifact (the Linux cudart archive)
     if previous and all((out_dir / a["name"]).is_file() and sha256_file(out_dir / a["name"]) == a["sha256"]
                         for a in previous["artifacts"]):
         ui.info("    inputs unchanged: keeping the artifacts already in place")
         artifacts, reused = previous["artifacts"], True
+        extras = {k: v for k, v in previous.items() if k != "artifacts"}
     else:
         out_dir.mkdir(parents=True, exist_ok=True)
         owned.claim(out_dir, [name], ReleaseError, legacy=release_files)
@@ -828,18 +937,60 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
                                      epoch=epoch, backend=backend, os_name=os_name), "wheel"))
         if os_name == "windows" and backend == "cuda":
             made.append((cudart_bundle(out_dir, toolkit or "", arch), "cudart"))
+        if os_name == "linux" and backend == "cuda":  # as llama.cpp's ubuntu-cuda job, from b11063 on
+            cudart_path, extras["cudart"] = cudart_linux(
+                out_dir, tag=tag, toolkit=toolkit or "", arch=arch, archive=name, libraries=cudart_libraries,
+                toolkit_root=cuda_toolkit_root(build_section), epoch=epoch)
+            made.append((cudart_path, "cudart"))
         fault_point("release: wheel built")
         artifacts = [{"name": path.name, "kind": kind, "sha256": sha256_file(path), "size": path.stat().st_size}
                      for path, kind in made]
         reused = False
         if state:
-            state.store("package", key, {"artifacts": artifacts})
+            state.store("package", key, {"artifacts": artifacts, **extras})
             fault_point("release: package stage recorded")
     write_sha256sums(out_dir, [a["name"] for a in artifacts])
     fault_point("release: SHA256SUMS written")
     wheel_name = next((a["name"] for a in artifacts if a["kind"] == "wheel"), None)
-    return {**packed, "artifacts": artifacts, "wheel": parse_wheel_name(wheel_name) if wheel_name else None,
+    return {**packed, **extras, "artifacts": artifacts, "wheel": parse_wheel_name(wheel_name) if wheel_name else None,
             "sha256sums": SUMS_NAME, "reused": reused}
+
+
+def archive_layout(tree: Path, os_name: str, backend: str, arch: str, toolkit: str | None,
+                   tag: str) -> tuple[str, str | None, dict]:
+    """(layout, root folder, record) of an archive, as the base's release workflow packs it (its
+    .github/workflows/release.yml), else as backends.toml [upstream_release.layout] says llama.cpp
+    packs that OS: "top" (a tarball rooted at llama-<tag>/ with the binaries at its top) or "flat"
+    (a zip of the binaries, no folder)."""
+    from . import upstream_release
+
+    reading = upstream_release.read(Path(tree), os_name, backend, arch, toolkit)
+    fallback = backends.table()["upstream_release"]["layout"][os_name]
+    layout = reading.layout if reading.found and reading.layout in ("top", "flat") else fallback
+    if reading.found and reading.layout:
+        record = {"file": reading.file, "job": reading.job}
+    else:
+        why = reading.note if not reading.found else f"its {reading.job} job packs no archive dfbuild can read"
+        record = {"file": reading.file, "note": f"{why}; the {os_name} layout of backends.toml"}
+    if layout == "flat":
+        return layout, None, record
+    root = f"llama-{tag}"  # every base's tarballs: --transform "s,^\.,llama-<tag>,"
+    read = (reading.root or "").replace(upstream_release.TAG, tag) if reading.found else ""
+    if read and read != root:  # a folder of another form: dfbuild packs (and verify expects) llama-<tag>
+        record["note"] = f"its tarball's folder is {read!r}; dfbuild's is {root!r}"
+    return layout, root, record
+
+
+def cuda_runtime_libraries(tree: Path, os_name: str, arch: str, toolkit: str | None) -> list[str]:
+    """The CUDA runtime libraries llama.cpp's release workflow of this base packs beside a Linux CUDA
+    archive (libcudart, libcublas, libcublasLt), else backends.toml's list (a base before b11063
+    has no ubuntu-cuda job)."""
+    from . import upstream_release
+
+    reading = upstream_release.read(Path(tree), os_name, "cuda", arch, toolkit) if os_name == "linux" else None
+    if reading is not None and reading.found and reading.cudart:
+        return list(reading.cudart)
+    return list(backends.get("cuda").raw.get("runtime_archive", {}).get("libraries", []))
 
 
 def _cross_host(build_section: dict) -> "backends.Host | None":

@@ -1,9 +1,12 @@
 """`dfbuild verify`: check a release directory before publishing it.
 
 `verify()` checks an OUT directory: SHA256SUMS, each archive's members against
-the file list in its manifest, OUT/manifest.json against the archives, the
-wheel's binaries against the archive's, and that the unpacked llama-server's
-`--version` names the patched commit. It reports the highest GLIBC_ symbol
+the file list in its manifest and its layout (llama.cpp's: the binaries at the
+top of `llama-<tag>/` or of a flat zip; or dfbuild's older one: `bin/` inside a
+folder named like the archive), OUT/manifest.json against the archives, the
+wheel's binaries against the archive's, that the unpacked llama-server's
+`--version` names the patched commit, and that every other shipped program
+starts. It reports the highest GLIBC_ symbol
 version each shipped ELF needs, and fails a wheel whose manylinux tag promises
 an older glibc than one of its ELFs needs.
 """
@@ -14,11 +17,12 @@ import hashlib
 import os
 import re
 import stat
-import subprocess
+from collections import Counter
 from pathlib import Path, PurePosixPath
 
-from . import backends, locks, owned, readers, source, state, wheelcheck
-from .archive import ARCHIVE_SUFFIXES, Member, archive_root, extract_members, read_members, unsafe_member
+from . import backends, locks, owned, proc, readers, source, state, wheelcheck
+from .archive import (ARCHIVE_SUFFIXES, Member, archive_root, extract_members, payload_prefix, read_members,
+                      unsafe_member)
 from .errors import VerifyError
 from .paths import sha256_file
 from . import elf
@@ -51,7 +55,16 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
     """
     problems_before = len(problems)
     members = read_members(path, limits)  # the strict reader: names, kinds and duplicates are vetted there
-    root = archive_root(path.name)
+    root = layout_root(path.name, [m.name for m in members])
+    if root is _NO_ROOT:  # name the members outside the folder most of them are in
+        tops = Counter(m.name.split("/", 1)[0] for m in members)
+        most = tops.most_common(1)[0][0] if tops else ""
+        stray = [m.name for m in members if m.name.split("/", 1)[0] != most]
+        problems.append(f"{path.name}: its members are not all in one folder the archive may have "
+                        f"({' or '.join(f'{r}/' for r in allowed_roots(path.name))}"
+                        f"{', or none: a flat zip' if path.name.endswith('.zip') else ''}): "
+                        f"{', '.join(repr(n) for n in stray[:3])}{' ...' if len(stray) > 3 else ''}")
+        return None
     bad = False
     for member in members:
         why = member_problem(member, root)
@@ -60,7 +73,8 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
             bad = True
     if bad:
         return None
-    by_name = {m.name[len(root) + 1:]: m for m in members if m.name != root}
+    by_name = ({m.name[len(root) + 1:]: m for m in members if m.name != root} if root
+               else {m.name.rstrip("/"): m for m in members})
     for name_, member in sorted(by_name.items()):
         why = _link_problem(name_, member, by_name)
         if why:
@@ -70,7 +84,7 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
         return None
     embedded_member = by_name.get(MANIFEST_NAME)
     if embedded_member is None or embedded_member.kind != "file":
-        problems.append(f"{path.name}: no {root}/{MANIFEST_NAME}")
+        problems.append(f"{path.name}: no {root + '/' if root else ''}{MANIFEST_NAME}")
         return None
     try:
         embedded = readers.loads_json(embedded_member.data)
@@ -85,6 +99,10 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
     why = manifest_field_problem(embedded)
     if why:
         problems.append(f"{path.name}: {MANIFEST_NAME}: {why}")
+        return None
+    why = layout_problem(path.name, root, packed)
+    if why:
+        problems.append(f"{path.name}: {why}")
         return None
     expected = {f["path"]: f for f in packed.get("files", [])}
     actual = {n: m for n, m in by_name.items() if m.kind != "dir" and n != MANIFEST_NAME}
@@ -149,7 +167,12 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
     if not patched:
         problems.append(f"{path.name}: the manifest names no patched commit")
         return embedded
-    exe = "bin/llama-server" + (".exe" if packed.get("os") == "windows" else "")
+    suffix = ".exe" if packed.get("os") == "windows" else ""
+    exe = payload_prefix(packed) + "llama-server" + suffix
+    # every other program the build shipped: each must start (--version or --help) where llama-server runs
+    programs = sorted({payload_prefix(packed) + PurePosixPath(b).name + ("" if b.endswith(suffix) else suffix)
+                       for b in build_.get("binaries") or []} - {exe})
+    programs = [p for p in programs if p in actual]
     if len(problems) > problems_before:
         why = "not run: the archive failed the checks above"
     elif run_later is not None:  # the caller runs it once every other check of the directory has passed
@@ -163,7 +186,8 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
         why = (f"not run: it runs only inside the Debian {in_root.get('suite')} root it was built in, "
                "which is not on this machine")
     else:
-        why = _run_version(path, members, root, exe, patched, problems, notes, launcher=launcher)
+        why = _run_version(path, members, root, exe, patched, problems, notes, launcher=launcher,
+                           programs=programs)
     if why:
         # Cannot run it here: the version stamp must at least be compiled into the shipped files.
         holders = sorted(n for n, m in actual.items() if m.kind == "file" and patched.encode() in m.data)
@@ -179,11 +203,11 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
 _SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX
 
 
-def member_problem(member: Member, root: str) -> str | None:
+def member_problem(member: Member, root: str | None) -> str | None:
     """Why an archive member (already read by the strict reader) is not what dfbuild ships, or None: outside
-    ROOT/, a link out of its folder, setuid, setgid or sticky, or owned by anyone but root (GNU tar run as
-    root gives a file to the owner its header names)."""
-    if member.name != root and not member.name.startswith(root + "/"):
+    ROOT/ (None: a flat zip, no folder), a link out of its folder, setuid, setgid or sticky, or owned by anyone
+    but root (GNU tar run as root gives a file to the owner its header names)."""
+    if root is not None and member.name != root and not member.name.startswith(root + "/"):
         return f"member {member.name!r} is outside the root directory {root}/"
     if member.kind == "link" and (unsafe_member(member.link) or "/" in member.link):
         return f"{member.name} links outside its directory ({member.link})"
@@ -236,7 +260,7 @@ def manifest_field_problem(embedded: dict) -> str | None:
     """The first field of an archive's manifest that is not what dfbuild writes (a crafted or damaged
     manifest), named, or None. Every field verify reads is checked here, so no check meets a wrong type."""
     rel = embedded.get("release")
-    for key in ("os", "arch", "wheel_dist", "wheel_version", "tag", "backend"):
+    for key in ("os", "arch", "wheel_dist", "wheel_version", "tag", "backend", "layout", "root"):
         if not _str_or_none(rel.get(key)):
             return f"release.{key} is {type(rel.get(key)).__name__}, not text"
     for number, entry in enumerate(rel["files"]):
@@ -405,25 +429,29 @@ def _root_launcher(in_root: dict) -> list[str] | None:
     return None
 
 
-def _run_version(path: Path, members: list[Member], root: str, exe: str, patched: str,
-                 problems: list[str], notes: list[str], launcher: list[str] | None = None) -> str | None:
-    """Unpack and run `llama-server --version` (with LAUNCHER in front, when given). Returns why it could
-    not run here, else None."""
+def _run_version(path: Path, members: list[Member], root: str | None, exe: str, patched: str,
+                 problems: list[str], notes: list[str], launcher: list[str] | None = None,
+                 programs: list[str] = ()) -> str | None:
+    """Unpack and run `llama-server --version` (with LAUNCHER in front, when given), then start every
+    other of PROGRAMS (start_programs). Returns why llama-server could not run here, else None."""
     with state.temp_dir("verify") as tmp:
         extract_members(members, Path(tmp))
-        binary = Path(tmp) / root / exe
+        folder = Path(tmp) / root if root else Path(tmp)
+        binary = folder / exe
         env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH")}
         from .smoke import launcher_for  # a Windows .exe on Linux runs through Wine
 
         prefix, launch_env = (launcher, {}) if launcher else launcher_for(binary)
         try:
-            result = subprocess.run([*prefix, str(binary), "--version"], capture_output=True, text=True,
-                                    timeout=RUN_TIMEOUT_S if prefix else 120, cwd=tmp, env=env | launch_env,
-                                    errors="replace")
-        except (OSError, subprocess.TimeoutExpired) as exc:
+            result = proc.run([*prefix, binary, "--version"], timeout=RUN_TIMEOUT_S if prefix else 120, cwd=tmp,
+                              env=env | launch_env, errors="replace")
+        except (OSError, proc.TimeoutExpired) as exc:
             problems.append(f"{path.name}: the unpacked {exe} does not run: {exc}")
             return None
-    output = result.stdout + result.stderr
+        output = result.stdout + result.stderr
+        started: list[str] = []
+        if result.returncode == 0 and programs:  # llama-server starts: so must every other program
+            start_programs(path.name, folder, programs, prefix, env | launch_env, problems, started)
     missing = _MISSING_LIBRARY.search(output) or _MISSING_DLL.search(output)
     shipped = {PurePosixPath(m.name).name for m in members}
     if result.returncode != 0 and missing and missing.group(1) not in shipped:
@@ -437,6 +465,109 @@ def _run_version(path: Path, members: list[Member], root: str, exe: str, patched
                         f"not the patched commit {patched[:12]}")
     else:
         notes.append(f"{path.name}: unpacked {exe} --version names the patched commit {found[:12]}")
+    notes.extend(started)
+    return None
+
+
+PROGRAM_TIMEOUT_S = 60          # one program's --version/--help, natively
+PROGRAM_TIMEOUT_RUNNER_S = 180  # ... under Wine or qemu (the prefix exists by now: llama-server ran first)
+# a loader's own words for a program that cannot start (beside a missing library): a bad ELF or PE, a
+# symbol missing from a shipped library, Windows' STATUS_DLL_NOT_FOUND / STATUS_ENTRYPOINT_NOT_FOUND
+_CANNOT_START = re.compile(r"error while loading shared libraries|cannot execute binary file|exec format error|"
+                           r"symbol lookup error|undefined symbol|err:module:import_dll|"
+                           r"c0000135|c0000139", re.IGNORECASE)
+_WINDOWS_LOADER_CODES = {0xC0000135, 0xC0000139, 0xC0000142}  # DLL not found, entry point, DLL init failed
+
+
+def start_programs(label: str, folder: Path, programs: list[str], prefix: list[str], env: dict,
+                   problems: list[str], notes: list[str]) -> None:
+    """Start each of PROGRAMS (paths under FOLDER) with --version, else --help, and fail the one that does
+    not start: the loader refuses it (a library or DLL missing, a bad binary), it dies of a signal, or
+    it does not exit in time. A program that runs and prints its usage with a non-zero exit has started
+    (llama-quantize and mtmd's deprecated llama-*-cli stubs know no --version)."""
+    timeout = PROGRAM_TIMEOUT_RUNNER_S if prefix else PROGRAM_TIMEOUT_S
+    ok: list[str] = []
+    for rel in programs:
+        binary = folder / rel
+        how = None
+        for flag in ("--version", "--help"):
+            try:
+                result = proc.run([*prefix, binary, flag], timeout=timeout, cwd=folder, env=env, stdin=proc.DEVNULL,
+                                  errors="replace")
+            except proc.TimeoutExpired:
+                how = f"did not exit within {timeout} s of {flag}"
+                break
+            except OSError as exc:
+                how = f"cannot be started: {exc.strerror or exc}"
+                break
+            output = (result.stdout + result.stderr).strip()
+            code = result.returncode
+            if code < 0 or (code & 0xFFFFFFFF) in _WINDOWS_LOADER_CODES or _CANNOT_START.search(output) \
+                    or code in (126, 127):
+                why = (next((line for line in output.splitlines() if _CANNOT_START.search(line)), "")
+                       or (f"killed by signal {-code}" if code < 0 else f"exit {code:#x}" if code > 255 else
+                           f"exit {code}"))
+                how = f"does not start ({flag}): {why.strip()[:200]}"
+                break
+            if code == 0:
+                ok.append(f"{PurePosixPath(rel).name} {flag}")
+                how = None
+                break
+            how = ""  # it ran and answered with its usage: try --help, else it started all the same
+        if how:
+            problems.append(f"{label}: the unpacked {rel} {how}")
+        elif how == "":
+            ok.append(f"{PurePosixPath(rel).name} (usage, exit {code})")
+    if ok:
+        notes.append(f"{label}: {len(ok)} more programs start: {', '.join(ok)}")
+
+
+_NO_ROOT = object()  # layout_root: the members are under no folder this archive may have
+
+
+def allowed_roots(name: str) -> list[str]:
+    """The folders an archive called NAME may be rooted at: llama-<tag> (llama.cpp's layout, issue 36),
+    or its own name without the suffix (dfbuild's layout before: one folder holding bin/)."""
+    roots = []
+    match = re.match(r"^(llama-.+?)-bin-", name)
+    if match:
+        roots.append(match.group(1))
+    roots.append(archive_root(name))
+    return roots
+
+
+def layout_root(name: str, member_names: list[str]):
+    """The folder every member of the archive NAME is in (allowed_roots), None for a flat zip (no folder
+    at all), or _NO_ROOT when they are in neither."""
+    for root in allowed_roots(name):
+        if member_names and all(n.rstrip("/") == root or n.startswith(root + "/") for n in member_names):
+            return root
+    tops = {n.split("/", 1)[0] for n in member_names}
+    if name.endswith(".zip") and not any(t in allowed_roots(name) for t in tops):
+        return None
+    return _NO_ROOT
+
+
+def layout_problem(name: str, root: str | None, packed: dict) -> str | None:
+    """Whether the archive is laid out as its manifest says: "top" under llama-<tag>/, "flat" without a
+    folder, or (no layout: packed before issue 36) under a folder named like the archive."""
+    layout = packed.get("layout")
+    if layout is None:
+        expected = archive_root(name)
+    elif layout == "top":
+        expected = packed.get("root")
+        if expected not in allowed_roots(name)[:-1] or expected != f"llama-{packed.get('tag')}":
+            return f"its manifest names the folder {expected!r}, not llama-<its tag>/ of the archive's name"
+    elif layout == "flat":
+        expected = None
+        if not name.endswith(".zip"):
+            return "its manifest says it is a flat zip, but it is a tarball"
+    else:
+        return f"its manifest names an unknown layout {layout!r}"
+    if root != expected:
+        found = f"in {root}/" if root else "flat (no folder)"
+        wanted = f"in {expected}/" if expected else "flat (no folder)"
+        return f"its members are {found}, but its manifest says {wanted}"
     return None
 
 
@@ -698,23 +829,34 @@ def release_notes(directory: Path, base: str | None = None) -> str:
                           "job makes), and run `dfbuild verify` on it first")
     from . import webui
 
-    where, served, fallback = [], [], False
+    where, served, fallback, laid_out, runtimes = [], [], False, False, []
     for top in tops:
         try:
             full = _read_record_file(top)
             archive = full["release"]["archive"]
             statement = smoke_statement(full)
             page = webui.describe((full.get("build") or {}).get("ui"))
+            programs = sorted(PurePosixPath(b).name for b in (full.get("build") or {}).get("binaries") or [])
+            laid_out = laid_out or bool(full["release"].get("layout"))
+            runtimes += [a["name"] for a in full["release"].get("artifacts", []) if a.get("kind") == "cudart"]
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise VerifyError(f"{top.name} is not a dfbuild manifest ({type(exc).__name__}: {exc})",
                               "run `dfbuild verify` on the directory first") from None
         fallback = fallback or bool((full.get("smoke") or {}).get("cpu_fallback"))
-        where.append(f"- `{archive}`: {statement}")
+        where.append(f"- `{archive}`: {statement}; {len(programs)} program{'s' if len(programs) != 1 else ''}")
         served.append(f"- `{archive}`: {page}")
     what = f"llama.cpp {base}" if base else "llama.cpp"
-    lines = [f"Patched {what} with the DFlash multimodal fix (series in patches/). Verify with: sha256sum -c SHA256SUMS",
-             "", "Where each archive's smoke tests ran:", *sorted(where),
-             "", "What each archive's llama-server serves at GET / (its web UI):", *sorted(served)]
+    lines = [f"Patched {what} with the DFlash multimodal fix (series in patches/). Verify with: sha256sum -c SHA256SUMS"]
+    if laid_out:
+        lines += ["", "Each archive is laid out as llama.cpp's own of the same name: its programs (every tool llama.cpp "
+                      "ships: llama-server, llama-cli, llama-mtmd-cli, llama-bench, llama-quantize, ggml-rpc-server, ...) "
+                      "and libraries at the top of `llama-<tag>/` in a tarball, at the top of a Windows zip; "
+                      "manifest.json, patches/ and licenses/ beside them."]
+    if runtimes:
+        lines += ["", "The CUDA runtime libraries, to unpack beside the programs of the CUDA archive of the same "
+                      "toolkit (as llama.cpp's cudart archives): " + ", ".join(f"`{n}`" for n in sorted(set(runtimes)))]
+    lines += ["", "Where each archive's smoke tests ran:", *sorted(where),
+              "", "What each archive's llama-server serves at GET / (its web UI):", *sorted(served)]
     if fallback:
         lines += ["", "An archive smoke-tested on the CPU backend was built for its GPU, but its smoke tests did "
                       "not run on a GPU: the runner that built it had none (GitHub's hosted runners have no GPU)."]

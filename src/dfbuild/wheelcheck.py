@@ -19,6 +19,7 @@ from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
 
 from . import elf, readers
+from .archive import payload_prefix
 from .release import MANIFEST_NAME, WHEEL_DIST, builder_dir, parse_wheel_name
 
 _RECORD_HASHES = {"sha256", "sha384", "sha512"}  # PEP 376/427: no md5 or sha1
@@ -110,9 +111,11 @@ def check_wheel(path: Path, embedded_by_version: dict[tuple, dict], problems: li
             if hashlib.sha256(data).hexdigest() != bundled[name_]:
                 problems.append(f"{path.name}: bin/{name_} differs from the library the manifest records")
             continue
-        record, hops = files.get(f"bin/{name_}"), 0
+        # the archive's copy: at the top of its folder (llama.cpp's layout), or in bin/ (dfbuild's before)
+        prefix = payload_prefix(embedded["release"])
+        record, hops = files.get(f"{prefix}{name_}"), 0
         while record and "link" in record and hops <= len(files):
-            record, hops = files.get(f"bin/{record['link']}"), hops + 1
+            record, hops = files.get(f"{prefix}{record['link']}"), hops + 1
         if record is None or "link" in record or hashlib.sha256(data).hexdigest() != record.get("sha256"):
             problems.append(f"{path.name}: bin/{name_} differs from the archive's")
     binaries = [f"bin/{Path(b).name}" for b in (embedded.get("build") or {}).get("binaries") or []]

@@ -54,7 +54,7 @@ def fixtures(out, seed, as_json):
 
 @main.command()
 @click.option("--build-dir", type=click.Path(path_type=Path, file_okay=False, exists=True), required=True,
-              help="Build directory holding bin/llama-server.")
+              help="Build directory holding bin/llama-server, or an unpacked release archive holding llama-server.")
 @click.option("--fixtures", "fixtures_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Fixtures directory (written there when empty; default: a cache dir).")
 @click.option("--set", "sets", multiple=True, help="Fixture set to run (repeatable; default: the standard four).")

@@ -151,8 +151,9 @@ def _human_size(n: float) -> str:
               help="Prove a carried base again even when series.toml records its proof (by default the recorded "
                    "proof stands, as `dfbuild series epochs` shows it).")
 @click.option("--target", "targets", multiple=True,
-              help="CMake targets to build and ship, e.g. llama-server,llama-cli, or 'all' for every tool "
-                   "(repeatable; llama-server always included).")
+              help="CMake targets to build and ship (repeatable; default: all, every tool llama.cpp's own "
+                   "archive has; e.g. llama-server for a quicker release of the server alone; "
+                   "llama-server always included).")
 @click.option("--cpu-variants", default=None,
               help="The runtime-dispatched CPU variants to ship, e.g. x64,haswell, or armv8.0_1,armv8.2_2 "
                    "with --arch arm64 (default: all).")
@@ -189,7 +190,8 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, reprove, targets
     with removed_if_left_empty_handed(work_dir, lambda: (work_dir / "src" / ".git").exists()), \
             _locks(*_work_locks(work_dir, _dir_label(backend, options["host"])), ("out", Path(out)), no_wait=no_wait):
         full = release_stage.release(base, backend=spec, pr=pr, repo=repo, out=out, work=work,
-                                     skip_smoke=skip_smoke, targets=build_stage.parse_targets(targets),
+                                     skip_smoke=skip_smoke,
+                                     targets=build_stage.parse_targets(targets or release_stage.RELEASE_TARGETS),
                                      build_options=options,
                                      smoke_options=_smoke_options(start_timeout, smoke_table, allow_cpu_fallback),
                                      reprove=reprove)

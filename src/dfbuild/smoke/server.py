@@ -32,13 +32,16 @@ START_TIMEOUT_ENV = "DFBUILD_START_TIMEOUT"
 
 def server_binary(build_dir: Path) -> Path:
     """`B/bin/llama-server` (`.exe` on Windows), as CMake lays it out; a Windows build made here
-    (`--os windows` on Linux) has only the `.exe`, which runs through Wine (launcher_for)."""
+    (`--os windows` on Linux) has only the `.exe`, which runs through Wine (launcher_for). An unpacked
+    release archive has it at the top (llama.cpp's layout: `llama-<tag>/llama-server`, a flat zip),
+    so B itself is looked in when B/bin has none."""
     native, other = ("llama-server.exe", "llama-server") if sys.platform == "win32" else ("llama-server",
                                                                                            "llama-server.exe")
-    path = Path(build_dir) / "bin" / native
-    if not path.is_file() and (Path(build_dir) / "bin" / other).is_file():
-        return Path(build_dir) / "bin" / other
-    return path
+    for folder in (Path(build_dir) / "bin", Path(build_dir)):
+        for name in (native, other):
+            if (folder / name).is_file():
+                return folder / name
+    return Path(build_dir) / "bin" / native
 
 
 def launcher_for(binary: Path) -> tuple[list[str], dict[str, str]]:
