@@ -14,11 +14,16 @@ behaviour:
   near-tie        drafted output takes the runner-up at token 5, where the plain run's top two
                   are 0.01 nats apart: batch-shape noise on a device like lavapipe
   diverge         the same difference, but at a decisive token (5 nats apart): a real divergence
-  zero-fill-images like ok, but with a draft each image's span is logged as zero-filled (at -v),
-                  as a series that skips every image batch logs it
+  zero-fill-images like ok, but with a draft each image's span (and a restored prefix) is logged as
+                  zero-filled at -v, in the one debug wording the series had before issue 37
   restore-unused  like ok, but a restored slot's prompt is never reused (the hybrid target's
                   full re-processing): the completion after a restore logs "cached n_tokens = 0"
   begin-warning   like ok, but with a draft each completion logs begin()'s warning (a real miss)
+  gated           like ok, as today's series logs at -v: an image's span zero-filled at debug level
+                  ("... of the image left out"), a restored prefix zero-filled with a warning
+  warned-fill     like ok, but each image's span is zero-filled with the warning (no image explains it)
+  other-drafts    like ok, but at -v the draft proposes other candidates (what a changed draft cache does)
+With a draft and -v, every completion logs the draft's candidates as draft() does.
 The slot actions (POST /slots/0?action=save|erase|restore, with --slot-save-path) answer as
 llama-server's do; the first completion after a restore reuses the restored prompt ("cached
 n_tokens = 709" at -v, and under "bug" the draft's hole fails it as unpatched b11434 does).
@@ -141,8 +146,21 @@ class Handler(BaseHTTPRequestHandler):
         if MODE == "begin-warning" and State.speculative:
             log("0.00.135.687 W begin: ctx_dft pos_max=111 < N-1=114 - process() did not run on every prefill "
                 "ubatch. Drafts may degrade.")
-        if MODE == "zero-fill-images" and State.speculative and has_image and "-v" in sys.argv:
-            log("process: seq_id=0: zero-filling draft positions [16, 32)")
+        if MODE == "zero-fill-images" and State.speculative and "-v" in sys.argv and (has_image or restored):
+            # the series before issue 37: one debug wording for every fill, a restored prefix's too
+            log(f"process: seq_id=0: zero-filling draft positions {'[16, 32)' if has_image else '[33, 709)'}")
+        if MODE == "gated" and State.speculative and has_image and "-v" in sys.argv:
+            log("0.01 D spec      process: seq_id=0: zero-filling draft positions [16, 32) of the image left out")
+        if MODE == "gated" and State.speculative and restored:
+            log("0.01 W spec      process: seq_id=0: zero-filling draft positions [33, 709), which the draft "
+                "never processed; drafts may degrade")
+        if MODE == "warned-fill" and State.speculative and has_image:
+            log("0.01 W spec      process: seq_id=0: zero-filling draft positions [16, 32), which the draft "
+                "never processed; drafts may degrade")
+        if State.speculative and "-v" in sys.argv:
+            p = 0.5 if MODE == "other-drafts" else 0.912
+            for k in range(3):
+                log(f"0.02 D  - seq_id 0, draft candidate {k:3d}, pos {k:3d}: {97 + k:6d} ({p:8.3f}) 'a'")
         n_predict = payload.get("n_predict", 16)
         timings = {"predicted_n": n_predict}
         if State.speculative:
