@@ -123,7 +123,7 @@ def epochs_not_from_the_code(data: dict) -> list[str]:
 # it, or one in it that is current again, fails the check below.
 # Issue 37 gated zero-fill (and, where the base knows M-RoPE drafts or an empty draft cache, embedding-skip
 # and noise-block-base) to the case that fails: every variant's code changed, so every epoch end is proven
-# again (bench/proofs_i37/ holds the script for the lent machine).
+# again (scripts/prove-epochs.sh, on the lent machine).
 REPROVE_PENDING: set[str] = {"b9837", "b10159", "b10173", "b10338", "b10355", "b10644", "b10662", "b10705",
                              "b10724", "b10894", "b10901", "b10909", "b11223", "b11236", "b11434"}
 
