@@ -75,6 +75,7 @@ def probabilities(content: str) -> list[dict]:
 class State:
     speculative = False
     restored = False  # a slot restore happened and no completion has reused it yet
+    draft_holds = False  # the draft cache holds a position (a completion since the last erase)
     health_polls = 0
     drafted = 0
     accepted = 0
@@ -134,6 +135,7 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(200, {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.5] * 8}]})
             return
         restored, State.restored = State.restored, False
+        draft_held, State.draft_holds = State.draft_holds, True
         if restored and "-v" in sys.argv:
             log(f"slot   operator(): id  0 | task 9 | cached n_tokens = {0 if MODE == 'restore-unused' else 709}, "
                 "memory_seq_rm [709, end)")
@@ -147,11 +149,13 @@ class Handler(BaseHTTPRequestHandler):
             log("0.00.135.687 W begin: ctx_dft pos_max=111 < N-1=114 - process() did not run on every prefill "
                 "ubatch. Drafts may degrade.")
         if MODE == "zero-fill-images" and State.speculative and "-v" in sys.argv and (has_image or restored):
-            # the series before issue 37: one debug wording for every fill, a restored prefix's too
-            log(f"process: seq_id=0: zero-filling draft positions {'[16, 32)' if has_image else '[33, 709)'}")
+            # the series before issue 37: one debug wording for every fill, a restored prefix's too, and
+            # from an empty draft cache as well
+            hole = "[16, 32)" if has_image else "[33, 709)" if draft_held else "[0, 709)"
+            log(f"process: seq_id=0: zero-filling draft positions {hole}")
         if MODE == "gated" and State.speculative and has_image and "-v" in sys.argv:
             log("0.01 D spec      process: seq_id=0: zero-filling draft positions [16, 32) of the image left out")
-        if MODE == "gated" and State.speculative and restored:
+        if MODE == "gated" and State.speculative and restored and draft_held:  # an empty cache takes any start
             log("0.01 W spec      process: seq_id=0: zero-filling draft positions [33, 709), which the draft "
                 "never processed; drafts may degrade")
         if MODE == "warned-fill" and State.speculative and has_image:
@@ -192,6 +196,7 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(501, {"error": {"code": 501, "message": "This server does not support slots action.",
                                        "type": "not_supported_error"}})
         elif action == "erase":
+            State.draft_holds = False
             self.reply(200, {"id_slot": 0, "n_erased": 724})
         elif action in ("save", "restore") and payload.get("filename"):
             path = os.path.join(folder, payload["filename"])

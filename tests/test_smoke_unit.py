@@ -485,7 +485,9 @@ def test_the_cases_that_work_unpatched_and_the_bugs_case_run_where_they_mean_som
     results = section["results"]
     assert section["passed"], section["failed"]
     assert list(results["mrope-draft"]) == ["qwen35-grid-sections-agree", "qwen35-grid-sections-random"]
-    assert list(results["empty-draft-cache"]) == sets
+    assert list(results["empty-draft-cache"]) == ["llama-mlp-agree"]  # a target that reuses a restored prefix
+    empty = results["empty-draft-cache"]["llama-mlp-agree"]
+    assert empty["fills"] == [] and "restore-other" not in [q["label"] for q in empty["requests"]]
     assert list(results["pinned-image-hole"]) == ["qwen35-grid-plain-agree"]  # a plain-rope draft, an M-RoPE target
     for name in ("mrope-draft", "empty-draft-cache", "linear-image"):
         scenario = smoke.SCENARIOS[name]
@@ -493,7 +495,8 @@ def test_the_cases_that_work_unpatched_and_the_bugs_case_run_where_they_mean_som
     assert smoke.SCENARIOS["pinned-image-hole"].unpatched == "fails" and "pinned-image-hole" in smoke.DEFAULT_SCENARIOS
     # drafts honour rope sections from b10662: before it, a sections draft is one more plain-rope draft
     assert not smoke.SCENARIOS["mrope-draft"].applies_to(10644) and smoke.SCENARIOS["mrope-draft"].applies_to(10662)
-    assert "qwen35-grid-sections-random" in smoke.DEFAULT_SETS  # drafts that depend on their cache
+    assert {"qwen35-grid-sections-random", "llama-mlp-random"} <= set(smoke.DEFAULT_SETS)  # drafts that depend on
+    # their cache
     same = results["mrope-draft"]["qwen35-grid-sections-random"]
     assert same["draft_trace"]["lines"] == 3 * 3 and len(same["draft_trace"]["sha256"]) == 64  # three completions
     assert results["pinned-image-hole"]["qwen35-grid-plain-agree"]["fills"] == [[16, 32, "debug"]]
@@ -518,6 +521,14 @@ def test_a_fill_no_left_out_image_explains_fails_unless_it_is_a_restored_prefix_
     # the series before issue 37 filled a restored prefix in its one debug wording: silent, so it fails
     silent = run("zero-fill-images", ["llama-mlp-agree"], ["slot-restore"])
     assert not silent["passed"] and "without a warning" in silent["failures"][-1]
+    # and it filled an empty draft cache too, where nothing fails unpatched: the proof's comparison says so
+    unpatched = smoke.run_smoke(build_dir, tmp_path / "fx", sets=["llama-mlp-random"], scenarios=["empty-draft-cache"],
+                                env=fake_env("ok"), log_dir=tmp_path / "empty-ok")
+    ungated = smoke.run_smoke(build_dir, tmp_path / "fx", sets=["llama-mlp-random"], scenarios=["empty-draft-cache"],
+                              env=fake_env("zero-fill-images"), log_dir=tmp_path / "empty-ungated")
+    assert unpatched["passed"] and ungated["passed"]
+    held = prove.hold_to_unpatched(unpatched, ungated)
+    assert not ungated["passed"] and "[0, 709)" in held["differ"][0]["problems"][-1]
 
 
 def test_a_patched_build_is_held_to_the_unpatched_one_where_the_case_works(tmp_path):
