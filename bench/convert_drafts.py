@@ -172,7 +172,7 @@ def smoke_drafts(rows: list[dict], builds: list[str], work: Path, keep: Path) ->
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--python", required=True, help="a Python with torch, safetensors and transformers")
+    p.add_argument("--python", help="a Python with torch, safetensors and transformers (for converting)")
     p.add_argument("--keep", type=Path, help="keep the converted GGUFs here (base--target.gguf)")
     p.add_argument("--out", type=Path, default=HERE / "convert_drafts.json")
     p.add_argument("--smoke", action="append", default=[], metavar="LABEL=BUILD",
@@ -192,6 +192,8 @@ def main() -> int:
         print(f"wrote {args.out}", file=sys.stderr)
         return 0
 
+    if not args.python:
+        p.error("converting needs --python, a Python with torch, safetensors and transformers")
     rows = []
     with tempfile.TemporaryDirectory(prefix="convert-drafts-") as tmp:
         tmp = Path(tmp)
