@@ -27,7 +27,9 @@
 # in the same work dir (only the patched build compiles again): a proof that must come out still-broken,
 # because the ungated zero-fill changes what an M-RoPE draft and an empty draft cache get (its
 # held_to_unpatched names the runs that differ). That one is evidence, not a record.
-# Back here, record each: dfbuild series record-proof --proof bench/proofs/proof-bNNNN.json
+# Back here: tar -xzf proofs.tar.gz; copy each proofs/proof-bNNNN.json to bench/proofs/, record it
+# (dfbuild series record-proof --proof bench/proofs/proof-bNNNN.json), take the release out of
+# tests/test_drift_record.py's REPROVE_PENDING, and redo the drift report (python bench/drift.py --report-only).
 set -euo pipefail
 mode=${1:-}
 [ $# -gt 0 ] && shift
