@@ -125,7 +125,7 @@ def epochs_not_from_the_code(data: dict) -> list[str]:
 # and noise-block-base) to the case that fails: every variant's code changed, so every epoch end is proven
 # again (scripts/prove-epochs.sh, on the lent machine).
 REPROVE_PENDING: set[str] = {"b9837", "b10159", "b10173", "b10338", "b10355", "b10644", "b10662", "b10705",
-                             "b10724", "b10894", "b10901", "b10909", "b11223", "b11236"}
+                             "b10724", "b10894", "b10901", "b10909", "b11223"}
 
 
 def stale_proofs(data: dict) -> list[str]:
