@@ -18,8 +18,10 @@
 #
 # run seeds dfbuild's cache with those imports (so every checkout is offline), then proves the releases
 # it is given (default: every epoch end), PARALLEL at a time (default 8, each with -j 2: 16 cores), with
-# the tests' flags (-O1, one CPU variant, x64), and writes into $OUT one proofs.tar.gz: each proof's JSON
-# (`dfbuild prove --json`), its log, and a summary. A cold proof took 4.5 to 5 minutes there; one call
+# the tests' flags (-O1, one CPU variant, x64), then checks every prefix of the release's variant in the
+# proof's work dir (bench/prefixes.py: each builds, none regresses a run that passes unpatched), and
+# writes into $OUT one proofs.tar.gz: each proof's JSON (`dfbuild prove --json`), its prefixes JSON, the
+# logs, and a summary. A cold proof took 4.5 to 5 minutes there; one call
 # may run 10, so prove the 15 epoch ends in two calls of 8 and 7 (timeout_s 600 each):
 #   run b9837 b10159 b10173 b10338 b10355 b10644 b10662 b10705
 #   run b10724 b10894 b10901 b10909 b11223 b11236 b11434
@@ -113,7 +115,13 @@ run)
         code=0
         python3 -m dfbuild.cli prove --base "$1" --backend cpu --cpu-variants x64 -j 2 --work "/tmp/w/$1" --json \
             > "/tmp/proofs/proof-$1.json" 2> "/tmp/proofs/prove-$1.log" || code=$?
-        echo "$1 exit $code (0 fixed, 44 fixed upstream, 43 still broken)"' _ {} | tee -a "$report"
+        echo "$1 exit $code (0 fixed, 44 fixed upstream, 43 still broken)"
+        if [ "$code" = 0 ]; then
+            code=0
+            python3 bench/prefixes.py --work "/tmp/w/$1" -j 2 --out "/tmp/proofs/prefixes-$1.json" \
+                > /dev/null 2> "/tmp/proofs/prefixes-$1.log" || code=$?
+            echo "$1 prefixes exit $code (0: every prefix builds, none regresses)"
+        fi' _ {} | tee -a "$report"
     if [[ " ${releases[*]} " == *" b11434 "* ]] && [ -f .carry/ungated/patches/series.toml ]; then
         code=0
         python3 -m dfbuild.cli prove --base b11434 --backend cpu --cpu-variants x64 -j "$(nproc)" --work /tmp/w/b11434 \
