@@ -131,8 +131,9 @@ save_file(t, sys.argv[1] + "/model.safetensors", metadata={"format": "pt"})
 def vocab_file(folder: Path) -> Path:
     sys.path.insert(0, str(REPO / "src"))
     from dfbuild import fixtures
+    from dfbuild.fixtures import models
 
-    kv = fixtures._tokenizer_kv()
+    kv = models._tokenizer_kv()
     path = folder / "vocab.json"
     path.write_text(json.dumps({"tokens": kv["tokenizer.ggml.tokens"], "token_types": kv["tokenizer.ggml.token_type"],
                                 "merges": kv["tokenizer.ggml.merges"], "eos": fixtures.EOS_ID,
