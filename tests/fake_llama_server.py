@@ -14,11 +14,16 @@ behaviour:
   near-tie        drafted output takes the runner-up at token 5, where the plain run's top two
                   are 0.01 nats apart: batch-shape noise on a device like lavapipe
   diverge         the same difference, but at a decisive token (5 nats apart): a real divergence
-  zero-fill-images like ok, but with a draft each image's span is logged as zero-filled (at -v),
-                  as a series that skips every image batch logs it
+  zero-fill-images like ok, but with a draft each image's span (and a restored prefix) is logged as
+                  zero-filled at -v, in the one debug wording the series had before issue 37
   restore-unused  like ok, but a restored slot's prompt is never reused (the hybrid target's
                   full re-processing): the completion after a restore logs "cached n_tokens = 0"
   begin-warning   like ok, but with a draft each completion logs begin()'s warning (a real miss)
+  gated           like ok, as today's series logs at -v: an image's span zero-filled at debug level
+                  ("... of the image left out"), a restored prefix zero-filled with a warning
+  warned-fill     like ok, but each image's span is zero-filled with the warning (no image explains it)
+  other-drafts    like ok, but at -v the draft proposes other candidates (what a changed draft cache does)
+With a draft and -v, every completion logs the draft's candidates as draft() does.
 The slot actions (POST /slots/0?action=save|erase|restore, with --slot-save-path) answer as
 llama-server's do; the first completion after a restore reuses the restored prompt ("cached
 n_tokens = 709" at -v, and under "bug" the draft's hole fails it as unpatched b11434 does).
@@ -70,6 +75,7 @@ def probabilities(content: str) -> list[dict]:
 class State:
     speculative = False
     restored = False  # a slot restore happened and no completion has reused it yet
+    draft_holds = False  # the draft cache holds a position (a completion since the last erase)
     health_polls = 0
     drafted = 0
     accepted = 0
@@ -129,6 +135,7 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(200, {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.5] * 8}]})
             return
         restored, State.restored = State.restored, False
+        draft_held, State.draft_holds = State.draft_holds, True
         if restored and "-v" in sys.argv:
             log(f"slot   operator(): id  0 | task 9 | cached n_tokens = {0 if MODE == 'restore-unused' else 709}, "
                 "memory_seq_rm [709, end)")
@@ -141,8 +148,23 @@ class Handler(BaseHTTPRequestHandler):
         if MODE == "begin-warning" and State.speculative:
             log("0.00.135.687 W begin: ctx_dft pos_max=111 < N-1=114 - process() did not run on every prefill "
                 "ubatch. Drafts may degrade.")
-        if MODE == "zero-fill-images" and State.speculative and has_image and "-v" in sys.argv:
-            log("process: seq_id=0: zero-filling draft positions [16, 32)")
+        if MODE == "zero-fill-images" and State.speculative and "-v" in sys.argv and (has_image or restored):
+            # the series before issue 37: one debug wording for every fill, a restored prefix's too, and
+            # from an empty draft cache as well
+            hole = "[16, 32)" if has_image else "[33, 709)" if draft_held else "[0, 709)"
+            log(f"process: seq_id=0: zero-filling draft positions {hole}")
+        if MODE == "gated" and State.speculative and has_image and "-v" in sys.argv:
+            log("0.01 D spec      process: seq_id=0: zero-filling draft positions [16, 32) of the image left out")
+        if MODE == "gated" and State.speculative and restored and draft_held:  # an empty cache takes any start
+            log("0.01 W spec      process: seq_id=0: zero-filling draft positions [33, 709), which the draft "
+                "never processed; drafts may degrade")
+        if MODE == "warned-fill" and State.speculative and has_image:
+            log("0.01 W spec      process: seq_id=0: zero-filling draft positions [16, 32), which the draft "
+                "never processed; drafts may degrade")
+        if State.speculative and "-v" in sys.argv:
+            p = 0.5 if MODE == "other-drafts" else 0.912
+            for k in range(3):
+                log(f"0.02 D  - seq_id 0, draft candidate {k:3d}, pos {k:3d}: {97 + k:6d} ({p:8.3f}) 'a'")
         n_predict = payload.get("n_predict", 16)
         timings = {"predicted_n": n_predict}
         if State.speculative:
@@ -174,6 +196,7 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(501, {"error": {"code": 501, "message": "This server does not support slots action.",
                                        "type": "not_supported_error"}})
         elif action == "erase":
+            State.draft_holds = False
             self.reply(200, {"id_slot": 0, "n_erased": 724})
         elif action in ("save", "restore") and payload.get("filename"):
             path = os.path.join(folder, payload["filename"])

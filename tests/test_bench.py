@@ -183,9 +183,12 @@ def test_expected_series_hash_is_the_release_hash_of_the_epochs_variants(tmp_pat
 
     today = benchlib.expected_series_hash("b11434")
     assert today == release.series_hash(_epoch_section("b11434"))
-    # what apply really recorded for b11434 (its committed proof, a not-needed decision included)
+    # what apply really recorded for b11434 (its committed proof, a not-needed decision included), once that
+    # proof ran today's series (test_drift_record.REPROVE_PENDING lists the proofs still to be made again)
+    from test_drift_record import REPROVE_PENDING
+
     proof = json.loads((Path(__file__).resolve().parents[1] / "bench" / "proofs" / "proof-b11434.json").read_text())
-    assert today == release.series_hash({"concerns": proof["concerns"]})
+    assert (today == release.series_hash({"concerns": proof["concerns"]})) != ("b11434" in REPROVE_PENDING)
     assert benchlib.expected_series_hash("b1") is None  # no epoch, no variant: cannot be predicted
     # a changed patch is another series
     patches = tmp_path / "patches"

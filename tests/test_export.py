@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import export
+from dfbuild import export, export_text
 
 from helpers import dfbuild, private_cache, run_git, said
 from test_series import (BASE_LINES, FORMAT_PATCH, IDS, SPEC, patch_variant, snapshot, syn, template,  # noqa: F401
@@ -334,6 +334,55 @@ def test_pr_md_says_once_when_the_bug_happens_and_no_dfbuild_figures():
     for internal in ("smoke", " of 41", "fixture set", "dfbuild prove", "scenario"):
         assert internal not in text, internal
     assert "<!-- dfbuild: slot for the converter figures" in text
+
+
+CONVERTED = json.loads((Path(__file__).resolve().parent.parent / "bench" / "convert_drafts.json").read_text())
+
+
+def test_pr_md_says_which_drafts_hit_the_bug_from_the_bases_own_converter():
+    """Issue 37: bench/convert_drafts.json's rows for the exported base, a table a reviewer can redo with the
+    base's converter and gguf-dump, and when reconverting is the way out; the slot where nothing was measured."""
+    text = export.pr_text(TEMPLATE, base="b11434", base_commit="c" * 40, applied=APPLIED, bug="", measured=None,
+                          converter=CONVERTED)
+    assert export_text.CONVERTER_SLOT not in text
+    assert "b11434's own `convert_hf_to_gguf.py`" in text
+    assert "| `rope_parameters.mrope_section` | `dflash.rope.dimension_sections = [8, 0, 0, 0]` |" in text
+    assert "| `rope_scaling.mrope_section` | `dflash.rope.dimension_sections = [8, 0, 0, 0]` |" in text
+    assert "| no `mrope_section` | no rope sections (plain rope) |" in text
+    assert "| `rope_parameters` without it, `rope_scaling.mrope_section` | no rope sections (plain rope) |" in text
+    assert "by b10644's converter or an older one" in text  # the newest measured one that writes no sections
+    assert "reconverting it with b11434's converter" in text and "is the alternative to this PR" in text
+    # before the loader reads the sections, reconverting cannot help, whatever the converter wrote
+    old = export.pr_text(TEMPLATE, base="b10644", base_commit="c" * 40, applied=APPLIED, bug="", measured=None,
+                         converter=CONVERTED)
+    assert "At b10644 llama.cpp does not read `dflash.rope.dimension_sections`" in old
+    assert "reconverting the draft does not avoid it" in old and "alternative to this PR" not in old
+    assert old.count("no rope sections (plain rope) |") == 4
+    # the one statement of when it happens names the drafts a loader that ignores the key treats as plain rope
+    assert "any DFlash draft in a llama.cpp that does not read that key yet" in export.WHEN
+    # a base whose own converter was not measured (another may read a config otherwise), a PR head, no record
+    for base, record in (("b11378", CONVERTED), ("5ecbe1a", CONVERTED), ("b11434", None),
+                         ("b11434", {"rows": CONVERTED["rows"]})):
+        assert export_text.converter_note(base, record) is None, base
+        assert export_text.CONVERTER_SLOT in export.pr_text(TEMPLATE, base=base, base_commit="c" * 40, applied=APPLIED,
+                                                       bug="", measured=None, converter=record)
+
+
+def test_the_export_reads_the_converter_record_beside_the_patches(syn, tmp_path, monkeypatch):
+    seen = []
+
+    def note(base, record):
+        seen.append((base, record))
+        return ["CONVERTER FIGURES"]
+
+    monkeypatch.setattr(export_text, "converter_note", note)
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "convert_drafts.json").write_text(json.dumps({"rows": [], "targets": {}}))
+    out = tmp_path / "export"
+    assert run_export(syn, out).exit_code == 0
+    assert seen == [(syn.base_commit, {"rows": [], "targets": {}})]
+    text = (out / "PR.md").read_text()
+    assert "CONVERTER FIGURES" in text and "slot for the converter" not in text
 
 
 def test_pr_md_shows_the_new_tests_results_only_when_made_with_this_test_and_fix():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import backends, errors, paths, smoke
+from dfbuild import backends, errors, paths, prove, smoke
 from dfbuild.cli import main
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
@@ -472,3 +472,111 @@ def test_an_unpacked_release_archive_is_smoked_where_llama_cpp_puts_its_server(t
     (unpacked / "bin" / "llama-server").write_text("#!/bin/sh\n")
     assert smoke.server_binary(unpacked) == unpacked / "bin" / "llama-server"
     assert smoke.server_binary(tmp_path / "empty") == tmp_path / "empty" / "bin" / "llama-server"
+
+
+# --- issue 37: the cases that work unpatched, the bug's case, and how a fill is logged -----------
+
+
+def test_the_cases_that_work_unpatched_and_the_bugs_case_run_where_they_mean_something(build_dir, tmp_path):
+    sets = ["llama-mlp-agree", "qwen35-grid-plain-agree", "qwen35-grid-sections-agree", "qwen35-grid-sections-random"]
+    names = ["mrope-draft", "empty-draft-cache", "pinned-image-hole"]
+    section = smoke.run_smoke(build_dir, tmp_path / "fx", sets=sets, scenarios=names, env=fake_env("gated"),
+                              log_dir=tmp_path / "logs")
+    results = section["results"]
+    assert section["passed"], section["failed"]
+    assert list(results["mrope-draft"]) == ["qwen35-grid-sections-agree", "qwen35-grid-sections-random"]
+    assert list(results["empty-draft-cache"]) == ["llama-mlp-agree"]  # a target that reuses a restored prefix
+    empty = results["empty-draft-cache"]["llama-mlp-agree"]
+    assert empty["fills"] == [] and "restore-other" not in [q["label"] for q in empty["requests"]]
+    assert list(results["pinned-image-hole"]) == ["qwen35-grid-plain-agree"]  # a plain-rope draft, an M-RoPE target
+    for name in ("mrope-draft", "empty-draft-cache", "linear-image"):
+        scenario = smoke.SCENARIOS[name]
+        assert scenario.unpatched == "same" and "-v" in scenario.server_args and name in smoke.DEFAULT_SCENARIOS
+    assert smoke.SCENARIOS["pinned-image-hole"].unpatched == "fails" and "pinned-image-hole" in smoke.DEFAULT_SCENARIOS
+    # drafts honour rope sections from b10662: before it, a sections draft is one more plain-rope draft
+    assert not smoke.SCENARIOS["mrope-draft"].applies_to(10644) and smoke.SCENARIOS["mrope-draft"].applies_to(10662)
+    assert {"qwen35-grid-sections-random", "llama-mlp-random"} <= set(smoke.DEFAULT_SETS)  # drafts that depend on
+    # their cache
+    same = results["mrope-draft"]["qwen35-grid-sections-random"]
+    assert same["draft_trace"]["lines"] == 3 * 3 and len(same["draft_trace"]["sha256"]) == 64  # three completions
+    assert results["pinned-image-hole"]["qwen35-grid-plain-agree"]["fills"] == [[16, 32, "debug"]]
+    assert "draft_trace" not in results["pinned-image-hole"]["qwen35-grid-plain-agree"]
+
+
+def test_a_fill_no_left_out_image_explains_fails_unless_it_is_a_restored_prefix_that_warns(build_dir, tmp_path):
+    """Issue 37: a fill after an image process() left out logs at debug; any other fill (the draft missed
+    context) must warn, and a warning anywhere but after a restored prefix fails the run."""
+    def run(mode, sets, scenarios):
+        section = smoke.run_smoke(build_dir, tmp_path / "fx", sets=sets, scenarios=scenarios, env=fake_env(mode),
+                                  log_dir=tmp_path / mode)
+        return section["results"][scenarios[0]][sets[0]]
+
+    assert run("gated", ["qwen35-grid-plain-agree"], ["image"])["passed"]
+    warned = run("warned-fill", ["qwen35-grid-plain-agree"], ["image"])
+    assert not warned["passed"] and "no left-out image explains it" in warned["failures"][-1]
+    assert warned["fills"] == [[16, 32, "warn"], [16, 32, "warn"]]
+    restored = run("gated", ["llama-mlp-agree"], ["slot-restore"])
+    assert restored["passed"], restored["failures"]
+    assert restored["fills"] == [[33, 709, "warn"]]
+    # the series before issue 37 filled a restored prefix in its one debug wording: silent, so it fails
+    silent = run("zero-fill-images", ["llama-mlp-agree"], ["slot-restore"])
+    assert not silent["passed"] and "without a warning" in silent["failures"][-1]
+    # and it filled an empty draft cache too, where nothing fails unpatched: the proof's comparison says so
+    unpatched = smoke.run_smoke(build_dir, tmp_path / "fx", sets=["llama-mlp-random"], scenarios=["empty-draft-cache"],
+                                env=fake_env("ok"), log_dir=tmp_path / "empty-ok")
+    ungated = smoke.run_smoke(build_dir, tmp_path / "fx", sets=["llama-mlp-random"], scenarios=["empty-draft-cache"],
+                              env=fake_env("zero-fill-images"), log_dir=tmp_path / "empty-ungated")
+    assert unpatched["passed"] and ungated["passed"]
+    held = prove.hold_to_unpatched(unpatched, ungated)
+    assert not ungated["passed"] and "[0, 709)" in held["differ"][0]["problems"][-1]
+
+
+def test_a_patched_build_is_held_to_the_unpatched_one_where_the_case_works(tmp_path):
+    unpatched_dir, patched_dir = make_build_dir(tmp_path / "u"), make_build_dir(tmp_path / "p")
+    sets, scenarios = ["qwen35-grid-sections-random"], ["mrope-draft"]
+
+    def smoke_run(build, mode):
+        return smoke.run_smoke(build, tmp_path / "fx", sets=sets, scenarios=scenarios, env=fake_env(mode),
+                               log_dir=tmp_path / f"{build.name}-{mode}")
+
+    unpatched = smoke_run(unpatched_dir, "ok")
+    same = smoke_run(patched_dir, "ok")
+    held = prove.hold_to_unpatched(unpatched, same)
+    assert same["passed"] and held == {"same": ["mrope-draft/qwen35-grid-sections-random"], "differ": [],
+                                       "not_failing_unpatched": []}
+    # what a changed draft cache shows: other candidates; the old ungated series: a fill where none was
+    for mode, words in (("other-drafts", "the draft proposed other candidates"),
+                        ("zero-fill-images", "which the unpatched build left as they were")):
+        patched = smoke_run(patched_dir, mode)
+        assert patched["passed"]  # the smoke alone cannot tell
+        held = prove.hold_to_unpatched(unpatched, patched)
+        assert not patched["passed"] and patched["failed"] == ["mrope-draft/qwen35-grid-sections-random"]
+        failures = patched["results"]["mrope-draft"]["qwen35-grid-sections-random"]["failures"]
+        assert any(words in failure for failure in failures), failures
+        assert held["differ"][0]["run"] == "mrope-draft/qwen35-grid-sections-random"
+    # where the unpatched run fails, the case does not work at that base: nothing to hold the patched run to
+    broken = smoke_run(unpatched_dir, "bug")
+    other = smoke_run(patched_dir, "other-drafts")
+    assert prove.hold_to_unpatched(broken, other)["same"] == [] and other["passed"]
+
+
+def test_the_bugs_case_must_fail_unpatched_and_be_filled_at_debug_level_patched(tmp_path):
+    unpatched_dir, patched_dir = make_build_dir(tmp_path / "u"), make_build_dir(tmp_path / "p")
+    sets, scenarios = ["qwen35-grid-plain-agree"], ["pinned-image-hole"]
+
+    def smoke_run(build, mode):
+        return smoke.run_smoke(build, tmp_path / "fx", sets=sets, scenarios=scenarios, env=fake_env(mode),
+                               log_dir=tmp_path / f"{build.name}-{mode}")
+
+    bug = smoke_run(unpatched_dir, "bug")
+    assert not bug["passed"]
+    gated = smoke_run(patched_dir, "gated")
+    held = prove.hold_to_unpatched(bug, gated)
+    assert gated["passed"] and held["not_failing_unpatched"] == [] and held["differ"] == []
+    unfilled = smoke_run(patched_dir, "ok")  # a fix that does not fill (or fills without saying so)
+    prove.hold_to_unpatched(bug, unfilled)
+    assert not unfilled["passed"]
+    assert "at debug level" in unfilled["results"]["pinned-image-hole"][sets[0]]["failures"][-1]
+    # an unpatched build that passes here is recorded: the case no longer fails at that base
+    assert prove.hold_to_unpatched(smoke_run(unpatched_dir, "ok"), smoke_run(patched_dir, "gated"))[
+        "not_failing_unpatched"] == ["pinned-image-hole/qwen35-grid-plain-agree"]

@@ -366,7 +366,8 @@ def export_upstream(curated, base: str, out: Path, *, repo: str | None = None, a
                         "reports no test result (run tests/test_export_real.py and record it)")
             text = pr_text(template, base=base, base_commit=base_commit or "", applied=made["applied"],
                            bug=curated.bug, measured=measured, requirements=made["requirements"],
-                           made_on=made.get("made_on") if treeless else None)
+                           made_on=made.get("made_on") if treeless else None,
+                           converter=_load_json(repo_root / "bench" / "convert_drafts.json"))
             (staging / "PR.md").write_text(text, encoding="utf-8")
             names.append("PR.md")
         files = {name: sha256_file(staging / name) for name in names}

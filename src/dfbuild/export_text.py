@@ -16,6 +16,7 @@ import textwrap
 from importlib import resources
 from pathlib import Path
 
+from . import gitfetch
 from . import series as series_mod
 
 FIX_SUBJECT = "spec : fix DFlash draft KV positions after multimodal chunks"
@@ -28,12 +29,19 @@ YAML_REQUIREMENT = "PyYAML~=6.0"
 # the DEP-3 fields and dfbuild's own trailers: a patch file's bookkeeping, not upstream's commit message
 _BOOKKEEPING = re.compile(r"^(Origin|Bug(-[\w-]+)?|Forwarded|Applied-Upstream|Last-Update|Author|From|Description|"
                           r"Reviewed-by|Acked-by|Dfbuild-[\w-]+):", re.IGNORECASE)
+# From b10662 llama.cpp loads a DFlash draft that has rope sections as M-RoPE (llama_model_rope_type) and
+# DFlash's process() knows it (is_mrope); before, every DFlash draft runs plain rope whatever its GGUF says
+# (docs/drafts.md; the smoke's mrope-draft scenario starts there too)
+SECTIONS_KEY = "dflash.rope.dimension_sections"
+DRAFT_SECTIONS_READ_FROM = 10662
 # When the bug happens: the one statement the fix commit and PR.md both make (true at every base the series
-# serves: before M-RoPE drafts existed every DFlash draft was plain-rope; an image's rows sit on one position
-# whether process() skips them or stacks them)
+# serves: before b10662 every DFlash draft runs plain rope; an image's rows sit on one position whether
+# process() skips them or stacks them). No release is named: the commit message names only its base, and
+# PR.md's converter note names the release for the base exported.
 WHEN = ("DFlash speculative decoding fails when the draft has no rope sections (a plain-rope draft: a DFlash "
-        "GGUF without `dflash.rope.dimension_sections`), the target uses M-RoPE, and an image follows other "
-        "text in the prompt. mtmd puts all rows of such an image on one position, so the draft KV cache ends "
+        f"GGUF without `{SECTIONS_KEY}`, or any DFlash draft in a llama.cpp that does not read that key yet), "
+        "the target uses M-RoPE, and an image follows other text in the prompt. "
+        "mtmd puts all rows of such an image on one position, so the draft KV cache ends "
         "behind the position where the text after the image starts. A plain-rope draft only takes a batch that "
         "continues its last position (Y = X + 1): the next draft batch fails with `inconsistent sequence "
         "positions`, `llama_decode(ctx_dft)` fails and llama-server answers HTTP 500.")
@@ -125,11 +133,67 @@ def requirements_with_yaml(text: str) -> str | None:
 SUBMITTER_NOTE = ("dfbuild wrote this text from its records. llama.cpp's CONTRIBUTING.md and AGENTS.md ask "
                   "that you understand every line you submit, write the PR description in your own words, "
                   "and fill in the AI usage disclosure yourself; you are responsible for the change.")
-# Where the measurement of which drafts the converter writes as plain-rope goes (issue 37); until it is
-# recorded, PR.md says nothing about it and marks the place
+# Where the measurement of which drafts the converter writes as plain-rope goes (issue 37) when the base's
+# own converter is not in bench/convert_drafts.json: PR.md says nothing about it and marks the place
 CONVERTER_SLOT = ("<!-- dfbuild: slot for the converter figures (issue 37): which DFlash drafts this base's "
                   "convert_hf_to_gguf.py writes without rope sections, and whether reconverting avoids the bug. "
                   "Not measured yet: fill it in or delete this comment. -->")
+
+
+def _where_sections(config: dict) -> str:
+    """Where a target's config.json names its M-RoPE sections, in the text_config the converter reads."""
+    text = config.get("text_config", config)
+    params, scaling = text.get("rope_parameters"), text.get("rope_scaling")
+    if isinstance(params, dict) and "mrope_section" in params:
+        return "`rope_parameters.mrope_section`"
+    if isinstance(scaling, dict) and "mrope_section" in scaling:
+        return ("`rope_parameters` without it, `rope_scaling.mrope_section`" if params
+                else "`rope_scaling.mrope_section`")
+    return "no `mrope_section`"
+
+
+def converter_note(base: str, record: dict | None) -> list[str] | None:
+    """PR.md's lines on which drafts hit the bug at BASE (issue 37): what BASE's own convert_hf_to_gguf.py
+    wrote for a tiny DFlash draft against each target config of RECORD (bench/convert_drafts.py, the GGUFs
+    read back), and whether reconverting avoids the bug there. None where BASE's converter is not in RECORD:
+    another release's converter may read a target's config otherwise, so nothing is carried over."""
+    release = gitfetch.release_build(base)
+    everything = [r for r in (record or {}).get("rows") or [] if isinstance(r, dict)]
+    found = (record or {}).get("targets")
+    targets: dict = found if isinstance(found, dict) else {}
+    rows = [r for r in everything if r.get("base") == base]
+    if release is None or not rows or not all(r.get("converted") and r.get("target") in targets for r in rows):
+        return None
+    lines = [f"Which DFlash drafts hit this at {base}: a tiny DFlash checkpoint converted by {base}'s own "
+             "`convert_hf_to_gguf.py` with `--target-model-dir` a tiny Qwen3.5 or Qwen3-VL target whose "
+             "`config.json` names its M-RoPE sections as each row says, the GGUF read back with `gguf-py`:", "",
+             "| the target's `text_config` | the draft converted |", "| --- | --- |"]
+    for row in rows:
+        written = f"`{SECTIONS_KEY} = {row['sections']}`" if row.get("sections") else "no rope sections (plain rope)"
+        lines.append(f"| {_where_sections(targets[row['target']])} | {written} |")
+    lines.append("")
+    if release < DRAFT_SECTIONS_READ_FROM:
+        lines.append(f"At {base} llama.cpp does not read `{SECTIONS_KEY}` (it does from "
+                     f"b{DRAFT_SECTIONS_READ_FROM}): every DFlash draft runs plain rope and hits this with an "
+                     "M-RoPE target, and reconverting the draft does not avoid it.")
+    elif not any(r.get("sections") for r in rows):
+        lines.append(f"{base}'s converter wrote no rope sections for any of these targets: every draft it "
+                     "converts is plain-rope and hits this, and reconverting with it does not avoid it.")
+    else:
+        # the newest converter measured before the first one that writes sections: drafts it made are plain
+        made = [(gitfetch.release_build(r.get("base")), bool(r.get("sections"))) for r in everything]
+        first_writer = min(b for b, sections in made if sections and b is not None)
+        plain_up_to = max((b for b, _ in made if b is not None and b < first_writer), default=None)
+        lines.append(f"A draft with `{SECTIONS_KEY}` runs M-RoPE at {base}: it may start a batch past its last "
+                     "position and does not hit this. A plain-rope draft does: one converted against a target "
+                     f"config without `mrope_section` where {base}'s converter reads it (rows above)"
+                     + (f", or by b{plain_up_to}'s converter or an older one, which write no rope sections"
+                        if plain_up_to else "") + ". "
+                     f"For such a draft, reconverting it with {base}'s converter against a target config that names "
+                     "`mrope_section` where the converter reads it (the rows with rope sections) is the alternative "
+                     "to this PR; "
+                     f"`gguf-dump DRAFT.gguf` (gguf-py) shows whether a draft has `{SECTIONS_KEY}`.")
+    return lines
 
 
 def digest(text: str) -> str:
@@ -151,13 +215,15 @@ def measured_for(measured: dict | None, *, base: str, fix_sha256: str | None) ->
 
 
 def pr_text(template: str | None, *, base: str, base_commit: str, applied: list[dict], bug: str,
-            measured: dict | None, requirements: bool = True, made_on: dict | None = None) -> str:
+            measured: dict | None, requirements: bool = True, made_on: dict | None = None,
+            converter: dict | None = None) -> str:
     """PR.md: the tree's template with Overview and Additional information filled, Requirements left to the submitter.
 
     MEASURED: the new test's results with this export's test and fix (measured_for), or None: then PR.md
     reports no result. REQUIREMENTS: whether the test commit adds PyYAML to the test requirements.
     MADE_ON: for an export made without BASE's tree, what its variant was made on; PR.md then says first
-    that nothing was applied to a BASE tree where it was prepared."""
+    that nothing was applied to a BASE tree where it was prepared. CONVERTER: bench/convert_drafts.json's
+    record, for which drafts BASE's own converter writes plain-rope (converter_note), or a marked slot."""
     overview = [WHEN, "", "This PR:", ""]
     overview += ["- " + _strip_area(e["subject"]) for e in applied]
     overview += [
@@ -186,7 +252,7 @@ def pr_text(template: str | None, *, base: str, base_commit: str, applied: list[
     else:
         info += [f"The new test's results on {base} are not recorded for this text: run it without and with "
                  "this PR and put them here.", "", *run_it]
-    info += ["", CONVERTER_SLOT]
+    info += ["", *(converter_note(base, converter) or [CONVERTER_SLOT])]
     sections = {"Overview": "\n".join(overview), "Additional information": "\n".join(info)}
     if template is None:
         template = ("## Overview\n\n## Additional information\n\n## Requirements\n\n"

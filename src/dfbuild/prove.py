@@ -83,6 +83,71 @@ def smoke_summary(section: dict) -> dict:
             "wall_s": section.get("wall_s"), "log_dir": section.get("log_dir")}
 
 
+# what a request's outcome is made of, for holding a patched run to the unpatched one
+_SAME_KEYS = ("label", "status", "content", "draft_n", "draft_n_accepted")
+
+
+def _differences(unpatched: dict, patched: dict) -> list[str]:
+    """How PATCHED's run of a scenario differs from UNPATCHED's: request by request (status, output, draft
+    counters), in what the draft proposed (the -v candidate lines) and in any zero-fill (unpatched has none)."""
+    problems = []
+    before, after = unpatched.get("requests", []), patched.get("requests", [])
+    if len(before) != len(after):
+        problems.append(f"{len(after)} requests, unpatched {len(before)}")
+    for old, new in zip(before, after, strict=False):  # a count that differs is said above; the rest compared
+        changed = [key for key in _SAME_KEYS if old.get(key) != new.get(key)]
+        if changed:
+            problems.append(f"{new.get('label')}: " + ", ".join(
+                f"{key} {new.get(key)!r}, unpatched {old.get(key)!r}" for key in changed))
+    if unpatched.get("draft_trace") != patched.get("draft_trace"):
+        problems.append(f"the draft proposed other candidates (-v): {patched.get('draft_trace')}, unpatched "
+                        f"{unpatched.get('draft_trace')}")
+    if patched.get("fills"):
+        problems.append("zero-filled draft positions " + ", ".join(f"[{a}, {b})" for a, b, _ in patched["fills"])
+                        + ", which the unpatched build left as they were")
+    return problems
+
+
+def hold_to_unpatched(unpatched: dict, patched: dict) -> dict:
+    """Issue 37: each scenario says what the unpatched build does in its case (smoke.Scenario.unpatched).
+
+    "same" (the case works unpatched: an M-RoPE draft, an empty draft cache, a linear target): wherever
+    the unpatched run passed, the patched run must match it (_differences). "fails" (the bug's case): the
+    patched run must show the image's span zero-filled at debug level; an unpatched run that passes there
+    is recorded (the case no longer fails at this base). A mismatch fails that patched result, so PATCHED's
+    verdict (updated here) follows. Returns what was held, for the proof record.
+    """
+    held: dict[str, list] = {"same": [], "differ": [], "not_failing_unpatched": []}
+    for name, by_set in patched.get("results", {}).items():
+        scenario = smoke.SCENARIOS.get(name)
+        expectation = scenario.unpatched if scenario else ""
+        for set_name, result in by_set.items():
+            base = unpatched.get("results", {}).get(name, {}).get(set_name)
+            if base is None or not expectation:
+                continue
+            run_name = f"{name}/{set_name}"
+            if expectation == "same":
+                if not base.get("passed"):
+                    continue  # the case does not work unpatched at this base: nothing to match
+                problems = _differences(base, result)
+                held["same"].append(run_name)
+                why = "differs from the unpatched build, where this case works: "
+            else:
+                if base.get("passed") or not smoke.upstream_symptom(base):
+                    held["not_failing_unpatched"].append(run_name)
+                debug = [f for f in result.get("fills", []) if f[2] == "debug"]
+                problems = [] if debug else ["no zero-fill of the left-out image's span at debug level"]
+                why = "the bug's case: "
+            if problems:
+                result["passed"] = False
+                result["failures"].extend(why + problem for problem in problems)
+                held["differ"].append({"run": run_name, "problems": problems})
+    patched["failed"] = [f"{sc}/{st}" for sc, by_set in patched.get("results", {}).items()
+                         for st, r in by_set.items() if not r["passed"]]
+    patched["passed"] = not patched["failed"]
+    return held
+
+
 def verdict(unpatched: dict, patched: dict | None) -> str:
     if unpatched["passed"]:
         return "fixed-upstream"
@@ -365,11 +430,14 @@ def prove(base: str, *, backend: backends.Backend | str = "cpu", work: Path, rep
                                on_result=progress, **plan.run_kwargs())
 
     with timed("smoke_unpatched", "smoke the unpatched tree (it should fail)"):
-        unpatched = smoke_summary(run(unpatched_dir(work, label), "unpatched"))
+        unpatched_section = run(unpatched_dir(work, label), "unpatched")
+        unpatched = smoke_summary(unpatched_section)
     patched_section = None
     if not unpatched["passed"]:
         with timed("smoke_patched", "smoke the patched tree"):
             patched_section = run(work / f"build-{label}", "patched")
+            # where a case works unpatched the patched build must do the same (issue 37)
+            proof["held_to_unpatched"] = hold_to_unpatched(unpatched_section, patched_section)
     patched = smoke_summary(patched_section) if patched_section else None
     outcome = verdict(unpatched, patched)
     proof.update({"outcome": outcome, "unpatched": unpatched, "patched": patched, "times": times,

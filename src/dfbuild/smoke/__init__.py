@@ -9,7 +9,8 @@ fixture set agrees, and produce greedy output byte-identical to the plain run.
 One module per job:
 - server: the llama-server process handle (binary, launcher, free port, start, /health, stop)
 - client: one HTTP response (a stream judged by its events), SSE and /metrics parsing
-- logscan: what a server log says (failure lines, zero-fill spans, begin() warnings)
+- logscan: what a server log says (failure lines, zero-fill spans and which warned, the draft's candidates,
+  begin() warnings)
 - scenarios: the scenario table (steps, which fixture sets, server arguments)
 - judge: the verdict on what one scenario observed, and the identity rule with the plain run
 - run: the driver (run_smoke, run_scenario, the fixture load check)
@@ -36,7 +37,19 @@ from .judge import (
     judge,
     upstream_symptom,
 )
-from .logscan import BEGIN_WARNING, FAILURE_PATTERNS, ZERO_FILL, begin_warnings, scan_log, tail, zero_filled_spans
+from .logscan import (
+    BEGIN_WARNING,
+    DRAFT_CANDIDATE,
+    FAILURE_PATTERNS,
+    ZERO_FILL,
+    ZERO_FILL_WARNED,
+    begin_warnings,
+    draft_trace,
+    scan_log,
+    tail,
+    warned_fill_spans,
+    zero_filled_spans,
+)
 from .memo import RECORD_LAYOUT, memo_key, recall, remember
 from .plan import SHADER_CACHE_DIR_ENV, TABLE_ENV, TABLES, Plan, identity_for, plan, smoke_env_for, start_timeout_for
 from .run import fixtures_that_do_not_load, run_scenario, run_smoke, run_steps
@@ -48,6 +61,7 @@ from .scenarios import (
     SCENARIOS,
     SEED,
     SLOT_FILE,
+    UNPATCHED_EXPECTATIONS,
     Scenario,
     Step,
     base_server_args,
@@ -65,13 +79,13 @@ from .server import (
 
 __all__ = [
     "BEGIN_WARNING", "DEFAULT_REQUEST_TIMEOUT", "DEFAULT_SCENARIOS", "DEFAULT_SETS", "DEFAULT_START_TIMEOUT",
-    "EDGE_SCENARIOS", "EXACT", "FAILURE_PATTERNS", "IDENTITY_RULES", "MAX_DISAGREE_ACCEPTANCE", "MIN_ACCEPTANCE",
-    "N_PREDICT", "N_PROBS", "RECORD_LAYOUT", "SCENARIOS", "SEED", "SHADER_CACHE_DIR_ENV", "SLOT_FILE",
-    "START_TIMEOUT_ENV", "TABLES", "TABLE_ENV", "UPSTREAM_PATTERNS", "ZERO_FILL", "DeviceLines", "LlamaServer",
-    "Plan", "Response", "Scenario", "Step", "backend_devices", "backend_said", "base_server_args",
-    "begin_warnings", "device_name", "exe_start_timeout", "fixtures_that_do_not_load", "free_port",
-    "identity_for", "identity_verdict", "judge", "launcher_for", "list_devices", "memo_key", "no_device_error",
-    "parse_sse", "plan", "prometheus_counters", "recall", "remember", "run_scenario", "run_smoke", "run_steps",
-    "scan_log", "server_binary", "smoke_env_for", "start_timeout_for", "tail", "upstream_symptom",
-    "zero_filled_spans",
+    "DRAFT_CANDIDATE", "EDGE_SCENARIOS", "EXACT", "FAILURE_PATTERNS", "IDENTITY_RULES", "MAX_DISAGREE_ACCEPTANCE",
+    "MIN_ACCEPTANCE", "N_PREDICT", "N_PROBS", "RECORD_LAYOUT", "SCENARIOS", "SEED", "SHADER_CACHE_DIR_ENV", "SLOT_FILE",
+    "START_TIMEOUT_ENV", "TABLES", "TABLE_ENV", "UNPATCHED_EXPECTATIONS", "UPSTREAM_PATTERNS", "ZERO_FILL",
+    "ZERO_FILL_WARNED", "DeviceLines", "LlamaServer", "Plan", "Response", "Scenario", "Step", "backend_devices",
+    "backend_said", "base_server_args", "begin_warnings", "device_name", "draft_trace", "exe_start_timeout",
+    "fixtures_that_do_not_load", "free_port", "identity_for", "identity_verdict", "judge", "launcher_for",
+    "list_devices", "memo_key", "no_device_error", "parse_sse", "plan", "prometheus_counters", "recall", "remember",
+    "run_scenario", "run_smoke", "run_steps", "scan_log", "server_binary", "smoke_env_for", "start_timeout_for", "tail",
+    "upstream_symptom", "warned_fill_spans", "zero_filled_spans",
 ]

@@ -1,7 +1,9 @@
-"""What a llama-server log says: the failure lines, zero-filled draft spans, begin()'s warnings, its tail."""
+"""What a llama-server log says: the failure lines, zero-filled draft spans (and which warned), the draft's
+candidates, begin()'s warnings, its tail."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 # Lines that mean the speculative path broke, whatever the HTTP status said.
@@ -15,14 +17,34 @@ FAILURE_PATTERNS = {
 }
 
 
-# the draft's zero-fill debug line, one wording in every variant ("zero-filling draft positions [a, b)",
-# after the SPC_DBG prefix where the base has the macro, or after the function name)
+# zero-fill's log line, "zero-filling draft positions [a, b)" in every variant (after the SPC_* prefix,
+# or a function name): at debug level after an image process() left out of the draft ("... of the image
+# left out"), as a warning for any other hole, a prefix the draft never processed ("..., which the draft
+# never processed"; issue 37)
 ZERO_FILL = re.compile(r"zero-filling draft positions \[(\d+), (\d+)\)")
+ZERO_FILL_WARNED = re.compile(r"zero-filling draft positions \[(\d+), (\d+)\), which the draft never processed")
 
 
 def zero_filled_spans(text: str) -> list[tuple[int, int]]:
     """Every draft-position span a server log says was mirrored as zero rows."""
     return [(int(a), int(b)) for a, b in ZERO_FILL.findall(text)]
+
+
+def warned_fill_spans(text: str) -> list[tuple[int, int]]:
+    """The spans a server log says were zero-filled with a warning: holes no left-out image explains."""
+    return [(int(a), int(b)) for a, b in ZERO_FILL_WARNED.findall(text)]
+
+
+# the draft's candidates at -v, one line per candidate ("- seq_id 0, draft candidate   0, pos   1:     97
+# ( 0.912) 'a'"), from draft() in every DFlash release: what a patched build drafts must be what the
+# unpatched one drafted wherever that works (issue 37)
+DRAFT_CANDIDATE = re.compile(r"draft candidate\s+\d+, pos\s+\d+:\s+-?\d+ \(\s*[-0-9.naif]+\)")
+
+
+def draft_trace(text: str) -> dict:
+    """The draft candidates a log shows (-v), as a count and a digest (the lines themselves stay in the log)."""
+    lines = [m.group(0) for m in DRAFT_CANDIDATE.finditer(text)]
+    return {"lines": len(lines), "sha256": hashlib.sha256("\n".join(lines).encode()).hexdigest()}
 
 
 # begin()'s warning in DFlash's draft implementation, upstream's one wording from b9837 to b11434

@@ -56,6 +56,9 @@ RESTORE_STEPS = (
     Step("slot-restore", "", endpoint="/slots/0?action=restore"),
     Step("restored-prefix", RESTORE_PROMPT + " and then more words follow"),
 )
+# the same restore into an erased slot, with no other prompt between: the draft cache is empty when the
+# restored prefix is reused, and an empty cache takes any start position (issue 37)
+EMPTY_RESTORE_STEPS = tuple(step for step in RESTORE_STEPS if step.label != "restore-other")
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,14 @@ class Scenario:
     expect_log: str | None = None
     archs: tuple[str, ...] = ()  # only on fixture sets whose target has one of these architectures
     slot_save: bool = False  # the server gets a --slot-save-path of its own (the slot actions' folder)
+    draft_ropes: tuple[str, ...] = ()  # only on fixture sets whose draft has one of these ropes (plain, sections)
+    # What the unpatched build does here, which a proof holds the patched build to (issue 37):
+    # "same": the case works unpatched, so where the unpatched run passes the patched one must give the
+    #         same outputs, draft counters and drafted candidates (-v);
+    # "fails": the bug's case: the unpatched run fails with the upstream symptom and the patched run
+    #          fills the image's span at debug level, never with a warning.
+    unpatched: str = ""
+    fill_warns: bool = False  # a zero-fill here is a prefix the draft never processed: it must warn
 
     def applies_to(self, release: int | None) -> bool:
         """Unknown releases (a PR head, an imported tree) run it: better a check too many."""
@@ -82,6 +93,8 @@ class Scenario:
         if self.projectors and fixture_set.get("projector") not in self.projectors:
             return False
         if self.archs and fixture_set.get("arch") not in self.archs:
+            return False
+        if self.draft_ropes and fixture_set.get("draft_rope") not in self.draft_ropes:
             return False
         return not (self.linear_images_only and fixture_set.get("reproduces_bug", True))
 
@@ -111,7 +124,27 @@ SCENARIOS = {s.name: s for s in (
     # out of the draft by itself, so the scenario starts there.
     Scenario("linear-image", (IMAGE, TEXT_AFTER, TWO_IMAGES), server_args=("-v",),
              description="images with linear positions reach the draft with the target's features (no zero-fill)",
-             linear_images_only=True, since_build=10355),
+             linear_images_only=True, since_build=10355, unpatched="same"),
+    # The cases the series must leave as upstream runs them (issue 37), each at -v so the proof can
+    # compare what the draft proposed, not only the counters. An M-RoPE draft (rope sections) may jump
+    # over an image's span (X < Y): no fill, from b10662 on, where DFlash drafts honour their sections.
+    Scenario("mrope-draft", (IMAGE, TEXT_AFTER, TWO_IMAGES), server_args=("-v",),
+             description="an M-RoPE draft jumps over an image's span, as unpatched (no zero-fill)",
+             archs=("qwen35",), draft_ropes=("sections",), since_build=10662, unpatched="same"),
+    # An empty draft cache takes any start position: no fill either. A slot restored into an erased slot
+    # makes one: the target reuses ~700 restored tokens, the draft holds none, so its first batch starts
+    # far past position 0. (A prompt that opens with an image does not: mtmd puts the projector's text
+    # markers before the image.) The llama sets only, as slot-restore: the hybrid qwen35 target processes a
+    # restored prompt again.
+    Scenario("empty-draft-cache", EMPTY_RESTORE_STEPS, server_args=("-v",),
+             description="a slot restored into an erased slot: an empty draft cache meets a batch far past 0",
+             archs=("llama",), slot_save=True, expect_log=r"cached n_tokens = [1-9]\d*, memory_seq_rm",
+             unpatched="same"),
+    # The bug's own case: a plain-rope draft, a cache that holds the text before a pinned image, the text
+    # after it. Unpatched it fails; patched the image's span is filled at debug level, never with a warning.
+    Scenario("pinned-image-hole", (IMAGE, TEXT_AFTER), server_args=("-v",),
+             description="the bug: a plain-rope draft's cache gets a hole from a left-out pinned image",
+             archs=("qwen35",), draft_ropes=("plain",), unpatched="fails"),
     # The two edge cases of embedding-skip's test (issue 29). It compares the first and last row
     # of each batch process() sees, and mtmd hands it the image in n_batch pieces: the grid
     # projector's small image is 9 rows on one temporal position, so -b 8 gives a last piece of
@@ -139,17 +172,21 @@ SCENARIOS = {s.name: s for s in (
     # reused (the case), and the draft's zero-fill line what the series did about it.
     Scenario("slot-restore", RESTORE_STEPS, server_args=("-v",),
              description="a slot restored from a file: the target reuses a prefix the draft never processed",
-             archs=("llama",), slot_save=True, expect_log=r"cached n_tokens = [1-9]\d*, memory_seq_rm"),
+             archs=("llama",), slot_save=True, expect_log=r"cached n_tokens = [1-9]\d*, memory_seq_rm",
+             fill_warns=True),
 )}
 
 # the edge cases run when asked for (--scenario), not in every proof and release
 EDGE_SCENARIOS = ("single-row-chunk", "mixed-batch", "slot-restore")
+UNPATCHED_EXPECTATIONS = ("", "same", "fails")
 DEFAULT_SCENARIOS = tuple(name for name in SCENARIOS if name not in EDGE_SCENARIOS)
 # The control, then the shapes of the bug: both projectors with the plain-rope draft
 # (fails on b10359 and b11312), and the rope-sections draft that b11312 honours.
-# The random set checks greedy equality where the output is not one repeated letter.
+# The random sets check greedy equality where the output is not one repeated letter, and
+# draft what their cache makes them draft: a patched build that changed what an M-RoPE
+# draft or an empty draft cache holds would change their drafted candidates (issue 37).
 DEFAULT_SETS = ("llama-mlp-agree", "qwen35-mlp-plain-agree", "qwen35-grid-plain-agree", "qwen35-grid-sections-agree",
-                "qwen35-grid-plain-random")
+                "qwen35-grid-plain-random", "qwen35-grid-sections-random", "llama-mlp-random")
 
 
 def base_server_args(fixture_set: dict, *, speculative: bool) -> list[str]:
