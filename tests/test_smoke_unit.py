@@ -580,3 +580,12 @@ def test_the_bugs_case_must_fail_unpatched_and_be_filled_at_debug_level_patched(
     # an unpatched build that passes here is recorded: the case no longer fails at that base
     assert prove.hold_to_unpatched(smoke_run(unpatched_dir, "ok"), smoke_run(patched_dir, "gated"))[
         "not_failing_unpatched"] == ["pinned-image-hole/qwen35-grid-plain-agree"]
+
+
+def test_slot_scenarios_run_only_where_a_server_with_a_projector_saves_a_slot():
+    # b9837's llama-server answers a slot save with HTTP 501 whenever a projector is loaded (its proof on
+    # the lent GPU machine failed empty-draft-cache both ways for that reason); b10054 saves a text slot
+    for name in ("empty-draft-cache", "slot-restore"):
+        scenario = smoke.SCENARIOS[name]
+        assert not scenario.applies_to(9837) and not scenario.applies_to(10042), name
+        assert scenario.applies_to(10054) and scenario.applies_to(11434) and scenario.applies_to(None), name

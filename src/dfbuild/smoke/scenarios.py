@@ -46,6 +46,10 @@ PREFIX_IMAGE_B = Step("prefix-image-b", _image_prompt("cached") + " a small pict
 EMBED_IMAGE = Step("embeddings-image", _image_prompt("embedded"), ("small",), endpoint="/v1/embeddings")
 
 # slot-restore: a prompt the target restores from a file and the draft never processed
+# The first release whose llama-server, started with a projector, saves and restores a slot that holds
+# no media (the servers of b9837 to b10042 refuse every slot action through check_no_mtmd, read in their
+# sdists; b9837's proof saw the HTTP 501).
+SLOT_ACTIONS_WITH_PROJECTOR = 10054
 SLOT_FILE = "dfbuild-smoke-slot.bin"
 RESTORE_PROMPT = " ".join(f"item {i} is a word" for i in range(40))  # about 700 tokens: many ubatches
 RESTORE_STEPS = (
@@ -135,11 +139,13 @@ SCENARIOS = {s.name: s for s in (
     # makes one: the target reuses ~700 restored tokens, the draft holds none, so its first batch starts
     # far past position 0. (A prompt that opens with an image does not: mtmd puts the projector's text
     # markers before the image.) The llama sets only, as slot-restore: the hybrid qwen35 target processes a
-    # restored prompt again.
+    # restored prompt again. From b10054: before it a server with a projector refuses every slot action
+    # (check_no_mtmd: HTTP 501 "not supported by multimodal"); from b10054 only a slot that holds media
+    # (check_slot_no_media), and these slots hold text.
     Scenario("empty-draft-cache", EMPTY_RESTORE_STEPS, server_args=("-v",),
              description="a slot restored into an erased slot: an empty draft cache meets a batch far past 0",
              archs=("llama",), slot_save=True, expect_log=r"cached n_tokens = [1-9]\d*, memory_seq_rm",
-             unpatched="same"),
+             since_build=SLOT_ACTIONS_WITH_PROJECTOR, unpatched="same"),
     # The bug's own case: a plain-rope draft, a cache that holds the text before a pinned image, the text
     # after it. Unpatched it fails; patched the image's span is filled at debug level, never with a warning.
     Scenario("pinned-image-hole", (IMAGE, TEXT_AFTER), server_args=("-v",),
@@ -173,7 +179,7 @@ SCENARIOS = {s.name: s for s in (
     Scenario("slot-restore", RESTORE_STEPS, server_args=("-v",),
              description="a slot restored from a file: the target reuses a prefix the draft never processed",
              archs=("llama",), slot_save=True, expect_log=r"cached n_tokens = [1-9]\d*, memory_seq_rm",
-             fill_warns=True),
+             since_build=SLOT_ACTIONS_WITH_PROJECTOR, fill_warns=True),
 )}
 
 # the edge cases run when asked for (--scenario), not in every proof and release
