@@ -122,10 +122,9 @@ def epochs_not_from_the_code(data: dict) -> list[str]:
 # and `dfbuild series record-proof`, then take them out of this set. A proof that goes stale outside
 # it, or one in it that is current again, fails the check below.
 # Issue 37 gated zero-fill (and, where the base knows M-RoPE drafts or an empty draft cache, embedding-skip
-# and noise-block-base) to the case that fails: every variant's code changed, so every epoch end is proven
-# again (scripts/prove-epochs.sh, on the lent machine).
-REPROVE_PENDING: set[str] = {"b9837", "b10159", "b10173", "b10338", "b10355", "b10644", "b10662", "b10705",
-                             "b10724", "b10894", "b10901", "b10909", "b11223"}
+# and noise-block-base) to the case that fails: every variant's code changed, so every epoch end was proven
+# again (12 on the lent machine with scripts/prove-epochs.sh, b9837, b11236 and b11434 here).
+REPROVE_PENDING: set[str] = set()
 
 
 def stale_proofs(data: dict) -> list[str]:
