@@ -40,11 +40,10 @@ from .platforms import rocm_root
 from .backends import Host
 from .paths import cache_dir, sha256_file
 from .errors import BuildDirMismatchError, BuildError, NotLlamaTreeError, SourceError, ToolchainMissingError
+from .request import ALL_TARGETS, DEFAULT_TARGETS, parse_targets
 
 STAMP_NAME = "dfbuild-stamp.json"
 LOG_NAME = "dfbuild-build.log"
-DEFAULT_TARGETS = ("llama-server",)
-ALL_TARGETS = "all"              # --target all: every tool the tree builds, all shipped
 VARIANTS_INCLUDE = "dfbuild-cpu-variants.cmake"
 
 # Injected with CMAKE_PROJECT_INCLUDE when only some CPU variants are wanted
@@ -547,17 +546,6 @@ def _stale_variant(name: str, variants: list[str]) -> bool:
     """A CPU variant module left in bin/ by an earlier build with other --cpu-variants."""
     match = re.fullmatch(r"(?:lib)?ggml-cpu-(.+?)(?:\.so.*|\.dll|\.dylib)", name)
     return bool(match) and match.group(1) not in variants
-
-
-def parse_targets(values: str | Iterable[str]) -> list[str]:
-    """--target values: repeatable, each a comma list; `all` ships every tool. Empty: llama-server."""
-    items = [values] if isinstance(values, str) else list(values)
-    targets: list[str] = []
-    for item in items:
-        for name in re.split(r"[,\s]+", item):
-            if name and name not in targets:
-                targets.append(name)
-    return targets or list(DEFAULT_TARGETS)
 
 
 def parse_cpu_variants(value: str | Iterable[str] | None, host: Host) -> list[str]:
