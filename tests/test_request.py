@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from dfbuild import backends, build
+from dfbuild import backends, build, prove
 from dfbuild.errors import UnsupportedBackendError
 from dfbuild.request import BuildRequest, SmokeOptions
 
@@ -16,11 +16,11 @@ from dfbuild.request import BuildRequest, SmokeOptions
 def test_the_cli_options_make_one_typed_request():
     request = BuildRequest.from_options(
         backend="CPU", targets=("llama-server,llama-cli", "llama-cli"), cpu_variants="x64, haswell",
-        cmake_args=["-DGGML_NATIVE=OFF"], jobs=3, no_ccache=True, start_timeout=30.0, smoke_table="full",
-        allow_cpu_fallback=True)
+        cmake_args=["-DGGML_NATIVE=OFF"], jobs=3, no_ccache=True, no_ui=True, start_timeout=30.0,
+        smoke_table="full", allow_cpu_fallback=True)
     assert request == BuildRequest(
         backend="cpu", targets=("llama-server", "llama-cli"), cpu_variants=("x64", "haswell"),
-        extra_cmake_args=("-DGGML_NATIVE=OFF",), jobs=3, use_ccache=False,
+        extra_cmake_args=("-DGGML_NATIVE=OFF",), jobs=3, use_ccache=False, web_ui=False,
         smoke=SmokeOptions(table="full", start_timeout=30.0, allow_cpu_fallback=True))
     # what nobody asked for: the defaults, this machine (recorded as None: native dirs and records as before)
     plain = BuildRequest.from_options()
@@ -87,6 +87,7 @@ def test_the_summary_names_every_option_in_plain_words(monkeypatch):
         "  cmake args:    none",
         "  jobs:          2",
         "  ccache:        yes",
+        "  web ui:        embedded",
         "  smoke table:   auto",
         "  start timeout: the backend table's",
         "  cpu fallback:  no",
@@ -97,3 +98,20 @@ def test_the_summary_names_every_option_in_plain_words(monkeypatch):
     assert "[" not in text  # no markup: what a log shows is what was printed
     monkeypatch.setenv("DFBUILD_SMOKE_TABLE", "software")  # where the default comes from, said
     assert "  smoke table:   software ($DFBUILD_SMOKE_TABLE)" in BuildRequest().summary().splitlines()
+
+
+def test_the_unpatched_copy_is_keyed_as_before_and_not_by_how_the_build_runs():
+    """A work dir's kept unpatched binaries stay valid: the key is the one the build_options dicts made
+    (the commit, backend, targets, the options that were set, DFBUILD_CMAKE_ARGS)."""
+    known = backends.host_cpu_variants(backends.current_host())
+    if not known:
+        pytest.skip("no runtime-dispatched CPU variants on this host")
+    commit = "c" * 40
+    wanted = ",".join(reversed(known[:2]))
+    before = prove._digest([commit, "cpu", ["llama-server"],
+                            {"cpu_variants": build.parse_cpu_variants(wanted, backends.current_host()),
+                             "web_ui": True}, build.env_cmake_args()])
+    assert prove._request_key(commit, BuildRequest(cpu_variants=wanted)) == before
+    assert prove._request_key(commit, BuildRequest(cpu_variants=wanted, jobs=8, use_ccache=False,
+                                                   smoke=SmokeOptions(table="full"))) == before
+    assert prove._request_key(commit, BuildRequest(cpu_variants=wanted, extra_cmake_args=("-DA=1",))) != before

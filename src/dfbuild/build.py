@@ -40,7 +40,7 @@ from .platforms import rocm_root
 from .backends import Host
 from .paths import cache_dir, sha256_file
 from .errors import BuildDirMismatchError, BuildError, NotLlamaTreeError, SourceError, ToolchainMissingError
-from .request import ALL_TARGETS, DEFAULT_TARGETS, parse_targets
+from .request import ALL_TARGETS, DEFAULT_TARGETS, BuildRequest, parse_targets
 
 STAMP_NAME = "dfbuild-stamp.json"
 LOG_NAME = "dfbuild-build.log"
@@ -605,31 +605,28 @@ def _march_problem(compiler: str, march: str) -> str | None:
     return f"{Path(compiler).name} rejects -march={march}: {first[:160]}"
 
 
-def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: Path | None = None, *,
-               targets: Iterable[str] = DEFAULT_TARGETS, cuda_arch: str | Iterable[str] | None = None,
-               gpu_targets: str | Iterable[str] | None = None, vulkan_include_dir: Path | None = None,
-               cpu_variants: str | Iterable[str] | None = None,
-               extra_cmake_args: Iterable[str] = (), jobs: int | None = None, reconfigure: bool = False,
-               fresh: bool = False, use_ccache: bool = True, host: Host | None = None, web_ui: bool = True) -> dict:
-    """Configure (when needed) and build TARGETS of SOURCE_DIR for BACKEND; return the manifest's build section.
+def build_tree(source_dir: Path, request: BuildRequest, build_dir: Path | None = None) -> dict:
+    """Configure (when needed) and build REQUEST's targets of SOURCE_DIR; return the manifest's build section.
 
     On x64 the build has ggml's runtime-dispatched CPU variants: all of them, or
-    CPU_VARIANTS (e.g. "x64,haswell": a baseline and one modern one, as the tests
-    build to save compile time).
+    the request's CPU_VARIANTS (e.g. x64,haswell: a baseline and one modern one, as
+    the tests build to save compile time).
 
-    WEB_UI (default on; --no-ui turns it off): llama-server's web UI, built from the tree's
-    own sources as its release built it (webui.py, cached) and embedded by the tree's CMake.
+    The request's WEB_UI (default on; --no-ui turns it off): llama-server's web UI, built from the
+    tree's own sources as its release built it (webui.py, cached) and embedded by the tree's CMake.
     """
     start = time.monotonic()
-    host = host or backends.current_host()
+    host = request.host
     source_dir = Path(source_dir).resolve()
-    spec = backends.resolve(backend)  # unknown backend: fail before touching anything
+    spec = request.spec  # unknown backend: fail before touching anything
     backend = spec.name
+    cpu_variants, cuda_arch, gpu_targets = request.cpu_variants, request.cuda_arch, request.gpu_targets
+    vulkan_include_dir, jobs = request.vulkan_include_dir, request.jobs
     check_llama_tree(source_dir)
     build_dir = Path(build_dir).resolve() if build_dir else default_build_dir(source_dir, backend, host)
     cross = platforms.cross(host)  # a cross build (--os windows on Linux): its module, else None
-    targets = parse_targets(targets)
-    extra_cmake_args = list(extra_cmake_args)
+    targets = list(request.targets)
+    extra_cmake_args = list(request.extra_cmake_args)
     variants = parse_cpu_variants(cpu_variants, host) if backend != "metal" else []
     if not (source_dir / "ggml" / "CMakeLists.txt").is_file():
         variants = []  # not a ggml tree (the tests' stand-in): nothing to dispatch
@@ -651,9 +648,7 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
     # variants whose -march the compiler does not know (GCC 12 and 11: no armv9.2-a): left out, said, recorded
     left_out = unbuildable_variants(_variant_compiler(entry, host), variants)
     if left_out:
-        asked = cpu_variants is not None and not (isinstance(cpu_variants, str)
-                                                  and cpu_variants.strip() in ("", ALL_TARGETS))
-        if asked:
+        if cpu_variants is not None and cpu_variants != (ALL_TARGETS,):  # asked for by name
             name, why = next(iter(left_out.items()))
             raise BuildError(f"--cpu-variants: {name} cannot be built with this compiler ({why})",
                              f"leave it out: {', '.join(v for v in variants if v not in left_out) or 'all'}")
@@ -666,7 +661,7 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
         ui.warn(f"{source_dir} has uncommitted changes; the binaries will say {commit[:12]}-dirty")
     number = build_number(source_dir)
     # the web UI first: minutes of npm once per UI, before CMake (which embeds what it finds in tools/ui/dist)
-    ui_section = webui.provide(source_dir, number, wanted=web_ui)
+    ui_section = webui.provide(source_dir, number, wanted=request.web_ui)
     label = commit + ("-dirty" if dirty else "")
     configured_commit = stamp_base(source_dir) if _stamps_build_info(source_dir) else label
     # llama.cpp's own release options for this base and entry, read from the tree (GGML_RPC, every tool, ...)
@@ -680,7 +675,7 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
     flags = build_flags(backend, host, commit=configured_commit, number=number, entry=entry,
                         cuda_arch=cuda_arch, gpu_targets=gpu_targets,
                         vulkan_include_dir=str(vulkan_include_dir) if vulkan_include_dir else None,
-                        use_ccache=use_ccache, upstream=upstream)
+                        use_ccache=request.use_ccache, upstream=upstream)
     variant_args: list[str] = []
     variant_targets: list[str] = []
     if variants:
@@ -696,7 +691,8 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
         cmake = doctor.find_pypi_program("cmake")
         ninja = doctor.find_pypi_program("ninja")
 
-    from_scratch = claim_build_dir(build_dir, backend, source_dir, reconfigure=reconfigure, fresh=fresh)
+    from_scratch = claim_build_dir(build_dir, backend, source_dir, reconfigure=request.reconfigure,
+                                   fresh=request.fresh)
     # a cross build: the toolchain file, its rules override and (when the headers need it) the compat
     # header, written into the build dir once it is ours
     setup = cross.configure(host, build_dir) if cross else {"cmake_args": [], "c_flags": [], "compat": []}

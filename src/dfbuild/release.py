@@ -53,6 +53,7 @@ from . import (backends, build, carry, elf, fixtures, manifest, matrix, owned, p
                source, state, ui)
 from .archive import ZIP_EPOCH_MIN, Entry, archive_root, write_archive
 from .errors import ReleaseError, SmokeFailedError, StillBrokenError, VerifyError
+from .request import BuildRequest
 from .paths import sha256_file
 from .state import fault_point  # (package()'s `state` is the release's record, not this module)
 
@@ -543,38 +544,35 @@ def _timed(stages: dict, name: str, title: str):
     record["wall_s"] = round(time.monotonic() - start, 2)
 
 
-def release(base: str, *, backend: "backends.Backend | str", pr: int | None = None, repo: str | None = None,
+def release(base: str, *, request: BuildRequest, pr: int | None = None, repo: str | None = None,
             out: Path | None = None, work: Path | None = None, skip_smoke: bool = False,
-            targets=RELEASE_TARGETS, patches_dir: Path | None = None, build_options: dict | None = None,
-            smoke_options: dict | None = None, reprove: bool = False) -> dict:
+            patches_dir: Path | None = None, reprove: bool = False) -> dict:
     """checkout -> apply -> build -> smoke -> package; returns the full manifest (also OUT/manifest.json).
 
-    TARGETS: every tool by default (`all`, as llama.cpp's release workflow builds); a proof the release
-    needs builds llama-server only (the smoke runs it) and the build stage then adds the rest to the
-    same build dir.
+    The request's TARGETS: the CLI asks for every tool unless --target says otherwise (RELEASE_TARGETS:
+    `all`, as llama.cpp's release workflow builds); a proof the release needs builds llama-server only
+    (the smoke runs it) and the build stage then adds the rest to the same build dir.
 
     A carried base whose proof series.toml records is not proven again unless REPROVE.
 
-    SMOKE_OPTIONS (table, start_timeout) go to smoke.plan, for the proof as for the smoke stage.
-
-    BACKEND is the record the CLI resolved (a name is resolved here once); every
-    stage gets the record. The returned and written manifest holds the portable()
-    sections: no path of this machine; the work dir keeps the full ones.
+    REQUEST (the CLI makes it once) says what to build and how to smoke it, for the proof as for
+    the build and smoke stages; llama-server is added to its targets (the smoke and the wheel need it).
+    The returned and written manifest holds the portable() sections: no path of this machine; the work
+    dir keeps the full ones.
     """
     base = source.canonical_base(base, quiet=True, repo=repo)  # b10359 is pydist-0.94.0's tree (the CLI says so)
-    spec = backends.resolve(backend)
+    spec = request.spec
     backend = spec.name
     check_wheel_tools()
-    targets = build.parse_targets(targets)
-    if build.ALL_TARGETS not in targets and "llama-server" not in targets:
-        targets.insert(0, "llama-server")  # the smoke stage and the wheel need it
+    if build.ALL_TARGETS not in request.targets and "llama-server" not in request.targets:
+        request = request.with_targets(["llama-server", *request.targets])  # the smoke stage and the wheel need it
     work = Path(work or default_work_dir(base)).resolve()
     out = Path(out or Path.cwd() / "dist").resolve()
     owned.check(out, [SUMS_NAME, MANIFEST_NAME], ReleaseError, legacy=release_files)  # fail before building
     work.mkdir(parents=True, exist_ok=True)
     tree = work / "src"
     # build-cpu, or build-cpu-windows for a cross build (--os windows): one work dir holds both
-    label = build.dir_label(backend, (build_options or {}).get("host"))
+    label = build.dir_label(backend, request.cross_host)
     build_dir = work / f"build-{label}"
     stages: dict[str, dict] = {}
 
@@ -608,19 +606,18 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
                 raise ReleaseError(f"{base}: the series was carried to this base and is unproven, so it cannot be "
                                    "released without smoke tests", "drop --skip-smoke")
             with _timed(stages, "prove", "prove the carried series: build and smoke it unpatched and patched"):
-                proof = prove.prove(base, backend=spec, work=work, repo=repo, pr=pr, patches_dir=patches_dir,
-                                    targets=_proof_targets(targets), build_options=build_options,
-                                    smoke_options=smoke_options)
+                proof = prove.prove(base, request=request.with_targets(_proof_targets(list(request.targets))),
+                                    work=work, repo=repo, pr=pr, patches_dir=patches_dir)
             build_dir, ser = _proven_release(proof, ser, work, label)
         # fixed upstream: the release is the unpatched binaries the proof kept, not the tree's HEAD
         as_is = build_dir == prove.unpatched_dir(work, label)
 
         with _timed(stages, "build", f"build {backend}") as record:
             if as_is:  # the proof's copy, or the base built again in the tree's build dir when it is gone
-                built = prove.build_unpatched(tree, spec, work, ser["head"], targets=targets, options=build_options)
+                built = prove.build_unpatched(tree, request, work, ser["head"])
                 record["reused"] = bool(built.pop("reused", False))
             else:
-                built = build.build_tree(tree, spec, build_dir, targets=targets, **(build_options or {}))
+                built = build.build_tree(tree, request, build_dir)
                 record["reused"] = bool(built.get("up_to_date"))
             shipped = build.payload_digest(built)
             bld, _ = state.reuse("build", _digest([shipped, built.get("flags"), built.get("source_commit")]), built)
@@ -636,8 +633,8 @@ def release(base: str, *, backend: "backends.Backend | str", pr: int | None = No
                 fixtures_dir = work / "fixtures"
                 fx = fixtures.ensure_fixtures(fixtures_dir)
                 # which table (a software Vulkan device runs the smaller one), timeout and identity rule
-                plan = smoke.plan(spec, build_dir, release=carry.tree_build(tree, series.series_start(tree)),
-                                  **(smoke_options or {}))
+                plan = smoke.plan(spec, build_dir, request.smoke,
+                                  release=carry.tree_build(tree, series.series_start(tree)))
                 _say_plan(plan)
                 key = plan.memo_key(build.smoke_digest(built), fx)  # what the smoke runs: llama-server, libraries
                 smk = state.cached("smoke", key)

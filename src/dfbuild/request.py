@@ -76,6 +76,7 @@ class BuildRequest:
     reconfigure: bool = False                         # reuse a build dir made for another backend or tree
     fresh: bool = False                               # delete the build dir (dfbuild's) and start over
     use_ccache: bool = True
+    web_ui: bool = True                               # llama-server's web UI embedded; False: --no-ui
     smoke: SmokeOptions = field(default_factory=SmokeOptions)
 
     # how a build runs, not what it makes: a change of these makes the same binaries
@@ -95,8 +96,9 @@ class BuildRequest:
                      targets: Iterable[str] = (), cpu_variants: str | None = None, cuda_arch: str | None = None,
                      gpu_targets: str | None = None, vulkan_include_dir: Path | None = None,
                      cmake_args: Iterable[str] = (), jobs: int | None = None, reconfigure: bool = False,
-                     fresh: bool = False, no_ccache: bool = False, start_timeout: float | None = None,
-                     smoke_table: str | None = None, allow_cpu_fallback: bool = False) -> BuildRequest:
+                     fresh: bool = False, no_ccache: bool = False, no_ui: bool = False,
+                     start_timeout: float | None = None, smoke_table: str | None = None,
+                     allow_cpu_fallback: bool = False) -> BuildRequest:
         """The request a command's options make (the names are the CLI's parameters): the backend
         checked against the table (exit 33 for an unknown one), --os/--arch resolved (exit 33 for a
         target this machine cannot build), this machine's own OS and arch recorded as None."""
@@ -108,7 +110,7 @@ class BuildRequest:
                    targets=tuple(targets), cpu_variants=split_cpu_variants(cpu_variants), cuda_arch=cuda_arch or None,
                    gpu_targets=gpu_targets or None, vulkan_include_dir=vulkan_include_dir,
                    extra_cmake_args=tuple(cmake_args), jobs=jobs, reconfigure=reconfigure, fresh=fresh,
-                   use_ccache=not no_ccache,
+                   use_ccache=not no_ccache, web_ui=not no_ui,
                    smoke=SmokeOptions(table=smoke_table, start_timeout=start_timeout,
                                       allow_cpu_fallback=bool(allow_cpu_fallback)))
 
@@ -136,7 +138,8 @@ class BuildRequest:
 
     def identity(self) -> dict[str, Any]:
         """What the request makes, without how it runs: the fields that change the binaries and are set
-        (the backend and targets left to the caller, which keys by them apart), the cross target's Host."""
+        (the backend and targets left to the caller, which keys by them apart), the cross target's Host;
+        web_ui always (binaries with and without the web UI differ)."""
         made = {f.name: getattr(self, f.name) for f in fields(self)
                 if f.name not in self.RUN_ONLY and f.name not in ("backend", "targets", "os", "arch")}
         if self.cross_host is not None:
@@ -182,7 +185,8 @@ class BuildRequest:
                           else "the system's"))
         lines += [("cmake args", " ".join(self.extra_cmake_args) or "none"),
                   ("jobs", str(self.jobs) if self.jobs else "ninja's default"),
-                  ("ccache", "yes" if self.use_ccache else "no (--no-ccache)")]
+                  ("ccache", "yes" if self.use_ccache else "no (--no-ccache)"),
+                  ("web ui", "embedded" if self.web_ui else "left out (--no-ui)")]
         if self.reconfigure or self.fresh:
             lines.append(("build dir", "start over (--fresh)" if self.fresh else "reconfigure (--reconfigure)"))
         if smoke:
