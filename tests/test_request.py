@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
+import tarfile
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
-from dfbuild import backends, build, prove
+from dfbuild import backends, build, prove, release
+from dfbuild.cli import main
 from dfbuild.errors import UnsupportedBackendError
 from dfbuild.request import BuildRequest, SmokeOptions
+from test_release_unit import fake_wheel, inputs, stub_stages  # noqa: F401  (fixtures)
+
+posix_only = pytest.mark.skipif(sys.platform.startswith("win"), reason="the release fixtures are POSIX")
 
 
 def test_the_cli_options_make_one_typed_request():
@@ -115,3 +123,56 @@ def test_the_unpatched_copy_is_keyed_as_before_and_not_by_how_the_build_runs():
     assert prove._request_key(commit, BuildRequest(cpu_variants=wanted, jobs=8, use_ccache=False,
                                                    smoke=SmokeOptions(table="full"))) == before
     assert prove._request_key(commit, BuildRequest(cpu_variants=wanted, extra_cmake_args=("-DA=1",))) != before
+
+
+@posix_only
+def test_release_prints_the_request_first_hands_it_to_the_build_and_records_it(inputs, stub_stages,  # noqa: F811
+                                                                                monkeypatch, tmp_path):
+    """On main the options went as a dict, nothing was printed, and the manifest had no request."""
+    seen = []
+    real_build = build.build_tree
+
+    def build_tree(tree, request, build_dir=None):
+        seen.append(request)
+        return real_build(tree, request, build_dir)  # stub_stages' stand-in
+
+    monkeypatch.setattr(build, "build_tree", build_tree)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["release", "--base", "pydist-0.94.0", "--backend", "cpu", "--out", str(out),
+                                       "--work", str(tmp_path / "work"), "--target", "llama-cli", "-j", "3",
+                                       "--cmake-arg", "-DGGML_NATIVE=OFF", "--smoke-table", "full", "--json"])
+    assert result.exit_code == 0, result.output
+    # before the work: the summary, then the first step
+    assert result.stderr.index("build request:\n  backend:") < result.stderr.index("==> checkout")
+    assert "  targets:       llama-cli\n" in result.stderr and "  smoke table:   full\n" in result.stderr
+    # the stage got the typed request (llama-server added: the smoke and the wheel need it)
+    asked = BuildRequest(targets=("llama-server", "llama-cli"), extra_cmake_args=("-DGGML_NATIVE=OFF",), jobs=3,
+                         smoke=SmokeOptions(table="full"))
+    assert seen == [asked]
+    full = json.loads(result.stdout)
+    assert full["request"] == asked.to_dict()
+    assert json.loads((out / release.MANIFEST_NAME).read_text())["request"] == asked.to_dict()
+    tree = Path(inputs["tree"])
+    from dfbuild import manifest
+
+    assert manifest.load(manifest.tree_manifest_path(tree))["request"] == asked.to_dict()
+    # the archive's own manifest is unchanged: what was built, not how this run was asked (-j is no part of
+    # it, and two runs of one build give byte-identical archives)
+    with tarfile.open(out / full["release"]["archive"]) as tar:
+        embedded = json.load(tar.extractfile(f"{full['release']['root']}/manifest.json"))
+    assert set(embedded) == {"source", "series", "build", "smoke", "release"}
+    from dfbuild import verify
+
+    report = verify.verify(out)
+    assert report["ok"], report["problems"]
+
+
+def test_quiet_leaves_the_summary_out(monkeypatch, capsys):
+    from dfbuild import ui
+    from dfbuild.cli.common import say_request
+
+    say_request(BuildRequest())
+    assert capsys.readouterr().err.startswith("build request:\n")
+    monkeypatch.setattr(ui, "verbosity", -1)
+    say_request(BuildRequest())
+    assert capsys.readouterr().err == ""

@@ -309,7 +309,8 @@ def prove(base: str, *, request: BuildRequest | None = None, work: Path, repo: s
     build dir (the second build is incremental), smoke both; return the proof.
 
     REQUEST says what both builds are (backend, target, targets, flags) and how the smoke runs
-    (request.smoke goes to smoke.plan: a software Vulkan device runs its smaller table).
+    (request.smoke goes to smoke.plan: a software Vulkan device runs its smaller table); the tree's
+    manifest records it (its request section).
     """
     base = source.canonical_base(base, quiet=True, repo=repo)  # b10359 is pydist-0.94.0's tree (the CLI says so)
     request = request or BuildRequest()  # the default build: cpu, this machine, llama-server
@@ -337,6 +338,7 @@ def prove(base: str, *, request: BuildRequest | None = None, work: Path, repo: s
         src_section = source.checkout(base, pr=pr, repo=repo, dest=work / "src", keep_descendants=True)
         tree = Path(src_section["dir"])
         manifest.update_tree_manifest(tree, "source", src_section)
+        manifest.update_tree_manifest(tree, "request", request.to_dict())
     with timed("apply", "apply the patch series"):
         try:
             applied = series.apply_series(curated, tree, skip=())

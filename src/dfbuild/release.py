@@ -557,8 +557,8 @@ def release(base: str, *, request: BuildRequest, pr: int | None = None, repo: st
 
     REQUEST (the CLI makes it once) says what to build and how to smoke it, for the proof as for
     the build and smoke stages; llama-server is added to its targets (the smoke and the wheel need it).
-    The returned and written manifest holds the portable() sections: no path of this machine; the work
-    dir keeps the full ones.
+    The manifest records it (request), as the stages' sections. The returned and written manifest holds
+    the portable() sections: no path of this machine; the work dir keeps the full ones.
     """
     base = source.canonical_base(base, quiet=True, repo=repo)  # b10359 is pydist-0.94.0's tree (the CLI says so)
     spec = request.spec
@@ -583,6 +583,7 @@ def release(base: str, *, request: BuildRequest, pr: int | None = None, repo: st
             src = source.checkout(base, pr=pr, repo=repo, dest=tree, keep_descendants=True)
             tree = Path(src["dir"])
             manifest.update_tree_manifest(tree, "source", src)
+            manifest.update_tree_manifest(tree, "request", request.to_dict())
 
         with _timed(stages, "apply", "apply the patch series") as record:
             curated = series.load_series(patches_dir)
@@ -669,7 +670,7 @@ def release(base: str, *, request: BuildRequest, pr: int | None = None, repo: st
 
     rel["stages"] = stages
     full = {**{k: portable(v) for k, v in (("source", src), ("series", ser), ("build", bld), ("smoke", smk))},
-            "release": rel}
+            "request": portable(request.to_dict()), "release": rel}
     owned.claim(out, [MANIFEST_NAME], ReleaseError, legacy=release_files)
     fault_point("release: manifest.json claimed")
     manifest.save(full, out / MANIFEST_NAME)

@@ -108,6 +108,11 @@ def _render_concerns(rows: list[dict]) -> None:
     ui.result(table)
 
 
+def say_request(request, *, smoke: bool = True) -> None:
+    """The build request in words, on stderr, before the work starts (as cibuildwheel prints its options)."""
+    ui.plain(request.summary(smoke=smoke))
+
+
 def _dir_label(backend: str, host) -> str:
     from .. import build as build_stage
 

@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from .. import errors, ui
 from .app import main
-from .common import _dir_label, _locks, _work_locks, check_can_build, removed_if_left_empty_handed
+from .common import _dir_label, _locks, _work_locks, check_can_build, removed_if_left_empty_handed, say_request
 from .exits import PROVE_EXIT, handle_errors
 from .options import (
     arch_option,
@@ -147,6 +147,7 @@ def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, cu
         backend=backend, target_os=target_os, target_arch=target_arch, cpu_variants=cpu_variants, cuda_arch=cuda_arch,
         gpu_targets=gpu_targets, vulkan_include_dir=vulkan_include_dir, jobs=jobs, start_timeout=start_timeout,
         smoke_table=smoke_table, allow_cpu_fallback=allow_cpu_fallback, no_ui=no_ui)
+    say_request(request)
     work_dir = Path(work or release_stage.default_work_dir(base)).resolve()
     with removed_if_left_empty_handed(work_dir, lambda: (work_dir / "src" / ".git").exists()), \
             _locks(*_work_locks(work_dir, _dir_label(backend, request.cross_host)), no_wait=no_wait):
@@ -227,6 +228,8 @@ def track(repo, pr, since, do_prove, limit, backend, work_root, state_file, sets
         raise click.UsageError("--limit caps how many candidates --prove proves; without --prove nothing is proven",
                                click.get_current_context())
     request = BuildRequest.from_options(backend=backend, cpu_variants=cpu_variants, jobs=jobs)
+    if do_prove:  # what each proof builds and smokes (listing alone builds nothing)
+        say_request(request)
     report = track_stage.track(
         repo=repo, pr=track_stage.default_pr(repo) if pr is None else (pr or None),
         since=track_stage.parse_since(since), prove=do_prove, limit=limit, request=request, work_root=work_root,

@@ -14,6 +14,7 @@ from .common import (
     _work_locks,
     check_can_build,
     removed_if_left_empty_handed,
+    say_request,
     shown,
 )
 from .exits import handle_errors
@@ -76,6 +77,7 @@ def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_target
     # not a tree, or a backend, OS or toolchain this host cannot build: refused before the build dir is made
     build_stage.check_llama_tree(Path(tree).resolve())
     check_can_build(backend, target_os, vulkan_include_dir, target_arch)
+    say_request(request, smoke=False)
     lock_build_dir = build_dir or build_stage.default_build_dir(Path(tree), backend, host)
     lock_build_dir = Path(lock_build_dir).absolute()
     with removed_if_left_empty_handed(lock_build_dir, lambda: (lock_build_dir / "CMakeCache.txt").exists()), \
@@ -85,6 +87,7 @@ def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_target
                     "run `dfbuild apply` first if you meant to build the patched tree")
         section = build_stage.build_tree(tree, request, build_dir)
         if paths.is_git_tree(Path(tree)):
+            manifest.update_tree_manifest(Path(tree), "request", request.to_dict())
             manifest.update_tree_manifest(Path(tree), "build", section)
     if as_json:
         ui.emit_json(section)
@@ -191,6 +194,7 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, reprove, targets
     # backend, OS, architecture and toolchain: refused now (33, 30), not after the checkout
     check_can_build(backend, target_os, vulkan_include_dir, target_arch)
     release_stage.check_wheel_tools()
+    say_request(request)
     work_dir = Path(work or release_stage.default_work_dir(base)).resolve()
     # the work tree (WORK/src), its build dir and OUT, for the whole pipeline; a WORK this run made goes
     # again when it fails before the checkout
