@@ -28,14 +28,13 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import time
 from pathlib import Path
 from typing import Iterable
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import backends, doctor, platforms, ui, upstream_release, webui
+from . import backends, doctor, gitrun, platforms, proc, ui, upstream_release, webui
 from .platforms import rocm_root
 from .backends import Host
 from .paths import cache_dir, sha256_file
@@ -101,9 +100,10 @@ _ERROR_PATTERNS = (
 
 
 def _git(source_dir: Path, *args: str) -> str | None:
+    """`git ARGS`'s stripped output in SOURCE_DIR, or None when git fails or is not there (the callers say
+    what they could not learn)."""
     try:
-        result = subprocess.run(["git", "-C", str(source_dir), *args], capture_output=True, text=True,
-                                errors="replace")
+        result = gitrun.run(source_dir, *args, check=False, errors="replace")
     except OSError:
         return None
     return result.stdout.strip() if result.returncode == 0 else None
@@ -457,8 +457,8 @@ def _run_logged(args: list[str], *, cwd: Path, env: dict, log,
     ui.debug("    $ " + shlex.join(args))
     if run_in is not None:
         args = run_in(args, cwd)
-    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, errors="replace", bufsize=1)
+    process = proc.start(args, cwd=cwd, env=env, stdout=proc.PIPE, stderr=proc.STDOUT, text=True, errors="replace",
+                         bufsize=1)
     total = work = 0
     interactive = ui.console.is_terminal and progress_title is not None and not ui.quiet()
     progress = Progress(TextColumn("    {task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -467,7 +467,7 @@ def _run_logged(args: list[str], *, cwd: Path, env: dict, log,
     reported = -1
     try:
         with progress:
-            for line in proc.stdout:
+            for line in process.stdout:
                 log.write(line)
                 match = _NINJA_STATUS.match(line)
                 if not match or progress_title is None:
@@ -482,13 +482,13 @@ def _run_logged(args: list[str], *, cwd: Path, env: dict, log,
                 if not interactive and total and done * 10 // total != reported:  # CI logs: every 10%
                     reported = done * 10 // total
                     ui.info(f"    [{done}/{total}]")
-        return proc.wait(), total, work
+        return process.wait(), total, work
     except KeyboardInterrupt:
         # ninja got the same SIGINT; let it stop cleanly so the next run resumes.
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            process.wait(timeout=30)
+        except proc.TimeoutExpired:
+            process.kill()
         log.write("\n[dfbuild] interrupted\n")
         raise
     finally:
@@ -595,8 +595,8 @@ def _march_problem(compiler: str, march: str) -> str | None:
         source = Path(tmp) / "march.c"
         source.write_text("int dfbuild_march_check(void) { return 0; }\n", encoding="utf-8")
         try:
-            result = subprocess.run([compiler, f"-march={march}", "-c", str(source), "-o", str(Path(tmp) / "m.o")],
-                                    capture_output=True, text=True, errors="replace")
+            result = proc.run([compiler, f"-march={march}", "-c", str(source), "-o", str(Path(tmp) / "m.o")],
+                              errors="replace")
         except OSError as exc:
             return f"{Path(compiler).name} cannot run: {exc}"
     if result.returncode == 0:
