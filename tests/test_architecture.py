@@ -18,11 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "dfbuild"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
-# PHASE 2 of issue 38: modules other branches were changing while phase 1 moved everything else onto
-# proc/gitrun. They still import subprocess themselves; phase 2 moves them and empties this list. A
-# module not listed here that imports subprocess fails the test, and so does a listed one that no
-# longer does (take it off the list).
-SUBPROCESS_PHASE_2 = {"dfbuild.build", "dfbuild.release"}
+# the one module that imports subprocess (issue 38: phase 2b moved the last others onto proc and gitrun)
 RUNNER = "dfbuild.proc"
 # issue 38: no module over 700 lines. PHASE 2 (2b) splits these three, which other branches are changing
 # now; a listed module that is no longer over the limit fails the test too (take it off the list).
@@ -173,8 +169,7 @@ def test_no_module_imports_one_on_a_higher_floor():
 def test_only_the_runner_starts_programs():
     users = subprocess_users(SRC)
     assert RUNNER in users
-    assert sorted(set(users) - {RUNNER} - SUBPROCESS_PHASE_2) == [], {m: users[m] for m in users}
-    assert sorted(SUBPROCESS_PHASE_2 - set(users)) == [], "no longer imports subprocess: take it off the list"
+    assert sorted(set(users) - {RUNNER}) == [], {m: users[m] for m in users}
 
 
 def test_no_module_is_over_the_line_limit():

