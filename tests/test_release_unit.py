@@ -24,9 +24,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import archive, backends, build, elf, fixtures, release, series, source, verify
+from dfbuild import archive, backends, build, elf, fixtures, release, release_package, series, source, verify
 from dfbuild.cli import main
 from dfbuild.errors import ReleaseError, SmokeFailedError
+from dfbuild.paths import sha256_file
 from dfbuild.request import BuildRequest, SmokeOptions
 from helpers import private_cache
 
@@ -177,7 +178,7 @@ def write_wheel(path: Path, files: dict[str, bytes], *, record=None, wheel=True,
 
 @pytest.fixture
 def fake_wheel(monkeypatch):
-    monkeypatch.setattr(release, "build_wheel", fake_build_wheel)
+    monkeypatch.setattr(release_package, "build_wheel", fake_build_wheel)  # where package() reads it
 
 
 def run_package(inputs, out: Path, state=None) -> dict:
@@ -339,7 +340,7 @@ def test_archive_manifest_holds_every_section_and_the_file_list(released):
     listed = {f["path"] for f in embedded["release"]["files"]}
     assert listed | {"manifest.json"} == files
     server = next(f for f in embedded["release"]["files"] if f["path"] == "llama-server")
-    assert server["sha256"] == release.sha256_file(Path(inputs["sections"]["build"]["build_dir"]) / "bin/llama-server")
+    assert server["sha256"] == sha256_file(Path(inputs["sections"]["build"]["build_dir"]) / "bin/llama-server")
     assert embedded["release"]["source_date_epoch"] == 946684800  # the commit's date
     assert rel["artifacts"][0]["kind"] == "archive" and rel["artifacts"][1]["kind"] == "wheel"
     assert all(a["size"] > 0 and len(a["sha256"]) == 64 for a in rel["artifacts"])

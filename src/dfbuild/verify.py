@@ -26,7 +26,7 @@ from .archive import (ARCHIVE_SUFFIXES, Member, archive_root, extract_members, p
 from .errors import VerifyError
 from .paths import sha256_file
 from . import elf
-from .release import MANIFEST_NAME, SUMS_NAME
+from .release_record import MANIFEST_NAME, SUMS_NAME
 from .wheelcheck import manylinux_glibc, wheel_platform  # noqa: F401 - verify's API before the split
 
 _elf_problems = elf.check_file  # the name tests and older callers use
