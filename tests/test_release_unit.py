@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import archive, backends, build, elf, fixtures, release, release_package, series, source, verify
+from dfbuild import archive, backends, build, elf, fixtures, release, release_package, series, source, verify, verify_run
 from dfbuild.cli import main
 from dfbuild.errors import ReleaseError, SmokeFailedError
 from dfbuild.paths import sha256_file
@@ -1139,12 +1139,12 @@ def test_verify_starts_every_shipped_program_and_fails_one_that_does_not_start(i
 
 @posix_only
 def test_a_program_that_hangs_or_dies_does_not_start(tmp_path, monkeypatch):
-    monkeypatch.setattr(verify, "PROGRAM_TIMEOUT_S", 2)
+    monkeypatch.setattr(verify_run, "PROGRAM_TIMEOUT_S", 2)  # where start_programs reads it
     for name, body in {"hangs": "sleep 30\n", "dies": "kill -SEGV $$\n"}.items():
         (tmp_path / name).write_text("#!/bin/sh\n" + body)
         (tmp_path / name).chmod(0o755)
     problems, notes = [], []
-    verify.start_programs("a.tar.gz", tmp_path, ["dies", "hangs"], [], dict(os.environ), problems, notes)
+    verify_run.start_programs("a.tar.gz", tmp_path, ["dies", "hangs"], [], dict(os.environ), problems, notes)
     assert problems == ["a.tar.gz: the unpacked dies does not start (--version): killed by signal 11",
                         "a.tar.gz: the unpacked hangs did not exit within 2 s of --version"]
     assert notes == []
