@@ -118,7 +118,7 @@ def _binaries(build_dir: Path, targets: Iterable[str], host: Host) -> tuple[list
 def _stale_variant(name: str, variants: list[str]) -> bool:
     """A CPU variant module left in bin/ by an earlier build with other --cpu-variants."""
     match = re.fullmatch(r"(?:lib)?ggml-cpu-(.+?)(?:\.so.*|\.dll|\.dylib)", name)
-    return bool(match) and match.group(1) not in variants
+    return match is not None and match.group(1) not in variants
 
 
 def build_tree(source_dir: Path, request: BuildRequest, build_dir: Path | None = None) -> dict:
@@ -204,8 +204,11 @@ def build_tree(source_dir: Path, request: BuildRequest, build_dir: Path | None =
             flags["CMAKE_HIP_COMPILER"] = f"{entry['hip_llvm_bin']}/clang"
         cmake, ninja = "/usr/bin/cmake", "/usr/bin/ninja"
     else:
-        cmake = doctor.find_pypi_program("cmake")
-        ninja = doctor.find_pypi_program("ninja")
+        found_cmake, found_ninja = doctor.find_pypi_program("cmake"), doctor.find_pypi_program("ninja")
+        if found_cmake is None or found_ninja is None:  # dfbuild's own dependencies: doctor.require saw them
+            raise ToolchainMissingError("cmake or ninja is not installed beside dfbuild",
+                                        "reinstall dfbuild (both are its dependencies on PyPI)")
+        cmake, ninja = found_cmake, found_ninja
 
     from_scratch = claim_build_dir(build_dir, backend, source_dir, reconfigure=request.reconfigure,
                                    fresh=request.fresh)
@@ -228,7 +231,7 @@ def build_tree(source_dir: Path, request: BuildRequest, build_dir: Path | None =
         # the root's ccache keeps its cache where the host's does (never inside the shared root)
         env.setdefault("CCACHE_DIR", str(Path.home() / ".cache" / "ccache"))
         Path(env["CCACHE_DIR"]).mkdir(parents=True, exist_ok=True)
-        binds = [source_dir, build_dir, env["CCACHE_DIR"]]
+        binds: list[Path | str] = [source_dir, build_dir, env["CCACHE_DIR"]]
         run_in = lambda args, cwd: rocm_root.command(root, args, cwd=cwd, extra_binds=binds)  # noqa: E731
     else:
         (build_dir / rocm_root.BUILT_IN_ROOT).unlink(missing_ok=True)

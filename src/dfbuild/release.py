@@ -132,7 +132,7 @@ def _say_plan(plan: smoke.Plan) -> None:
 
 @contextmanager
 def _timed(stages: dict, name: str, title: str):
-    record = {"wall_s": None, "reused": False}
+    record: dict[str, float | bool | None] = {"wall_s": None, "reused": False}
     stages[name] = record
     start = time.monotonic()
     with ui.step(title):
@@ -225,7 +225,7 @@ def release(base: str, *, request: BuildRequest, pr: int | None = None, repo: st
         with _timed(stages, "smoke", "smoke tests" + (" (skipped: --skip-smoke)" if skip_smoke else "")) as record:
             if skip_smoke:
                 ui.warn("--skip-smoke: this release is NOT smoke-tested; the manifest says so")
-                smk = {"skipped": True}
+                smk: dict = {"skipped": True}
             else:
                 fixtures_dir = work / "fixtures"
                 fx = fixtures.ensure_fixtures(fixtures_dir)
@@ -234,24 +234,26 @@ def release(base: str, *, request: BuildRequest, pr: int | None = None, repo: st
                                   release=carry.tree_build(tree, series.series_start(tree)))
                 _say_plan(plan)
                 key = plan.memo_key(build.smoke_digest(built), fx)  # what the smoke runs: llama-server, libraries
-                smk = state.cached("smoke", key)
-                if smk is None:
+                passed = state.cached("smoke", key)
+                if passed is None:
                     # a proof of these very binaries, or a release of them from another work folder
-                    smk = smoke.recall(key)
-                    if smk is not None:
-                        state.store("smoke", key, smk)
-                record["reused"] = smk is not None
-                if smk is None:
+                    passed = smoke.recall(key)
+                    if passed is not None:
+                        state.store("smoke", key, passed)
+                record["reused"] = passed is not None
+                if passed is not None:
+                    smk = passed
+                    ui.info("    binaries and fixtures already passed smoke: reusing that result")
+                else:
                     smk = run_smoke_stage(build_dir, fixtures_dir, work / f"smoke-{label}", spec, plan)
                     if not smk.get("passed"):
                         failed = smk.get("failed") or ["?"]
                         raise SmokeFailedError(
                             f"smoke failed on {len(failed)} scenario(s): {', '.join(failed[:5])}",
-                            f"logs in {smk.get('log_dir')}; rerun after fixing, or --skip-smoke (recorded) to package anyway")
+                            f"logs in {smk.get('log_dir')}; rerun after fixing, or --skip-smoke (recorded) to package "
+                            "anyway")
                     smoke.remember(key, smk)
                     state.store("smoke", key, smk)
-                else:
-                    ui.info("    binaries and fixtures already passed smoke: reusing that result")
             if not as_is:
                 manifest.update_tree_manifest(tree, "smoke", smk)
         state.save()

@@ -23,6 +23,7 @@ import re
 import stat
 from collections import Counter
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from . import backends, elf, locks, owned, readers, source, wheelcheck
 from .archive import (
@@ -105,13 +106,14 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
         problems.append(f"{path.name}: no {root + '/' if root else ''}{MANIFEST_NAME}")
         return None
     try:
-        embedded = readers.loads_json(embedded_member.data)
+        embedded = readers.loads_json(embedded_member.data or b"")
     except ValueError as exc:
         problems.append(f"{path.name}: {MANIFEST_NAME} is not a JSON record dfbuild writes ({exc})")
         return None
     packed = embedded.get("release") if isinstance(embedded, dict) else None
     files = packed.get("files") if isinstance(packed, dict) else None
-    if not isinstance(files, list) or not all(isinstance(f, dict) and isinstance(f.get("path"), str) for f in files):
+    if not isinstance(packed, dict) or not isinstance(files, list) or not all(
+            isinstance(f, dict) and isinstance(f.get("path"), str) for f in files):
         problems.append(f"{path.name}: {MANIFEST_NAME} does not have the shape of a dfbuild manifest")
         return None
     why = manifest_field_problem(embedded)
@@ -141,13 +143,13 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
                 problems.append(f"{path.name}: {name_} is a link in the manifest to no file it lists")
                 continue
         mode = "none" if member.mode is None else f"{member.mode:04o}"
-        if member.kind != "file" or hashlib.sha256(member.data).hexdigest() != record.get("sha256"):
+        if member.kind != "file" or hashlib.sha256(member.data or b"").hexdigest() != record.get("sha256"):
             problems.append(f"{path.name}: {name_} does not match its sha256 in the manifest")
         elif os.name != "nt" and mode != record.get("mode"):
             problems.append(f"{path.name}: {name_} has mode {mode}, not {record.get('mode')}")
     needs: dict[str, tuple[int, ...]] = {}
     # every ELF file is for the archive's machine (an x64 library in an arm64 archive would never load)
-    want_machine = elf.ARCH_MACHINES.get(packed.get("arch")) if packed.get("os") == "linux" else None
+    want_machine = elf.ARCH_MACHINES.get(packed.get("arch") or "") if packed.get("os") == "linux" else None
     elf_count = 0
     for name_, member in sorted(actual.items()):
         if member.kind == "file" and member.data:
@@ -208,7 +210,7 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
                            programs=programs)
     if why:
         # Cannot run it here: the version stamp must at least be compiled into the shipped files.
-        holders = sorted(n for n, m in actual.items() if m.kind == "file" and patched.encode() in m.data)
+        holders = sorted(n for n, m in actual.items() if m.kind == "file" and patched.encode() in (m.data or b""))
         if holders:
             notes.append(f"{path.name}: {exe} {why}; the patched commit {patched[:12]} is stamped into "
                          f"{', '.join(holders)}")
@@ -330,7 +332,7 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
     problems: list[str] = []
     notes: list[str] = []
     glibc: dict[str, dict[str, str]] = {}   # artifact -> ELF -> the highest GLIBC_ version it needs
-    report = {"dir": str(directory), "problems": problems, "checked": notes, "glibc": glibc}
+    report: dict[str, Any] = {"dir": str(directory), "problems": problems, "checked": notes, "glibc": glibc}
     sums_path = directory / SUMS_NAME
     if not _is_regular(sums_path):  # lstat: a symlinked SHA256SUMS would vouch with a file from elsewhere
         problems.append(f"no {SUMS_NAME} in {directory}")
@@ -404,7 +406,7 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
             full = {}
         rel = full.get("release") if isinstance(full, dict) else None
         artifacts = rel.get("artifacts", []) if isinstance(rel, dict) else None
-        if not isinstance(artifacts, list) or not all(
+        if not isinstance(rel, dict) or not isinstance(artifacts, list) or not all(
                 isinstance(a, dict) and isinstance(a.get("name"), str) and "sha256" in a and "size" in a
                 for a in artifacts) or not isinstance(rel.get("archive", ""), str):
             problems.append(f"{label} does not have the shape of a dfbuild manifest")
@@ -421,7 +423,7 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
                 problems.append(f"{artifact['name']}: sha256 or size does not match {label}")
             elif sums.get(artifact["name"]) != artifact["sha256"]:
                 problems.append(f"{artifact['name']}: {label} and {SUMS_NAME} disagree")
-        embedded = embedded_by_archive.get(rel.get("archive"))
+        embedded = embedded_by_archive.get(rel.get("archive") or "")
         if rel.get("archive") and embedded is not None:
             for section in ("source", "series", "build", "smoke"):
                 if full.get(section) != embedded.get(section):
@@ -494,12 +496,13 @@ def release_notes(directory: Path, base: str | None = None) -> str:
         where.append(f"- `{archive}`: {statement}; {len(programs)} program{'s' if len(programs) != 1 else ''}")
         served.append(f"- `{archive}`: {page}")
     what = f"llama.cpp {base}" if base else "llama.cpp"
-    lines = [f"Patched {what} with the DFlash multimodal fix (series in patches/). Verify with: sha256sum -c SHA256SUMS"]
+    lines = [f"Patched {what} with the DFlash multimodal fix (series in patches/). "
+             "Verify with: sha256sum -c SHA256SUMS"]
     if laid_out:
-        lines += ["", "Each archive is laid out as llama.cpp's own of the same name: its programs (every tool llama.cpp "
-                      "ships: llama-server, llama-cli, llama-mtmd-cli, llama-bench, llama-quantize, ggml-rpc-server, ...) "
-                      "and libraries at the top of `llama-<tag>/` in a tarball, at the top of a Windows zip; "
-                      "manifest.json, patches/ and licenses/ beside them."]
+        lines += ["", "Each archive is laid out as llama.cpp's own of the same name: its programs (every tool "
+                      "llama.cpp ships: llama-server, llama-cli, llama-mtmd-cli, llama-bench, llama-quantize, "
+                      "ggml-rpc-server, ...) and libraries at the top of `llama-<tag>/` in a tarball, at the top of a "
+                      "Windows zip; manifest.json, patches/ and licenses/ beside them."]
     if runtimes:
         lines += ["", "The CUDA runtime libraries, to unpack beside the programs of the CUDA archive of the same "
                       "toolkit (as llama.cpp's cudart archives): " + ", ".join(f"`{n}`" for n in sorted(set(runtimes)))]
