@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import build, doctor
+from dfbuild import build, doctor, probes
 from dfbuild.backends import Host
 from dfbuild.cli import main
 from dfbuild.errors import BuildDirMismatchError, BuildError, SourceError, ToolchainMissingError
@@ -438,16 +438,16 @@ def test_hip_flags_use_rocm_clang(tmp_path):
 
 
 def test_windows_without_msvc_says_how_to_get_a_developer_prompt(monkeypatch, tmp_path):
-    monkeypatch.setattr(doctor, "find_msvc", lambda arch="x64": None)
+    monkeypatch.setattr(probes, "find_msvc", lambda arch="x64": None)
     with pytest.raises(ToolchainMissingError) as exc:
         build.build_env("cpu", Host("windows", "x64"), tmp_path / "src", tmp_path / "build-cpu")
     assert "Native Tools Command Prompt" in exc.value.hint
 
 
 def test_windows_with_vcvars_loads_the_msvc_environment(monkeypatch, tmp_path):
-    monkeypatch.setattr(doctor, "find_msvc", lambda arch="x64": {"cl": None, "vcvars": "C:/vcvars64.bat",
+    monkeypatch.setattr(probes, "find_msvc", lambda arch="x64": {"cl": None, "vcvars": "C:/vcvars64.bat",
                                                                  "version": "17.14"})
-    monkeypatch.setattr(doctor, "msvc_environment", lambda vcvars: {"INCLUDE": "C:/VS/include"})
+    monkeypatch.setattr(probes, "msvc_environment", lambda vcvars: {"INCLUDE": "C:/VS/include"})
     env = build.build_env("cpu", Host("windows", "x64"), tmp_path / "src", tmp_path / "build-cpu")
     assert env["INCLUDE"] == "C:/VS/include"
 

@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from . import backends, doctor, platforms, ui, webui
+from . import backends, doctor, platforms, probes, ui, webui
 from .backends import Host
 from .build_config import (
     _VARIANTS_CMAKE,
@@ -204,7 +204,7 @@ def build_tree(source_dir: Path, request: BuildRequest, build_dir: Path | None =
             flags["CMAKE_HIP_COMPILER"] = f"{entry['hip_llvm_bin']}/clang"
         cmake, ninja = "/usr/bin/cmake", "/usr/bin/ninja"
     else:
-        found_cmake, found_ninja = doctor.find_pypi_program("cmake"), doctor.find_pypi_program("ninja")
+        found_cmake, found_ninja = probes.find_pypi_program("cmake"), probes.find_pypi_program("ninja")
         if found_cmake is None or found_ninja is None:  # dfbuild's own dependencies: doctor.require saw them
             raise ToolchainMissingError("cmake or ninja is not installed beside dfbuild",
                                         "reinstall dfbuild (both are its dependencies on PyPI)")
@@ -310,7 +310,7 @@ def build_tree(source_dir: Path, request: BuildRequest, build_dir: Path | None =
     if (flags.get("LLAMA_OPENSSL") == "ON" and "OPENSSL_INCLUDE_DIR" in cache  # a tree that looked for OpenSSL
             and cache.get("OPENSSL_VERSION_SUPPORTED") not in ("1", "TRUE", "ON")):
         hint = (f"the OpenSSL dfbuild built for {host.os} is in {cache_dir()/'tls'}; see the configure log {log_path}"
-                if setup.get("tls") else doctor.probe("openssl-headers", host).install or "install libssl-dev")
+                if setup.get("tls") else probes.probe("openssl-headers", host).install or "install libssl-dev")
         raise ToolchainMissingError("CMake found no usable OpenSSL 3, so llama-server would say "
                                     "\"HTTPS is not supported\" to -hf", hint)
     section = {

@@ -13,7 +13,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from . import backends, doctor, platforms, proc, ui, upstream_release
+from . import backends, platforms, probes, proc, ui, upstream_release
 from .backends import Host
 from .errors import BuildError, ToolchainMissingError
 from .request import ALL_TARGETS
@@ -58,7 +58,7 @@ endif()
 def _nvcc_version(entry: dict) -> tuple[int, ...] | None:
     for probe in entry["toolchain"]:
         if probe["name"] == "nvcc" and probe["version"]:
-            return doctor.version_tuple(probe["version"])
+            return probes.version_tuple(probe["version"])
     return None
 
 
@@ -112,7 +112,7 @@ def build_flags(backend: backends.Backend | str, host: Host, *, commit: str, num
             flags[f"CMAKE_{language}_COMPILER_LAUNCHER"] = ccache
     if backend == "hip":
         hipconfig = _probe_path(entry, "hip-clang")
-        llvm_bin = doctor.run_version(hipconfig, ["-l"]) if hipconfig else ""
+        llvm_bin = probes.run_version(hipconfig, ["-l"]) if hipconfig else ""
         if llvm_bin:
             flags["CMAKE_HIP_COMPILER"] = str(Path(llvm_bin.splitlines()[-1].strip()) / "clang")
     if backend == "cuda":
@@ -168,12 +168,12 @@ def build_env(backend: str, host: Host, source_dir: Path, build_dir: Path) -> di
     # reproducible-archive setting away from CMake.
     env.pop("SOURCE_DATE_EPOCH", None)
     if host.os == "windows" and not host.cross:
-        msvc = doctor.find_msvc(host.arch)
+        msvc = probes.find_msvc(host.arch)
         if msvc is None:
-            raise ToolchainMissingError("MSVC (cl.exe) was not found", doctor.MSVC_HINT)
+            raise ToolchainMissingError("MSVC (cl.exe) was not found", probes.MSVC_HINT)
         if msvc["cl"] is None:
             ui.info(f"using the MSVC environment from {msvc['vcvars']}")
-            env.update(doctor.msvc_environment(msvc["vcvars"]))
+            env.update(probes.msvc_environment(msvc["vcvars"]))
     return env
 
 
