@@ -28,6 +28,7 @@ from pathlib import Path
 
 from dfbuild import build, carry, series, smoke
 from dfbuild import backends as backend_table
+from dfbuild.request import BuildRequest
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "dfbuild", "GIT_AUTHOR_EMAIL": "dfbuild@localhost",
            "GIT_COMMITTER_NAME": "dfbuild", "GIT_COMMITTER_EMAIL": "dfbuild@localhost",
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
             git(tree, "commit", "-q", "-m", step.concern.id)
         entry = {"concerns": [s.concern.id for s in patched[:k]]}
         try:
-            build.build_tree(tree, "cpu", work / "build-cpu", cpu_variants=("x64",), jobs=opts.jobs)
+            build.build_tree(tree, BuildRequest("cpu", cpu_variants=("x64",), jobs=opts.jobs), work / "build-cpu")
             entry["built"] = True
         except Exception as exc:  # a prefix that does not build is the finding itself
             entry.update({"built": False, "error": str(exc)})

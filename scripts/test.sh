@@ -43,8 +43,8 @@ venv="$DFBUILD_TEST_CACHE/venv"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$extras]"
 
-# The linter and the type checker on src/, with the rules and the phase-2 exclusions pyproject.toml
-# keeps ([tool.ruff], [tool.mypy]); either failing fails the run, after the tests have run too.
+# The linter and the type checker on every module of src/, with the rules pyproject.toml keeps
+# ([tool.ruff], [tool.mypy]); either failing fails the run, after the tests have run too.
 set +e
 "$venv/bin/ruff" check src
 lint_rc=$?

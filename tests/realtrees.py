@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from dfbuild import backends, build, doctor, series, source
+from dfbuild.request import BuildRequest
 
 CACHE = Path(os.environ.get("DFBUILD_TEST_CACHE", Path.home() / ".cache" / "dfbuild-tests"))
 # The runtime-dispatched CPU variants every real build of the tests compiles (None
@@ -92,13 +93,13 @@ def built_tree(base: str, *, patched: bool, skip: tuple[str, ...] = (), backend:
         from dfbuild import prove
 
         src = checkout_tree(base, patched=True)
-        return prove.build_unpatched(src, backend, src.parent, build.stamp_base(src),
-                                     options={"cpu_variants": TEST_CPU_VARIANTS,
-                                              "vulkan_include_dir": vulkan_include_dir() if backend == "vulkan" else None})
+        request = BuildRequest(backend, cpu_variants=TEST_CPU_VARIANTS,
+                               vulkan_include_dir=vulkan_include_dir() if backend == "vulkan" else None)
+        return prove.build_unpatched(src, request, src.parent, build.stamp_base(src))
     src = checkout_tree(base, patched=patched, skip=skip)
     include_dir = vulkan_include_dir() if backend == "vulkan" else None
-    return build.build_tree(src, backend, src.parent / f"build-{backend}", vulkan_include_dir=include_dir,
-                            cpu_variants=TEST_CPU_VARIANTS)
+    return build.build_tree(src, BuildRequest(backend, vulkan_include_dir=include_dir, cpu_variants=TEST_CPU_VARIANTS),
+                            src.parent / f"build-{backend}")
 
 
 def server_binary(build_section: dict) -> Path:

@@ -18,16 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "dfbuild"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
-# PHASE 2 of issue 38: modules other branches were changing while phase 1 moved everything else onto
-# proc/gitrun. They still import subprocess themselves; phase 2 moves them and empties this list. A
-# module not listed here that imports subprocess fails the test, and so does a listed one that no
-# longer does (take it off the list).
-SUBPROCESS_PHASE_2 = {"dfbuild.build", "dfbuild.release"}
+# the one module that imports subprocess (issue 38: phase 2b moved the last others onto proc and gitrun)
 RUNNER = "dfbuild.proc"
-# issue 38: no module over 700 lines. PHASE 2 (2b) splits these three, which other branches are changing
-# now; a listed module that is no longer over the limit fails the test too (take it off the list).
+# issue 38: no module over 700 lines (phase 2b split the last three)
 MAX_LINES = 700
-LONG_PHASE_2 = {"dfbuild.build", "dfbuild.release", "dfbuild.verify"}
 # what starts or replaces a process besides subprocess
 PROCESS_CALLS = re.compile(r"^(system|popen|spawn\w*|exec\w*|posix_spawn\w*|fork\w*)$")
 
@@ -173,14 +167,11 @@ def test_no_module_imports_one_on_a_higher_floor():
 def test_only_the_runner_starts_programs():
     users = subprocess_users(SRC)
     assert RUNNER in users
-    assert sorted(set(users) - {RUNNER} - SUBPROCESS_PHASE_2) == [], {m: users[m] for m in users}
-    assert sorted(SUBPROCESS_PHASE_2 - set(users)) == [], "no longer imports subprocess: take it off the list"
+    assert sorted(set(users) - {RUNNER}) == [], {m: users[m] for m in users}
 
 
 def test_no_module_is_over_the_line_limit():
-    long = long_modules(SRC)
-    assert sorted(set(long) - LONG_PHASE_2) == [], long
-    assert sorted(LONG_PHASE_2 - set(long)) == [], "no longer over the limit: take it off the list"
+    assert long_modules(SRC) == {}
 
 
 # --- the checks can fail ----------------------------------------------------------------------------

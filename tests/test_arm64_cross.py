@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import backends, build, doctor, elf, matrix, platforms, release, smoke, verify
+from dfbuild import backends, build, doctor, elf, matrix, platforms, release, release_package, smoke, verify
 from dfbuild.backends import Host
 from dfbuild.errors import BuildError, ToolchainMissingError, UnsupportedBackendError
 from dfbuild.platforms import linux_arm64
@@ -70,9 +70,9 @@ def test_the_cross_build_gets_its_own_build_dir_and_the_archive_llama_cpps_name(
         "llama-b11401-dflash-1a2b3c4d-bin-ubuntu-arm64.tar.gz"
     # the build section's host, read back: a cross build (no wheel, no host libraries bundled)
     section = {"host": {"os": "linux", "arch": "arm64", "build_os": "linux", "build_arch": "x64"}}
-    made = release._cross_host(section)
+    made = release_package._cross_host(section)
     assert (made.os, made.arch, made.build_os, made.build_arch, made.cross) == ("linux", "arm64", "linux", "x64", True)
-    assert release._cross_host({"host": {"os": "linux", "arch": "x64"}}) is None
+    assert release_package._cross_host({"host": {"os": "linux", "arch": "x64"}}) is None
 
 
 def test_flags_and_variants_are_llama_cpps_ubuntu_arm64_release():

@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import build, doctor
+from dfbuild import build, doctor, probes
 from dfbuild.backends import Host
 from dfbuild.cli import main
 from dfbuild.errors import BuildDirMismatchError, BuildError, SourceError, ToolchainMissingError
+from dfbuild.request import BuildRequest
 
 posix_only = pytest.mark.skipif(sys.platform.startswith("win"), reason="POSIX signals and shared-library layout")
 
@@ -89,9 +90,9 @@ def tree(tmp_path) -> Path:
     return make_fake_tree(tmp_path / "fake")
 
 
-def run_build(src: Path, **kwargs) -> dict:
+def run_build(src: Path, build_dir: Path | None = None, **kwargs) -> dict:
     kwargs.setdefault("use_ccache", False)  # keep the toy objects out of the shared ccache
-    return build.build_tree(src, "cpu", **kwargs)
+    return build.build_tree(src, BuildRequest("cpu", **kwargs), build_dir)
 
 
 def version_of(binary: Path) -> str:
@@ -161,7 +162,7 @@ def build_naming_its_file(root: Path, **kwargs) -> bytes:
     src = make_fake_tree(root)
     (src / "src" / "llama.c").write_text('const char * llama_source = __FILE__;\nint llama_answer(void) { return 42; }\n')
     git(src, "commit", "-q", "-am", "llama.c names its file")
-    build.build_tree(src, "cpu", **kwargs)
+    build.build_tree(src, BuildRequest("cpu", **kwargs))
     return next((src.parent / "build-cpu" / "bin").glob("libllama.so*")).read_bytes()
 
 
@@ -270,7 +271,7 @@ def test_owner_of_a_plain_cmake_dir_comes_from_its_cache(tmp_path):
 def test_missing_toolchain_fails_fast_with_what_to_install(tree, monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))  # no compiler, no glslc
     with pytest.raises(ToolchainMissingError) as exc:
-        build.build_tree(tree, "cpu")
+        build.build_tree(tree, BuildRequest("cpu"))
     assert exc.value.exit_code == 30
     assert "C compiler" in exc.value.message
     assert not (tree.parent / "build-cpu").exists()
@@ -323,7 +324,7 @@ def test_unknown_backend_before_anything_else(tree):
     from dfbuild.errors import UnsupportedBackendError
 
     with pytest.raises(UnsupportedBackendError):
-        build.build_tree(tree, "opencl")
+        build.build_tree(tree, BuildRequest("opencl"))
     assert not (tree.parent / "build-opencl").exists()
 
 
@@ -334,7 +335,7 @@ def test_backend_this_host_cannot_build_fails_fast(tree):
     from dfbuild.errors import UnsupportedBackendError
 
     with pytest.raises(UnsupportedBackendError) as exc:
-        build.build_tree(tree, "metal")
+        build.build_tree(tree, BuildRequest("metal"))
     assert exc.value.exit_code == 33
     assert "only on macOS" in exc.value.message
     assert not (tree.parent / "build-metal").exists()
@@ -437,16 +438,16 @@ def test_hip_flags_use_rocm_clang(tmp_path):
 
 
 def test_windows_without_msvc_says_how_to_get_a_developer_prompt(monkeypatch, tmp_path):
-    monkeypatch.setattr(doctor, "find_msvc", lambda arch="x64": None)
+    monkeypatch.setattr(probes, "find_msvc", lambda arch="x64": None)
     with pytest.raises(ToolchainMissingError) as exc:
         build.build_env("cpu", Host("windows", "x64"), tmp_path / "src", tmp_path / "build-cpu")
     assert "Native Tools Command Prompt" in exc.value.hint
 
 
 def test_windows_with_vcvars_loads_the_msvc_environment(monkeypatch, tmp_path):
-    monkeypatch.setattr(doctor, "find_msvc", lambda arch="x64": {"cl": None, "vcvars": "C:/vcvars64.bat",
+    monkeypatch.setattr(probes, "find_msvc", lambda arch="x64": {"cl": None, "vcvars": "C:/vcvars64.bat",
                                                                  "version": "17.14"})
-    monkeypatch.setattr(doctor, "msvc_environment", lambda vcvars: {"INCLUDE": "C:/VS/include"})
+    monkeypatch.setattr(probes, "msvc_environment", lambda vcvars: {"INCLUDE": "C:/VS/include"})
     env = build.build_env("cpu", Host("windows", "x64"), tmp_path / "src", tmp_path / "build-cpu")
     assert env["INCLUDE"] == "C:/VS/include"
 
@@ -563,7 +564,7 @@ def test_real_cpu_build():
     number = int(REAL_BASE[1:])
     src = checkout_tree(REAL_BASE, patched=True)
     head = git(src, "rev-parse", "HEAD")
-    first = build.build_tree(src, "cpu", cpu_variants=TEST_CPU_VARIANTS)
+    first = build.build_tree(src, BuildRequest("cpu", cpu_variants=TEST_CPU_VARIANTS))
     build_dir = Path(first["build_dir"])
     assert build_dir == src.parent / "build-cpu"
     assert first["binaries"] == ["bin/llama-server"]
@@ -579,7 +580,7 @@ def test_real_cpu_build():
         assert first["cpu_variants"] == TEST_CPU_VARIANTS.split(",")
         assert sorted(Path(lib).name for lib in first["libraries"] if "ggml-cpu-" in lib) == sorted(
             f"libggml-cpu-{variant}.so" for variant in TEST_CPU_VARIANTS.split(","))
-    second = build.build_tree(src, "cpu", cpu_variants=TEST_CPU_VARIANTS)
+    second = build.build_tree(src, BuildRequest("cpu", cpu_variants=TEST_CPU_VARIANTS))
     assert not second["configured"] and second["up_to_date"]
     assert second["compiled_steps"] == 0
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from dfbuild import build, export
+from dfbuild.request import BuildRequest
 
 from helpers import dfbuild, run_git, said
 from realtrees import CACHE, REAL_BASE, TEST_CPU_VARIANTS, server_binary, server_for
@@ -94,8 +95,8 @@ def test_b11434_export_fails_unpatched_and_passes_patched(tmp_path):
     assert (src / export.TEST_PATH).is_file()
     when = said_when("export, checkout and git am", when)
 
-    patched = server_binary(build.build_tree(src, "cpu", src.parent / "build-cpu", cpu_variants=TEST_CPU_VARIANTS,
-                                             targets=["llama-server"]))
+    patched = server_binary(build.build_tree(src, BuildRequest("cpu", cpu_variants=TEST_CPU_VARIANTS,
+                                                           targets=("llama-server",)), src.parent / "build-cpu"))
     when = said_when("build of the exported tree", when)
     unpatched = server_for(REAL_BASE, patched=False)
     when = said_when("unpatched build (the proof's, or made now)", when)

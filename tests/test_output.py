@@ -15,6 +15,7 @@ import pytest
 
 from dfbuild import errors, source, track, ui
 from dfbuild.cli import build, prove, release_cmd
+from dfbuild.request import BuildRequest
 
 from helpers import dfbuild, private_cache, run_git
 from test_series import bare_upstream, syn, template  # noqa: F401
@@ -323,10 +324,10 @@ def test_release_reuses_the_recorded_proof_and_reproves_on_request(inputs, stub_
                 "unpatched": {"failed": ["x"]}}
 
     monkeypatch.setattr(prove_stage, "prove", fake_prove)
-    first = release.release("pydist-0.94.0", backend="cpu", out=tmp_path / "out", work=tmp_path / "work")
+    first = release.release("pydist-0.94.0", request=BuildRequest("cpu"), out=tmp_path / "out", work=tmp_path / "work")
     assert proofs == [] and "prove" not in first["release"]["stages"]
     assert first["series"]["proven"] is True
-    release.release("pydist-0.94.0", backend="cpu", out=tmp_path / "out2", work=tmp_path / "work2", reprove=True)
+    release.release("pydist-0.94.0", request=BuildRequest("cpu"), out=tmp_path / "out2", work=tmp_path / "work2", reprove=True)
     assert proofs == ["pydist-0.94.0"]
 
 

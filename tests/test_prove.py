@@ -20,6 +20,7 @@ import pytest
 from dfbuild import build, prove, series, smoke
 from dfbuild.errors import BuildError, FixtureError, SeriesFileError
 from dfbuild.manifest import tree_manifest_path
+from dfbuild.request import BuildRequest, SmokeOptions
 
 from helpers import dfbuild, run_git, said
 from test_series import (  # noqa: F401  (fixtures)
@@ -280,7 +281,7 @@ def test_an_unseen_base_compiles_once_and_its_patched_build_compiles_only_the_pa
     tag, runs = buildable
     work = tmp_path / "work"
     proof = prove.prove(tag, repo=str(syn.upstream), work=work, patches_dir=syn.patches,
-                        build_options={"use_ccache": False})
+                        request=BuildRequest(use_ccache=False))
     assert proof["outcome"] == "fixed", proof
 
     # one build dir, built twice: the patched build recompiled the patched file and the version stamp only
@@ -310,14 +311,14 @@ def test_an_unseen_base_compiles_once_and_its_patched_build_compiles_only_the_pa
 def test_the_unpatched_copy_is_reused_checked_and_never_a_patched_build(syn, tmp_path, buildable, monkeypatch):
     tag, runs = buildable
     work = tmp_path / "work"
-    options = {"use_ccache": False}
-    prove.prove(tag, repo=str(syn.upstream), work=work, patches_dir=syn.patches, build_options=options)
+    request = BuildRequest(use_ccache=False)
+    prove.prove(tag, repo=str(syn.upstream), work=work, patches_dir=syn.patches, request=request)
     tree, folder = work / "src", work / "unpatched" / "build-cpu"
     base = run_git(syn.upstream, "rev-parse", tag)
 
     # the same request again: the copy is reused, no build runs
     monkeypatch.setattr(prove.build, "build_tree", lambda *a, **k: pytest.fail("built again"))
-    kept = prove.build_unpatched(tree, "cpu", work, base, options=options)
+    kept = prove.build_unpatched(tree, request, work, base)
     assert kept["reused"] and kept["source_commit"] == base and kept["build_dir"] == str(folder)
     monkeypatch.undo()
 
@@ -331,14 +332,14 @@ def test_the_unpatched_copy_is_reused_checked_and_never_a_patched_build(syn, tmp
     (folder / "bin" / "llama-server").write_bytes(b"tampered")  # the record no longer matches: rebuild
     monkeypatch.setattr(prove.build, "build_tree", wrong_commit)
     with pytest.raises(BuildError):
-        prove.build_unpatched(tree, "cpu", work, base, options=options)
+        prove.build_unpatched(tree, request, work, base)
     assert (folder / "bin" / "llama-server").read_bytes() == b"tampered"  # not replaced by that build
     assert not list(folder.parent.glob(".build-cpu.*"))
     assert run_git(tree, "symbolic-ref", "--short", "HEAD") == f"dfbuild/{tag}"  # back on the patched commit
     monkeypatch.undo()
 
     # a real rebuild replaces the damaged copy whole, with the base's binaries
-    again = prove.build_unpatched(tree, "cpu", work, base, options=options)
+    again = prove.build_unpatched(tree, request, work, base)
     assert not again["reused"]
     out = subprocess.run([str(folder / "bin" / "llama-server")], capture_output=True, text=True).stdout
     assert out.strip() == f"commit {base} fixed=0"
@@ -364,7 +365,7 @@ def test_prove_takes_the_toolchain_options_a_release_takes(tmp_path, monkeypatch
     seen = {}
 
     def fake_prove(base, **kwargs):
-        seen.update(kwargs["build_options"])
+        seen["request"] = kwargs["request"]
         return {"base": base, "outcome": "fixed", "json": True}
 
     monkeypatch.setattr(prove, "prove", fake_prove)
@@ -377,7 +378,7 @@ def test_prove_takes_the_toolchain_options_a_release_takes(tmp_path, monkeypatch
     result = dfbuild("prove", "--base", "b11434", "--backend", "vulkan", "--vulkan-include-dir", headers,
                      "--cuda-arch", "90", "--work", tmp_path / "work", "--json")
     assert result.exit_code == 0, said(result)
-    assert seen["vulkan_include_dir"] == headers and seen["cuda_arch"] == "90"
+    assert seen["request"].vulkan_include_dir == headers and seen["request"].cuda_arch == "90"
     assert checked == [("vulkan", {"extra_include_dirs": [headers]})]
 
 
@@ -391,8 +392,8 @@ def test_a_gpu_proof_is_reused_only_where_it_ran(syn, tmp_path, fakes, monkeypat
     tag = upstream(syn, tmp_path, MOVED)
 
     def run(**options):
-        return prove.prove(tag, backend="vulkan", repo=str(syn.upstream), work=tmp_path / "work",
-                           patches_dir=syn.patches, smoke_options=options)
+        return prove.prove(tag, request=BuildRequest("vulkan", smoke=SmokeOptions(**options)),
+                           repo=str(syn.upstream), work=tmp_path / "work", patches_dir=syn.patches)
 
     with pytest.raises(NoDeviceError):
         run()

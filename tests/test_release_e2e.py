@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import archive, elf, fixtures, release, series, smoke, verify
+from dfbuild import archive, elf, fixtures, release, series, smoke, verify, verify_run
 
 from realtrees import CACHE, REAL_BASE, RELEASE_CPU_VARIANTS
 
@@ -162,7 +162,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_patched_server(releas
     assert shutil.which("llama-server", path=env["PATH"]) == str(venv / "bin" / "llama-server")
     result = subprocess.run(["llama-server", "--version"], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert verify.version_commit(result.stdout + result.stderr) == released["manifest"]["series"]["head"]
+    assert verify_run.version_commit(result.stdout + result.stderr) == released["manifest"]["series"]["head"]
     shipped = next((venv / "lib").glob("python3*/site-packages/llama_dflash_cpu/bin/llama-server"))
     our_libraries_resolve_inside(shipped, shipped.parent)
 
@@ -297,7 +297,7 @@ def test_a_library_planted_in_the_working_directory_is_not_loaded(released, tmp_
                             text=True, timeout=120)
     assert not marker.exists(), "a library from the current directory was loaded"
     assert result.returncode == 0, result.stderr[-2000:]
-    assert verify.version_commit(result.stdout + result.stderr) == released["manifest"]["series"]["head"]
+    assert verify_run.version_commit(result.stdout + result.stderr) == released["manifest"]["series"]["head"]
 
 
 def test_hf_download_has_tls_and_stays_on_loopback(released, tmp_path):

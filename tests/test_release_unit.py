@@ -24,9 +24,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import archive, backends, build, elf, fixtures, release, series, source, verify
+from dfbuild import archive, backends, build, elf, fixtures, release, release_package, series, source, verify, verify_run
 from dfbuild.cli import main
 from dfbuild.errors import ReleaseError, SmokeFailedError
+from dfbuild.paths import sha256_file
+from dfbuild.request import BuildRequest, SmokeOptions
 from helpers import private_cache
 
 posix_only = pytest.mark.skipif(os.name == "nt", reason="the fake llama-server is a shell script")
@@ -176,7 +178,7 @@ def write_wheel(path: Path, files: dict[str, bytes], *, record=None, wheel=True,
 
 @pytest.fixture
 def fake_wheel(monkeypatch):
-    monkeypatch.setattr(release, "build_wheel", fake_build_wheel)
+    monkeypatch.setattr(release_package, "build_wheel", fake_build_wheel)  # where package() reads it
 
 
 def run_package(inputs, out: Path, state=None) -> dict:
@@ -338,7 +340,7 @@ def test_archive_manifest_holds_every_section_and_the_file_list(released):
     listed = {f["path"] for f in embedded["release"]["files"]}
     assert listed | {"manifest.json"} == files
     server = next(f for f in embedded["release"]["files"] if f["path"] == "llama-server")
-    assert server["sha256"] == release.sha256_file(Path(inputs["sections"]["build"]["build_dir"]) / "bin/llama-server")
+    assert server["sha256"] == sha256_file(Path(inputs["sections"]["build"]["build_dir"]) / "bin/llama-server")
     assert embedded["release"]["source_date_epoch"] == 946684800  # the commit's date
     assert rel["artifacts"][0]["kind"] == "archive" and rel["artifacts"][1]["kind"] == "wheel"
     assert all(a["size"] > 0 and len(a["sha256"]) == 64 for a in rel["artifacts"])
@@ -663,7 +665,7 @@ def stub_stages(inputs, fake_wheel, monkeypatch):
 def test_a_release_builds_every_tool_unless_told_otherwise(inputs, stub_stages, tmp_path, monkeypatch):
     """As llama.cpp's release workflow, `release` builds `all`; `--target llama-server` a quicker server alone."""
     asked = []
-    monkeypatch.setattr(build, "build_tree", lambda tree, backend, build_dir, **kw: asked.append(kw["targets"])
+    monkeypatch.setattr(build, "build_tree", lambda tree, request, build_dir=None: asked.append(list(request.targets))
                         or inputs["sections"]["build"])
     for extra, wanted in (([], ["all"]), (["--target", "llama-server"], ["llama-server"])):
         result = CliRunner().invoke(main, ["release", "--base", "pydist-0.94.0", "--backend", "cpu", "--skip-smoke",
@@ -712,7 +714,7 @@ def test_skip_smoke_is_recorded_in_every_manifest(inputs, stub_stages, tmp_path)
 @posix_only
 def test_pipeline_records_stage_times_and_a_rerun_reuses_smoke_and_artifacts(inputs, stub_stages, tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
-    first = release.release("pydist-0.94.0", backend="cpu", out=out, work=work)
+    first = release.release("pydist-0.94.0", request=BuildRequest("cpu"), out=out, work=work)
     assert set(first["release"]["stages"]) == set(release.STAGES)
     assert all(isinstance(s["wall_s"], float) for s in first["release"]["stages"].values())
     assert first["smoke"]["passed"] is True and stub_stages["smoke"] == 1
@@ -720,7 +722,7 @@ def test_pipeline_records_stage_times_and_a_rerun_reuses_smoke_and_artifacts(inp
     before = archive.read_bytes()
     mtime = archive.stat().st_mtime_ns
 
-    second = release.release("pydist-0.94.0", backend="cpu", out=out, work=work)
+    second = release.release("pydist-0.94.0", request=BuildRequest("cpu"), out=out, work=work)
     assert stub_stages["smoke"] == 1, "unchanged binaries and fixtures: smoke must not run again"
     assert second["release"]["stages"]["smoke"]["reused"] and second["release"]["stages"]["package"]["reused"]
     assert archive.read_bytes() == before and archive.stat().st_mtime_ns == mtime
@@ -730,7 +732,7 @@ def test_pipeline_records_stage_times_and_a_rerun_reuses_smoke_and_artifacts(inp
     # a changed library (the fix lives in one) means new smoke and new artifacts
     lib = Path(inputs["sections"]["build"]["build_dir"]) / "bin" / "libimpl.so"
     lib.write_bytes(b"\x7fELF changed")
-    third = release.release("pydist-0.94.0", backend="cpu", out=out, work=work)
+    third = release.release("pydist-0.94.0", request=BuildRequest("cpu"), out=out, work=work)
     assert stub_stages["smoke"] == 2
     assert not third["release"]["stages"]["package"]["reused"]
     assert third["release"]["artifacts"][0]["sha256"] != first["release"]["artifacts"][0]["sha256"]
@@ -739,16 +741,16 @@ def test_pipeline_records_stage_times_and_a_rerun_reuses_smoke_and_artifacts(inp
 
 @posix_only
 def test_the_same_binaries_released_from_another_work_folder_reuse_their_passed_smoke(inputs, stub_stages, tmp_path):
-    first = release.release("pydist-0.94.0", backend="cpu", out=tmp_path / "a" / "out", work=tmp_path / "a" / "work")
+    first = release.release("pydist-0.94.0", request=BuildRequest("cpu"), out=tmp_path / "a" / "out", work=tmp_path / "a" / "work")
     assert stub_stages["smoke"] == 1
-    second = release.release("pydist-0.94.0", backend="cpu", out=tmp_path / "b" / "out", work=tmp_path / "b" / "work")
+    second = release.release("pydist-0.94.0", request=BuildRequest("cpu"), out=tmp_path / "b" / "out", work=tmp_path / "b" / "work")
     assert stub_stages["smoke"] == 1, "the same binaries and fixtures passed smoke already"
     assert second["release"]["stages"]["smoke"]["reused"] and second["smoke"] == first["smoke"]
     assert second["release"]["artifacts"] == first["release"]["artifacts"]
     # other binaries are smoked again
     lib = Path(inputs["sections"]["build"]["build_dir"]) / "bin" / "libimpl.so"
     lib.write_bytes(b"\x7fELF changed")
-    release.release("pydist-0.94.0", backend="cpu", out=tmp_path / "c" / "out", work=tmp_path / "c" / "work")
+    release.release("pydist-0.94.0", request=BuildRequest("cpu"), out=tmp_path / "c" / "out", work=tmp_path / "c" / "work")
     assert stub_stages["smoke"] == 2
 
 
@@ -762,7 +764,7 @@ def test_a_tree_patched_now_or_found_patched_gives_the_same_archive(inputs, stub
     made = []
     for name, section in (("fresh", fresh), ("found", found)):
         monkeypatch.setattr(series, "apply_series", lambda curated, tree, section=section, **kwargs: section)
-        made.append(release.release("pydist-0.94.0", backend="cpu", out=tmp_path / name / "out", work=tmp_path / name / "work"))
+        made.append(release.release("pydist-0.94.0", request=BuildRequest("cpu"), out=tmp_path / name / "out", work=tmp_path / name / "work"))
     assert made[0]["release"]["artifacts"] == made[1]["release"]["artifacts"]  # names and sha256
     assert made[0]["series"] == made[1]["series"]
     assert {c["status"] for c in made[0]["series"]["concerns"]} == {"applied"}
@@ -773,7 +775,7 @@ def test_failing_smoke_stops_before_packaging(inputs, stub_stages, tmp_path):
     stub_stages["smoke_passes"] = False
     out = tmp_path / "out"
     with pytest.raises(SmokeFailedError, match="image/x"):
-        release.release("pydist-0.94.0", backend="cpu", out=out, work=tmp_path / "work")
+        release.release("pydist-0.94.0", request=BuildRequest("cpu"), out=out, work=tmp_path / "work")
     assert not out.exists()
     result = CliRunner().invoke(main, ["release", "--base", "pydist-0.94.0", "--backend", "cpu", "--out", str(out),
                                        "--work", str(tmp_path / "work")])
@@ -901,11 +903,11 @@ def test_a_gpu_release_records_its_device_and_a_cpu_pass_is_not_reused_on_the_gp
     monkeypatch.setattr(release, "run_smoke_stage", fake_smoke)
     out, work = tmp_path / "out", tmp_path / "work"
     with pytest.raises(NoDeviceError):
-        release.release("pydist-0.94.0", backend="vulkan", out=out, work=work)
+        release.release("pydist-0.94.0", request=BuildRequest("vulkan"), out=out, work=work)
     assert stub_stages["smoke"] == 0 and not out.exists()
 
-    on_cpu = release.release("pydist-0.94.0", backend="vulkan", out=out, work=work,
-                             smoke_options={"allow_cpu_fallback": True})
+    on_cpu = release.release("pydist-0.94.0", request=BuildRequest("vulkan", smoke=SmokeOptions(allow_cpu_fallback=True)),
+                             out=out, work=work)
     assert stub_stages["smoke"] == 1
     assert on_cpu["smoke"]["cpu_fallback"] is True
     assert on_cpu["smoke"]["ran_on"] == "no Vulkan device here, ran on the CPU backend"
@@ -920,7 +922,7 @@ def test_a_gpu_release_records_its_device_and_a_cpu_pass_is_not_reused_on_the_gp
     assert "did not run on a GPU" in said.stdout
 
     listed[:] = [H200.format(free=142000)]  # libglvnd installed: the device appears
-    on_gpu = release.release("pydist-0.94.0", backend="vulkan", out=out, work=work)
+    on_gpu = release.release("pydist-0.94.0", request=BuildRequest("vulkan"), out=out, work=work)
     assert stub_stages["smoke"] == 2, "a pass on the CPU is no pass on the GPU: smoke runs again"
     assert not on_gpu["release"]["stages"]["smoke"]["reused"]
     assert (on_gpu["smoke"]["device"], on_gpu["smoke"]["cpu_fallback"]) == ("Vulkan0: NVIDIA H200 (NVIDIA)", False)
@@ -935,7 +937,7 @@ def test_a_gpu_release_records_its_device_and_a_cpu_pass_is_not_reused_on_the_gp
     assert "did not run on a GPU" not in said
 
     listed[:] = [H200.format(free=1000)]  # the same device, busier: its pass is reused
-    again = release.release("pydist-0.94.0", backend="vulkan", out=out, work=work)
+    again = release.release("pydist-0.94.0", request=BuildRequest("vulkan"), out=out, work=work)
     assert stub_stages["smoke"] == 2 and again["release"]["stages"]["smoke"]["reused"]
 
 
@@ -1137,12 +1139,12 @@ def test_verify_starts_every_shipped_program_and_fails_one_that_does_not_start(i
 
 @posix_only
 def test_a_program_that_hangs_or_dies_does_not_start(tmp_path, monkeypatch):
-    monkeypatch.setattr(verify, "PROGRAM_TIMEOUT_S", 2)
+    monkeypatch.setattr(verify_run, "PROGRAM_TIMEOUT_S", 2)  # where start_programs reads it
     for name, body in {"hangs": "sleep 30\n", "dies": "kill -SEGV $$\n"}.items():
         (tmp_path / name).write_text("#!/bin/sh\n" + body)
         (tmp_path / name).chmod(0o755)
     problems, notes = [], []
-    verify.start_programs("a.tar.gz", tmp_path, ["dies", "hangs"], [], dict(os.environ), problems, notes)
+    verify_run.start_programs("a.tar.gz", tmp_path, ["dies", "hangs"], [], dict(os.environ), problems, notes)
     assert problems == ["a.tar.gz: the unpacked dies does not start (--version): killed by signal 11",
                         "a.tar.gz: the unpacked hangs did not exit within 2 s of --version"]
     assert notes == []

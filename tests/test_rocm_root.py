@@ -375,11 +375,11 @@ def test_a_program_in_the_root_sees_sysfs_where_rocm_finds_the_gpus(tmp_path):
 
 
 def test_build_runs_each_step_through_the_roots_command_when_given(tmp_path):
-    from dfbuild import build
+    from dfbuild import build_run
 
     log = tmp_path / "log.txt"
     with open(log, "w") as handle:
-        code, _, _ = build._run_logged(["hello"], cwd=tmp_path, env=dict(os.environ), log=handle,
+        code, _, _ = build_run._run_logged(["hello"], cwd=tmp_path, env=dict(os.environ), log=handle,
                                        run_in=lambda args, cwd: ["echo", "in-root", str(cwd), *args])
     assert code == 0 and f"in-root {tmp_path} hello" in log.read_text()
 

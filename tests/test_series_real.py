@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from dfbuild import build, series
 from dfbuild.cli import main
+from dfbuild.request import BuildRequest
 
 from realtrees import CACHE, SLOW_BASES, TEST_CPU_VARIANTS, built_tree, checkout_tree, server_binary
 
@@ -120,8 +121,8 @@ def test_speculative_cpp_compiles_after_each_patch(base):
         later = tuple(patched_ids[n + 1:])
         step = series.apply_series(curated, tree, skip=later)
         assert [c["id"] for c in step["concerns"] if c["status"] == "applied"] == [concern_id]
-        section = build.build_tree(tree, "cpu", tree.parent / "build-cpu", targets=[obj],
-                                   cpu_variants=TEST_CPU_VARIANTS)
+        section = build.build_tree(tree, BuildRequest("cpu", targets=(obj,), cpu_variants=TEST_CPU_VARIANTS),
+                                   tree.parent / "build-cpu")
         assert not section["up_to_date"], f"{obj} was not rebuilt after {concern_id}"
         compiled.append(concern_id)
     assert compiled == patched_ids

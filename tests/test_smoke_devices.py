@@ -21,6 +21,7 @@ from click.testing import CliRunner
 
 from dfbuild import backends, errors, fixtures, paths, smoke
 from dfbuild.cli import main
+from dfbuild.request import SmokeOptions
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
 LAVAPIPE = "Vulkan0: llvmpipe (LLVM 19.1.7, 256 bits) (32768 MiB, 32768 MiB free)"
@@ -112,7 +113,7 @@ def test_the_device_list_picks_the_table(build_dir, monkeypatch):
     software = smoke.plan(vulkan, build_dir)
     assert (software.table, software.device) == ("software", smoke.device_name(LAVAPIPE))
     assert list(software.sets) == vulkan.smoke_software["sets"]
-    assert smoke.plan(vulkan, build_dir, table="full").table == "full"
+    assert smoke.plan(vulkan, build_dir, SmokeOptions(table="full")).table == "full"
     monkeypatch.setenv(smoke.TABLE_ENV, "full")
     assert smoke.plan(vulkan, build_dir).table == "full"
     monkeypatch.delenv(smoke.TABLE_ENV)
@@ -122,7 +123,7 @@ def test_the_device_list_picks_the_table(build_dir, monkeypatch):
     # the key of a remembered pass tells the tables apart
     assert software.memo_key("p", {"files": {}}) != gpu.memo_key("p", {"files": {}})
     with pytest.raises(errors.UsageError):
-        smoke.plan(backends.get("cpu"), build_dir, table="software")
+        smoke.plan(backends.get("cpu"), build_dir, SmokeOptions(table="software"))
 
 
 @pytest.mark.parametrize("mode, passes", [("bug", False), ("ok", True)])
@@ -264,7 +265,7 @@ def test_with_no_device_the_servers_own_words_are_quoted(build_dir, fixtures_dir
     assert result.exit_code == 45, result.output
     assert f"it said: {said}" in " ".join(result.stderr.split()), result.stderr
     assert "unrelated line" not in result.stderr and "loaded CPU backend" not in result.stderr
-    fallback = smoke.plan(backends.get(backend), build_dir, allow_cpu_fallback=True)
+    fallback = smoke.plan(backends.get(backend), build_dir, SmokeOptions(allow_cpu_fallback=True))
     assert f"it said: {said}" in fallback.note and fallback.cpu_fallback
 
 
@@ -319,13 +320,13 @@ def test_the_key_of_a_remembered_pass_holds_the_device(build_dir, monkeypatch):
     vulkan = backends.get("vulkan")
     fx = {"seed": 0, "files": {"t.gguf": {"sha256": "0" * 64}}}
     monkeypatch.setenv("FAKE_DEVICES", "(none)")
-    on_cpu = smoke.plan(vulkan, build_dir, table="full", allow_cpu_fallback=True)
+    on_cpu = smoke.plan(vulkan, build_dir, SmokeOptions(table="full", allow_cpu_fallback=True))
     monkeypatch.setenv("FAKE_DEVICES", GPU)
-    on_gpu = smoke.plan(vulkan, build_dir, table="full")
+    on_gpu = smoke.plan(vulkan, build_dir, SmokeOptions(table="full"))
     monkeypatch.setenv("FAKE_DEVICES", GPU.replace("142000 MiB free", "99 MiB free"))
-    same_gpu_busier = smoke.plan(vulkan, build_dir, table="full")
+    same_gpu_busier = smoke.plan(vulkan, build_dir, SmokeOptions(table="full"))
     monkeypatch.setenv("FAKE_DEVICES", "Vulkan0: AMD Radeon RX 7900 XTX (RADV NAVI31) (24560 MiB, 24000 MiB free)")
-    other_gpu = smoke.plan(vulkan, build_dir, table="full")
+    other_gpu = smoke.plan(vulkan, build_dir, SmokeOptions(table="full"))
     keys = [p.memo_key("payload", fx) for p in (on_cpu, on_gpu, same_gpu_busier, other_gpu)]
     assert keys[0] != keys[1] and keys[1] == keys[2] and keys[3] not in keys[:3]
     # the CPU backend's key is what it always was

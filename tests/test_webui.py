@@ -21,6 +21,7 @@ import pytest
 
 from dfbuild import build, paths, webui
 from dfbuild.errors import ToolchainMissingError, WebUIError
+from dfbuild.request import BuildRequest
 
 from helpers import dfbuild, private_cache, said
 
@@ -416,7 +417,7 @@ def test_a_new_ui_replaces_the_old_one_dfbuild_placed(tree, npm):
 
 @posix_only
 def test_the_build_embeds_the_ui_and_the_manifest_says_so(tree, npm):
-    built = build.build_tree(tree, "cpu", use_ccache=False)
+    built = build.build_tree(tree, BuildRequest("cpu", use_ccache=False))
     server = Path(built["build_dir"]) / "bin" / "llama-server"
     shown = subprocess.run([str(server), "--index"], capture_output=True, text=True)
     assert shown.returncode == 0 and shown.stdout == PAGE  # the tree's own UI, inside the binary
@@ -424,7 +425,7 @@ def test_the_build_embeds_the_ui_and_the_manifest_says_so(tree, npm):
     # the flags never let CMake run npm or download a UI: the same with and without the UI
     assert built["flags"]["LLAMA_BUILD_UI"] == built["flags"]["LLAMA_USE_PREBUILT_UI"] == "OFF"
 
-    bare = build.build_tree(tree, "cpu", use_ccache=False, web_ui=False)
+    bare = build.build_tree(tree, BuildRequest("cpu", use_ccache=False, web_ui=False))
     assert subprocess.run([str(server), "--index"], capture_output=True).returncode == 4  # no UI embedded
     assert bare["ui"]["source"] == "off" and bare["flags"] == built["flags"]
 
@@ -437,7 +438,7 @@ def test_a_ui_cmake_did_not_take_fails_the_build(tree, npm):
                               "  # SRC_DIST_DIR"))
     git(tree, "commit", "-q", "-am", "a consumer that looks elsewhere")
     with pytest.raises(Exception) as caught:
-        build.build_tree(tree, "cpu", use_ccache=False)
+        build.build_tree(tree, BuildRequest("cpu", use_ccache=False))
     assert getattr(caught.value, "exit_code", None) == 31 and "embedded no web UI" in str(caught.value)
 
 
@@ -445,8 +446,8 @@ def test_binaries_with_and_without_the_ui_are_different_requests_for_the_proof()
     """The proof keeps unpatched binaries by what was asked for: with the UI (the default) or --no-ui."""
     from dfbuild import prove
 
-    key = lambda options: prove._request_key("c0ffee", "cpu", ["llama-server"], options)  # noqa: E731
-    assert key({}) == key({"web_ui": True}) != key({"web_ui": False})
+    key = lambda **options: prove._request_key("c0ffee", BuildRequest("cpu", **options))  # noqa: E731
+    assert key() == key(web_ui=True) != key(web_ui=False)
 
 
 def test_the_release_notes_say_what_each_archive_serves_at_get_root(tmp_path):

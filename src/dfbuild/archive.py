@@ -50,7 +50,11 @@ class Entry:
     link: str | None = None       # a symlink to a sibling (shared library version links)
 
     def read(self) -> bytes:
-        return self.data if self.data is not None else Path(self.source).read_bytes()
+        if self.data is not None:
+            return self.data
+        if self.source is None:
+            raise ValueError(f"archive entry {self.path} has neither data nor a source file")
+        return Path(self.source).read_bytes()
 
 
 
@@ -105,25 +109,25 @@ def write_tar_gz(path: Path, root: str | None, entries: list[Entry], mtime: int)
     members = [(d, None) for d in _directories(root, entries)] + [(_member_name(root, e.path), e) for e in entries]
     members.sort(key=lambda member: member[0])
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as raw:
-        # filename="" keeps the name out of the gzip header; mtime=0 keeps the time out
-        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz:
-            with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                for name, entry in members:
-                    info = tarfile.TarInfo(name)
-                    info.mtime = mtime
-                    info.uid = info.gid = 0
-                    info.uname = info.gname = ""
-                    if entry is None:
-                        info.type, info.mode = tarfile.DIRTYPE, 0o755
-                        tar.addfile(info)
-                    elif entry.link is not None:
-                        info.type, info.mode, info.linkname = tarfile.SYMTYPE, 0o777, entry.link
-                        tar.addfile(info)
-                    else:
-                        data = entry.read()
-                        info.mode, info.size = entry.mode, len(data)
-                        tar.addfile(info, io.BytesIO(data))
+    # filename="" keeps the name out of the gzip header; mtime=0 keeps the time out
+    with open(tmp, "wb") as raw, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, entry in members:
+            info = tarfile.TarInfo(name)
+            info.mtime = mtime
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            if entry is None:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            elif entry.link is not None:
+                info.type, info.mode, info.linkname = tarfile.SYMTYPE, 0o777, entry.link
+                tar.addfile(info)
+            else:
+                data = entry.read()
+                info.mode, info.size = entry.mode, len(data)
+                tar.addfile(info, io.BytesIO(data))
     os.replace(tmp, path)
 
 
@@ -132,7 +136,8 @@ def write_zip(path: Path, root: str | None, entries: list[Entry], mtime: int) ->
     _check_names(root, entries)
     by_path = {e.path: e for e in entries}
     date_time = time.gmtime(max(mtime, ZIP_EPOCH_MIN))[:6]
-    members = [(d + "/", None) for d in _directories(root, entries)] + [(_member_name(root, e.path), e) for e in entries]
+    members = ([(d + "/", None) for d in _directories(root, entries)]
+               + [(_member_name(root, e.path), e) for e in entries])
     members.sort(key=lambda member: member[0])
     tmp = path.with_name(path.name + ".tmp")
     with zipfile.ZipFile(tmp, "w") as zf:
@@ -201,7 +206,7 @@ def extract_members(members: list[Member], into: Path) -> None:
                 if os.name != "nt" and member.mode is not None:
                     target.chmod(member.mode & 0o755)
             elif member.kind == "link":
-                os.symlink(member.link, target)
+                os.symlink(member.link or "", target)  # (a link member always has its target: readers.py)
         except (FileExistsError, NotADirectoryError) as exc:
             raise VerifyError(f"cannot unpack {member.name}: {exc.strerror} ({exc.filename})",
                               "the archive is not one dfbuild wrote; do not publish it") from None

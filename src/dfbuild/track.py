@@ -38,6 +38,7 @@ import tomlkit
 
 from . import gitrun, manifest, paths, proc, pypi, series, source, state, ui
 from .errors import DfbuildError, PatchConflictError, SourceError, StillBrokenError, UsageError
+from .request import BuildRequest
 
 DFLASH_PR = 27342                           # "spec : add DFlash2 support", in GITHUB_LLAMA
 RELEASABLE = ("fixed", "fixed-upstream")    # the outcomes a release ships
@@ -248,16 +249,16 @@ def first_failure(proof: dict) -> str | None:
 # --- proving --------------------------------------------------------------------------------
 
 
-def prove_candidate(candidate: Candidate, work: Path, *, backend: str, patches_dir: Path | None, sets, scenarios,
-                    build_options: dict | None, wait: bool, prover=None) -> dict:
+def prove_candidate(candidate: Candidate, work: Path, *, request: BuildRequest, patches_dir: Path | None, sets,
+                    scenarios, wait: bool, prover=None) -> dict:
     from . import prove as prove_stage
 
     prover = prover or prove_stage.prove
     with ExitStack() as stack:
-        for kind, path in prove_stage.work_locks(work, backend):
+        for kind, path in prove_stage.work_locks(work, request.backend):
             stack.enter_context(state.hold_path(kind, path, wait=wait))
-        return prover(candidate.name, backend=backend, work=work, repo=candidate.repo, pr=candidate.pr,
-                      patches_dir=patches_dir, sets=sets, scenarios=scenarios, build_options=build_options)
+        return prover(candidate.name, request=request, work=work, repo=candidate.repo, pr=candidate.pr,
+                      patches_dir=patches_dir, sets=sets, scenarios=scenarios)
 
 
 def _entry(candidate: Candidate, recorded: dict | None, work: Path, in_repo: dict | None = None,
@@ -302,10 +303,13 @@ def newest_proven(entries: list[dict]) -> dict | None:
 
 
 def track(*, repo: str | None = None, pr: int | None = None, since: int | None = None, prove: bool = False,
-          limit: int | None = None, backend: str = "cpu", work_root: Path = Path("dfbuild-track"),
+          limit: int | None = None, request: BuildRequest | None = None, work_root: Path = Path("dfbuild-track"),
           state_path: Path | None = None, patches_dir: Path | None = None, sets=None, scenarios=None,
-          build_options: dict | None = None, wait: bool = True, prover=None) -> dict:
-    """List what is new upstream with its recorded outcome; with PROVE, prove those without one (up to LIMIT)."""
+          wait: bool = True, prover=None) -> dict:
+    """List what is new upstream with its recorded outcome; with PROVE, prove those without one (up to LIMIT),
+    each built and smoked as REQUEST says (default: cpu, this machine)."""
+    request = request or BuildRequest()
+    backend = request.backend
     if repo is not None:
         repo = source._absolute_if_local(repo)
         source.check_repo_url(repo)
@@ -338,9 +342,8 @@ def track(*, repo: str | None = None, pr: int | None = None, since: int | None =
             entry = _entry(candidate, recorded, work, in_repo, state_path)
             if prove and entry["outcome"] is None and (limit is None or proven < limit):
                 proven += 1
-                entry.update(_prove_one(candidate, work, record, digest, backend=backend, patches_dir=patches_dir,
-                                        sets=sets, scenarios=scenarios, build_options=build_options, wait=wait,
-                                        prover=prover))
+                entry.update(_prove_one(candidate, work, record, digest, request=request, patches_dir=patches_dir,
+                                        sets=sets, scenarios=scenarios, wait=wait, prover=prover))
             entries.append(entry)
     report.update({"candidates": entries, "newest_proven": newest_proven(entries),
                    "pending": [e["name"] for e in entries if e["outcome"] is None],
@@ -360,7 +363,7 @@ def _prove_one(candidate: Candidate, work: Path, record: TrackRecord, digest: st
     outcome = {"kind": candidate.kind, "commit": candidate.commit or proof.get("unpatched_commit"),
                "outcome": proof["outcome"], "detail": detail_of(proof), "scenario": first_failure(proof),
                "proven_at": proof.get("proven_at") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "work": str(work), "backend": options["backend"], "series": digest}
+               "work": str(work), "backend": options["request"].backend, "series": digest}
     record.put(candidate.name, outcome)
     return {**{k: outcome[k] for k in ("outcome", "detail", "scenario", "proven_at", "commit")},
             "recorded": False, "proven_now": True, "recorded_in": str(record.path),

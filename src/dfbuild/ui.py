@@ -70,6 +70,12 @@ def info(message: str) -> None:
     _talk("    " * max(_open_steps - 1, 0) + message)
 
 
+def plain(text: str) -> None:
+    """Talk printed as it is (no markup, no wrapping): a block such as the build request's summary."""
+    if verbosity >= 0:
+        console.print(text, markup=False, soft_wrap=True)
+
+
 def next_step(command: str) -> None:
     """The command to run next (stderr, as pip and cibuildwheel say it), whole, to copy as is."""
     if verbosity >= 0:

@@ -9,6 +9,10 @@ wheel's binaries against the archive's, that the unpacked llama-server's
 starts. It reports the highest GLIBC_ symbol
 version each shipped ELF needs, and fails a wheel whose manylinux tag promises
 an older glibc than one of its ELFs needs.
+
+The checks of an archive's members are verify_members', the runs of its
+programs verify_run's, a wheel's wheelcheck's; this module walks the directory
+and says what it found (and writes the release notes).
 """
 
 from __future__ import annotations
@@ -19,26 +23,41 @@ import re
 import stat
 from collections import Counter
 from pathlib import Path, PurePosixPath
+from typing import Any
 
-from . import backends, locks, owned, proc, readers, source, state, wheelcheck
-from .archive import (ARCHIVE_SUFFIXES, Member, archive_root, extract_members, payload_prefix, read_members,
-                      unsafe_member)
+from . import backends, elf, locks, owned, readers, source, wheelcheck
+from .archive import (
+    ARCHIVE_SUFFIXES,
+    payload_prefix,
+    read_members,
+    unsafe_member,
+)
 from .errors import VerifyError
 from .paths import sha256_file
-from . import elf
-from .release import MANIFEST_NAME, SUMS_NAME
+from .release_record import MANIFEST_NAME, SUMS_NAME
+from .verify_members import (
+    _NO_ROOT,
+    _SPECIAL_BITS,
+    _driver_dll,
+    _link_problem,
+    _link_target_record,
+    _pe_problems,
+    allowed_roots,
+    layout_problem,
+    layout_root,
+    manifest_field_problem,
+    member_problem,
+    smoke_statement,
+)
+from .verify_run import (
+    _root_launcher,
+    _root_note,
+    _run_version,
+    _runs_here,
+)
 from .wheelcheck import manylinux_glibc, wheel_platform  # noqa: F401 - verify's API before the split
 
 _elf_problems = elf.check_file  # the name tests and older callers use
-
-
-# "version: 0.2.0-dev (build 10359, commit <sha>)" or, in other releases, "version: 10355 (<sha>)"
-_COMMIT_IN_VERSION = (re.compile(r"commit ([0-9A-Za-z]+(?:-dirty)?)"),
-                      re.compile(r"version: \d+ \(([0-9A-Fa-f]{7,}(?:-dirty)?)\)"))
-
-
-def _commit_matches(found: str, expected: str) -> bool:
-    return found == expected or (len(found) >= 7 and not found.endswith("-dirty") and expected.startswith(found))
 
 
 RUN_OPT_IN = "--run"
@@ -87,13 +106,14 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
         problems.append(f"{path.name}: no {root + '/' if root else ''}{MANIFEST_NAME}")
         return None
     try:
-        embedded = readers.loads_json(embedded_member.data)
+        embedded = readers.loads_json(embedded_member.data or b"")
     except ValueError as exc:
         problems.append(f"{path.name}: {MANIFEST_NAME} is not a JSON record dfbuild writes ({exc})")
         return None
     packed = embedded.get("release") if isinstance(embedded, dict) else None
     files = packed.get("files") if isinstance(packed, dict) else None
-    if not isinstance(files, list) or not all(isinstance(f, dict) and isinstance(f.get("path"), str) for f in files):
+    if not isinstance(packed, dict) or not isinstance(files, list) or not all(
+            isinstance(f, dict) and isinstance(f.get("path"), str) for f in files):
         problems.append(f"{path.name}: {MANIFEST_NAME} does not have the shape of a dfbuild manifest")
         return None
     why = manifest_field_problem(embedded)
@@ -123,13 +143,13 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
                 problems.append(f"{path.name}: {name_} is a link in the manifest to no file it lists")
                 continue
         mode = "none" if member.mode is None else f"{member.mode:04o}"
-        if member.kind != "file" or hashlib.sha256(member.data).hexdigest() != record.get("sha256"):
+        if member.kind != "file" or hashlib.sha256(member.data or b"").hexdigest() != record.get("sha256"):
             problems.append(f"{path.name}: {name_} does not match its sha256 in the manifest")
         elif os.name != "nt" and mode != record.get("mode"):
             problems.append(f"{path.name}: {name_} has mode {mode}, not {record.get('mode')}")
     needs: dict[str, tuple[int, ...]] = {}
     # every ELF file is for the archive's machine (an x64 library in an arm64 archive would never load)
-    want_machine = elf.ARCH_MACHINES.get(packed.get("arch")) if packed.get("os") == "linux" else None
+    want_machine = elf.ARCH_MACHINES.get(packed.get("arch") or "") if packed.get("os") == "linux" else None
     elf_count = 0
     for name_, member in sorted(actual.items()):
         if member.kind == "file" and member.data:
@@ -190,385 +210,13 @@ def _check_archive(path: Path, problems: list[str], notes: list[str], run_binari
                            programs=programs)
     if why:
         # Cannot run it here: the version stamp must at least be compiled into the shipped files.
-        holders = sorted(n for n, m in actual.items() if m.kind == "file" and patched.encode() in m.data)
+        holders = sorted(n for n, m in actual.items() if m.kind == "file" and patched.encode() in (m.data or b""))
         if holders:
             notes.append(f"{path.name}: {exe} {why}; the patched commit {patched[:12]} is stamped into "
                          f"{', '.join(holders)}")
         else:
             problems.append(f"{path.name}: {exe} {why}, and no shipped file holds the patched commit {patched[:12]}")
     return embedded
-
-
-# what dfbuild writes into an archive: files and folders owned by root (uid 0, no names), no special bits
-_SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX
-
-
-def member_problem(member: Member, root: str | None) -> str | None:
-    """Why an archive member (already read by the strict reader) is not what dfbuild ships, or None: outside
-    ROOT/ (None: a flat zip, no folder), a link out of its folder, setuid, setgid or sticky, or owned by anyone
-    but root (GNU tar run as root gives a file to the owner its header names)."""
-    if root is not None and member.name != root and not member.name.startswith(root + "/"):
-        return f"member {member.name!r} is outside the root directory {root}/"
-    if member.kind == "link" and (unsafe_member(member.link) or "/" in member.link):
-        return f"{member.name} links outside its directory ({member.link})"
-    if member.mode is not None and member.mode & _SPECIAL_BITS:
-        return (f"{member.name} has mode {member.mode:04o}: setuid, setgid or sticky, which dfbuild never "
-                "ships (GNU tar run as root keeps it; pip drops it)")
-    if member.owner is not None and (member.owner[:2] != (0, 0) or member.owner[2] not in ("", "root")
-                                     or member.owner[3] not in ("", "root")):
-        return (f"{member.name} is owned by {member.owner[2] or member.owner[0]}:{member.owner[3] or member.owner[1]}, "
-                "not root (GNU tar run as root would give it to that user)")
-    return None
-
-
-def _link_target_record(name: str, expected: dict[str, dict]) -> dict | None:
-    """The manifest's record of the file a link record NAME ends at (following links), or None."""
-    record, where, hops = expected.get(name), name, 0
-    while record is not None and "link" in record and hops <= len(expected):
-        where = str(PurePosixPath(where).parent / record["link"]).removeprefix("./")
-        record, hops = expected.get(where), hops + 1
-    return record if record is not None and "link" not in record else None
-
-
-def _link_problem(name: str, member: Member, by_name: dict[str, Member]) -> str | None:
-    """Why the link NAME cannot be vetted: it loops, dangles, or ends at a directory (None for a non-link)."""
-    if member.kind != "link":
-        return None
-    hops, current, seen = 0, member, {name}
-    where = name
-    while current.kind == "link":
-        where = str(PurePosixPath(where).parent / current.link).removeprefix("./")
-        if where in seen:
-            return f"is a symlink loop (it comes back to {where})"
-        seen.add(where)
-        current = by_name.get(where)
-        hops += 1
-        if current is None:
-            return f"links to {where}, which the archive does not hold"
-        if hops > len(by_name):
-            return "is a symlink loop"
-    if current.kind != "file":
-        return f"links to {where}, which is not a file"
-    return None
-
-
-def _str_or_none(value) -> bool:
-    return value is None or isinstance(value, str)
-
-
-def manifest_field_problem(embedded: dict) -> str | None:
-    """The first field of an archive's manifest that is not what dfbuild writes (a crafted or damaged
-    manifest), named, or None. Every field verify reads is checked here, so no check meets a wrong type."""
-    rel = embedded.get("release")
-    for key in ("os", "arch", "wheel_dist", "wheel_version", "tag", "backend", "layout", "root"):
-        if not _str_or_none(rel.get(key)):
-            return f"release.{key} is {type(rel.get(key)).__name__}, not text"
-    for number, entry in enumerate(rel["files"]):
-        for key in ("sha256", "link", "mode"):
-            if not _str_or_none(entry.get(key)):
-                return f"release.files[{number}].{key} ({entry['path']}) is {type(entry.get(key)).__name__}, not text"
-    bundled = rel.get("wheel_bundled")
-    if bundled is not None and not (isinstance(bundled, list) and all(
-            isinstance(b, dict) and isinstance(b.get("name"), str) and isinstance(b.get("sha256"), str)
-            for b in bundled)):
-        return "release.wheel_bundled is not a list of {name, sha256}"
-    for section in ("build", "series", "source", "smoke"):
-        if embedded.get(section) is not None and not isinstance(embedded.get(section), dict):
-            return f"{section} is {type(embedded.get(section)).__name__}, not a section (an object)"
-    build_ = embedded.get("build") or {}
-    binaries = build_.get("binaries")
-    if binaries is not None and not (isinstance(binaries, list) and all(isinstance(b, str) for b in binaries)):
-        return f"build.binaries is {type(binaries).__name__}, not a list of names"
-    for section, key in (("build", "source_commit"), ("series", "head"), ("smoke", "ran_on"), ("smoke", "device")):
-        if not _str_or_none((embedded.get(section) or {}).get(key)):
-            return f"{section}.{key} is not text"
-    if not isinstance((embedded.get("smoke") or {}).get("cpu_fallback", False), bool):
-        return "smoke.cpu_fallback is not true or false"
-    return None
-
-
-GPU_BACKENDS = ("cuda", "vulkan", "hip")
-
-
-def smoke_statement(embedded: dict) -> str:
-    """Where an archive's smoke ran, in words, from its manifest (what verify and the release notes say)."""
-    section = embedded.get("smoke") or {}
-    backend = (embedded.get("release") or {}).get("backend")
-    if section.get("skipped"):
-        return "smoke skipped (--skip-smoke): not smoke-tested"
-    if section.get("ran_on"):
-        verdict = "passed" if section.get("passed") else "ran"
-        if section.get("cpu_fallback"):
-            return f"smoke {verdict} on the CPU backend, not on a {backend} device ({section['ran_on']})"
-        return f"smoke {verdict} on {section['ran_on']}"
-    if backend in GPU_BACKENDS:
-        return "smoke: where it ran is not recorded (packaged before dfbuild recorded the device)"
-    return "smoke passed on the CPU backend" if section.get("passed") else "smoke: no result recorded"
-
-
-def version_commit(output: str) -> str | None:
-    """The commit that llama-server's --version output names, in either format above."""
-    found = next((m for m in (p.search(output) for p in _COMMIT_IN_VERSION) if m), None)
-    return found.group(1) if found else None
-
-
-_MISSING_LIBRARY = re.compile(r"error while loading shared libraries: ([^:\s]+)")
-# Wine: "err:module:import_dll Library libwinpthread-1.dll (which is needed by ...) not found"
-_MISSING_DLL = re.compile(r"Library (\S+\.dll) \(which is needed by [^)]*\) not found", re.IGNORECASE)
-RUN_TIMEOUT_S = 300  # Wine's first start makes its prefix
-
-
-def _runs_here(packed: dict, host: backends.Host) -> bool:
-    """A Windows x64 archive runs on a Linux x64 host through Wine, a Linux arm64 one through qemu-aarch64
-    (targets.toml: the cross entry's runner). No runner installed: the stamp is checked instead."""
-    import shutil
-
-    from . import platforms
-
-    if host.os != "linux":
-        return False
-    if packed.get("os") == "windows" and packed.get("arch") == host.arch:
-        runner = platforms.table()["targets"]["windows"].get("cross", {}).get(host.os, {}).get("runner")
-    elif packed.get("os") == "linux" and packed.get("arch") != host.arch:
-        cross_ = (platforms.table()["targets"]["linux"].get("arch", {}).get(packed.get("arch"), {})
-                  .get("cross", {}).get(host.os, {}))
-        runner = cross_.get("runner") if cross_.get("build_arch", host.arch) == host.arch else None
-    else:
-        return False
-    return bool(runner) and shutil.which(runner[0]) is not None
-
-
-def _driver_dll(packed: dict) -> str | None:
-    from . import pe
-
-    return pe.backend_driver_dll(packed.get("backend")) if packed.get("os") == "windows" else None
-
-
-def _pe_problems(label: str, actual: dict[str, Member], arch: str | None, problems: list[str],
-                 third_party: list[str] = (), *, backend: str | None = None,
-                 driver_users: list[str] | None = None) -> int:
-    """Every PE file of an archive: the archive's machine, every imported DLL inside the archive or a
-    Windows system DLL, no absolute build path. Returns how many PE files there were.
-
-    THIRD_PARTY: the toolchain's runtime DLLs (the manifest's release.runtime_dlls), shipped as their
-    distribution built them: Debian's libgomp names Debian's /build/... tree, which is no path of ours.
-
-    A GPU driver's DLL (vulkan-1.dll, nvcuda.dll) never ships: a copy beside the .exe would be loaded
-    instead of the driver's own. BACKEND's driver DLL (targets.toml backend_driver_dlls: vulkan-1.dll
-    for a Vulkan build) must be imported by some PE file: else the build never talks to the GPU.
-    The files that import it go into DRIVER_USERS.
-    """
-    from . import pe
-
-    files = {n: m for n, m in actual.items() if m.kind == "file" and m.data}
-    shipped = {PurePosixPath(n).name for n in files}
-    _, _, drivers = pe.system_dlls()
-    for name_ in sorted(files):
-        if PurePosixPath(name_).name.lower() in drivers:
-            problems.append(f"{label}: {name_} is the GPU driver's own DLL, which an archive must not ship "
-                            "(Windows would load this copy instead of the installed driver's)")
-    wanted = pe.backend_driver_dll(backend)
-    users: list[str] = []
-    count = 0
-    for name_, member in sorted(files.items()):
-        if not pe.is_pe(member.data):
-            continue
-        count += 1
-        try:
-            info = pe.read(member.data)
-        except Exception as exc:  # noqa: BLE001 - a damaged PE is a finding, not a crash
-            problems.append(f"{label}: {name_} cannot be read as PE ({exc})")
-            continue
-        if arch and info.machine != arch:
-            problems.append(f"{label}: {name_} is a {info.machine} PE file, not {arch}")
-        missing = pe.unresolved_imports(info, shipped)
-        if missing:
-            problems.append(f"{label}: {name_} imports {', '.join(missing)}, which is neither in the archive nor "
-                            "a Windows system DLL (Windows would refuse to start it)")
-        if wanted and wanted.lower() in {d.lower() for d in [*info.imports, *info.delay_imports]}:
-            users.append(PurePosixPath(name_).name)
-        paths_found = pe.absolute_paths(member.data) if name_ not in third_party else []
-        if paths_found:
-            problems.append(f"{label}: {name_} names an absolute build path: {', '.join(paths_found)}")
-    if wanted and count and not users:
-        problems.append(f"{label}: no file imports {wanted}: this {backend} build would never reach the GPU "
-                        f"driver (is ggml-{backend}.dll missing?)")
-    if driver_users is not None:
-        driver_users.extend(users)
-    return count
-
-
-def _root_note(label: str, in_root: dict, needs: dict[str, tuple[int, ...]]) -> str:
-    """What a build made in the ROCm root means for where it starts: forky's glibc, not 22.04's."""
-    top = elf.version_text(max(needs.values())) if needs else "?"
-    rocm = in_root.get("rocm")
-    if isinstance(rocm, dict):  # the packages the build used, as the root's record names them
-        rocm = ", ".join(f"{name} {version}" for name, version in rocm.items())
-    return (f"{label}: built in dfbuild's Debian {in_root.get('suite')} root with ROCm ({rocm}) "
-            f"(no ROCm on the build machine): its glibc floor is {in_root.get('suite')}'s "
-            f"(glibc {in_root.get('glibc')}; the binaries need {top}), so it starts on {in_root.get('suite')} or "
-            "newer only; the published archive comes from the release matrix's Ubuntu 22.04 image (glibc 2.35)")
-
-
-def _root_launcher(in_root: dict) -> list[str] | None:
-    """The prefix that runs an archive built in the ROCm root inside that root, when it is on this machine:
-    the root of this cache, or the one the manifest names (made by dfbuild in another cache, e.g. another
-    DFBUILD_CACHE_DIR) when it is a made root of today's recipe."""
-    from .platforms import rocm_root
-
-    try:
-        made = rocm_root.root_path()
-    except Exception:  # noqa: BLE001 - no recipe, no root: the stamp is checked instead
-        return None
-    recorded = str(in_root.get("path", ""))
-    if made.name != PurePosixPath(recorded).name:
-        return None
-    for candidate in (made, Path(recorded)):
-        if candidate.is_absolute() and rocm_root.is_made(candidate):
-            return rocm_root.launcher_for_root(candidate)
-    return None
-
-
-def _run_version(path: Path, members: list[Member], root: str | None, exe: str, patched: str,
-                 problems: list[str], notes: list[str], launcher: list[str] | None = None,
-                 programs: list[str] = ()) -> str | None:
-    """Unpack and run `llama-server --version` (with LAUNCHER in front, when given), then start every
-    other of PROGRAMS (start_programs). Returns why llama-server could not run here, else None."""
-    with state.temp_dir("verify") as tmp:
-        extract_members(members, Path(tmp))
-        folder = Path(tmp) / root if root else Path(tmp)
-        binary = folder / exe
-        env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH")}
-        from .smoke import launcher_for  # a Windows .exe on Linux runs through Wine
-
-        prefix, launch_env = (launcher, {}) if launcher else launcher_for(binary)
-        try:
-            result = proc.run([*prefix, binary, "--version"], timeout=RUN_TIMEOUT_S if prefix else 120, cwd=tmp,
-                              env=env | launch_env, errors="replace")
-        except (OSError, proc.TimeoutExpired) as exc:
-            problems.append(f"{path.name}: the unpacked {exe} does not run: {exc}")
-            return None
-        output = result.stdout + result.stderr
-        started: list[str] = []
-        if result.returncode == 0 and programs:  # llama-server starts: so must every other program
-            start_programs(path.name, folder, programs, prefix, env | launch_env, problems, started)
-    missing = _MISSING_LIBRARY.search(output) or _MISSING_DLL.search(output)
-    shipped = {PurePosixPath(m.name).name for m in members}
-    if result.returncode != 0 and missing and missing.group(1) not in shipped:
-        # e.g. libcuda.so.1 comes with the GPU driver, which this machine lacks
-        return f"needs {missing.group(1)} from the system, which is missing here"
-    found = version_commit(output)
-    if result.returncode != 0:
-        problems.append(f"{path.name}: the unpacked {exe} --version exited {result.returncode}: {output.strip()[-300:]}")
-    elif not found or not _commit_matches(found, patched):
-        problems.append(f"{path.name}: {exe} --version says {found or 'no commit'}, "
-                        f"not the patched commit {patched[:12]}")
-    else:
-        notes.append(f"{path.name}: unpacked {exe} --version names the patched commit {found[:12]}")
-    notes.extend(started)
-    return None
-
-
-PROGRAM_TIMEOUT_S = 60          # one program's --version/--help, natively
-PROGRAM_TIMEOUT_RUNNER_S = 180  # ... under Wine or qemu (the prefix exists by now: llama-server ran first)
-# a loader's own words for a program that cannot start (beside a missing library): a bad ELF or PE, a
-# symbol missing from a shipped library, Windows' STATUS_DLL_NOT_FOUND / STATUS_ENTRYPOINT_NOT_FOUND
-_CANNOT_START = re.compile(r"error while loading shared libraries|cannot execute binary file|exec format error|"
-                           r"symbol lookup error|undefined symbol|err:module:import_dll|"
-                           r"c0000135|c0000139", re.IGNORECASE)
-_WINDOWS_LOADER_CODES = {0xC0000135, 0xC0000139, 0xC0000142}  # DLL not found, entry point, DLL init failed
-
-
-def start_programs(label: str, folder: Path, programs: list[str], prefix: list[str], env: dict,
-                   problems: list[str], notes: list[str]) -> None:
-    """Start each of PROGRAMS (paths under FOLDER) with --version, else --help, and fail the one that does
-    not start: the loader refuses it (a library or DLL missing, a bad binary), it dies of a signal, or
-    it does not exit in time. A program that runs and prints its usage with a non-zero exit has started
-    (llama-quantize and mtmd's deprecated llama-*-cli stubs know no --version)."""
-    timeout = PROGRAM_TIMEOUT_RUNNER_S if prefix else PROGRAM_TIMEOUT_S
-    ok: list[str] = []
-    for rel in programs:
-        binary = folder / rel
-        how = None
-        for flag in ("--version", "--help"):
-            try:
-                result = proc.run([*prefix, binary, flag], timeout=timeout, cwd=folder, env=env, stdin=proc.DEVNULL,
-                                  errors="replace")
-            except proc.TimeoutExpired:
-                how = f"did not exit within {timeout} s of {flag}"
-                break
-            except OSError as exc:
-                how = f"cannot be started: {exc.strerror or exc}"
-                break
-            output = (result.stdout + result.stderr).strip()
-            code = result.returncode
-            if code < 0 or (code & 0xFFFFFFFF) in _WINDOWS_LOADER_CODES or _CANNOT_START.search(output) \
-                    or code in (126, 127):
-                why = (next((line for line in output.splitlines() if _CANNOT_START.search(line)), "")
-                       or (f"killed by signal {-code}" if code < 0 else f"exit {code:#x}" if code > 255 else
-                           f"exit {code}"))
-                how = f"does not start ({flag}): {why.strip()[:200]}"
-                break
-            if code == 0:
-                ok.append(f"{PurePosixPath(rel).name} {flag}")
-                how = None
-                break
-            how = ""  # it ran and answered with its usage: try --help, else it started all the same
-        if how:
-            problems.append(f"{label}: the unpacked {rel} {how}")
-        elif how == "":
-            ok.append(f"{PurePosixPath(rel).name} (usage, exit {code})")
-    if ok:
-        notes.append(f"{label}: {len(ok)} more programs start: {', '.join(ok)}")
-
-
-_NO_ROOT = object()  # layout_root: the members are under no folder this archive may have
-
-
-def allowed_roots(name: str) -> list[str]:
-    """The folders an archive called NAME may be rooted at: llama-<tag> (llama.cpp's layout, issue 36),
-    or its own name without the suffix (dfbuild's layout before: one folder holding bin/)."""
-    roots = []
-    match = re.match(r"^(llama-.+?)-bin-", name)
-    if match:
-        roots.append(match.group(1))
-    roots.append(archive_root(name))
-    return roots
-
-
-def layout_root(name: str, member_names: list[str]):
-    """The folder every member of the archive NAME is in (allowed_roots), None for a flat zip (no folder
-    at all), or _NO_ROOT when they are in neither."""
-    for root in allowed_roots(name):
-        if member_names and all(n.rstrip("/") == root or n.startswith(root + "/") for n in member_names):
-            return root
-    tops = {n.split("/", 1)[0] for n in member_names}
-    if name.endswith(".zip") and not any(t in allowed_roots(name) for t in tops):
-        return None
-    return _NO_ROOT
-
-
-def layout_problem(name: str, root: str | None, packed: dict) -> str | None:
-    """Whether the archive is laid out as its manifest says: "top" under llama-<tag>/, "flat" without a
-    folder, or (no layout: packed before issue 36) under a folder named like the archive."""
-    layout = packed.get("layout")
-    if layout is None:
-        expected = archive_root(name)
-    elif layout == "top":
-        expected = packed.get("root")
-        if expected not in allowed_roots(name)[:-1] or expected != f"llama-{packed.get('tag')}":
-            return f"its manifest names the folder {expected!r}, not llama-<its tag>/ of the archive's name"
-    elif layout == "flat":
-        expected = None
-        if not name.endswith(".zip"):
-            return "its manifest says it is a flat zip, but it is a tarball"
-    else:
-        return f"its manifest names an unknown layout {layout!r}"
-    if root != expected:
-        found = f"in {root}/" if root else "flat (no folder)"
-        wanted = f"in {expected}/" if expected else "flat (no folder)"
-        return f"its members are {found}, but its manifest says {wanted}"
-    return None
 
 
 def _is_regular(path: Path) -> bool:
@@ -604,6 +252,8 @@ def unlisted_entries(directory: Path, sums: dict[str, str]) -> list[str]:
 
 
 _SUMS_MAX = 1 << 20       # bytes: a SHA256SUMS of 10,000 artifacts is under 1 MiB
+
+
 _RECORD_MAX = 16 << 20    # bytes: a manifest.json
 
 
@@ -682,7 +332,7 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
     problems: list[str] = []
     notes: list[str] = []
     glibc: dict[str, dict[str, str]] = {}   # artifact -> ELF -> the highest GLIBC_ version it needs
-    report = {"dir": str(directory), "problems": problems, "checked": notes, "glibc": glibc}
+    report: dict[str, Any] = {"dir": str(directory), "problems": problems, "checked": notes, "glibc": glibc}
     sums_path = directory / SUMS_NAME
     if not _is_regular(sums_path):  # lstat: a symlinked SHA256SUMS would vouch with a file from elsewhere
         problems.append(f"no {SUMS_NAME} in {directory}")
@@ -756,7 +406,7 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
             full = {}
         rel = full.get("release") if isinstance(full, dict) else None
         artifacts = rel.get("artifacts", []) if isinstance(rel, dict) else None
-        if not isinstance(artifacts, list) or not all(
+        if not isinstance(rel, dict) or not isinstance(artifacts, list) or not all(
                 isinstance(a, dict) and isinstance(a.get("name"), str) and "sha256" in a and "size" in a
                 for a in artifacts) or not isinstance(rel.get("archive", ""), str):
             problems.append(f"{label} does not have the shape of a dfbuild manifest")
@@ -773,7 +423,7 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
                 problems.append(f"{artifact['name']}: sha256 or size does not match {label}")
             elif sums.get(artifact["name"]) != artifact["sha256"]:
                 problems.append(f"{artifact['name']}: {label} and {SUMS_NAME} disagree")
-        embedded = embedded_by_archive.get(rel.get("archive"))
+        embedded = embedded_by_archive.get(rel.get("archive") or "")
         if rel.get("archive") and embedded is not None:
             for section in ("source", "series", "build", "smoke"):
                 if full.get(section) != embedded.get(section):
@@ -846,12 +496,13 @@ def release_notes(directory: Path, base: str | None = None) -> str:
         where.append(f"- `{archive}`: {statement}; {len(programs)} program{'s' if len(programs) != 1 else ''}")
         served.append(f"- `{archive}`: {page}")
     what = f"llama.cpp {base}" if base else "llama.cpp"
-    lines = [f"Patched {what} with the DFlash multimodal fix (series in patches/). Verify with: sha256sum -c SHA256SUMS"]
+    lines = [f"Patched {what} with the DFlash multimodal fix (series in patches/). "
+             "Verify with: sha256sum -c SHA256SUMS"]
     if laid_out:
-        lines += ["", "Each archive is laid out as llama.cpp's own of the same name: its programs (every tool llama.cpp "
-                      "ships: llama-server, llama-cli, llama-mtmd-cli, llama-bench, llama-quantize, ggml-rpc-server, ...) "
-                      "and libraries at the top of `llama-<tag>/` in a tarball, at the top of a Windows zip; "
-                      "manifest.json, patches/ and licenses/ beside them."]
+        lines += ["", "Each archive is laid out as llama.cpp's own of the same name: its programs (every tool "
+                      "llama.cpp ships: llama-server, llama-cli, llama-mtmd-cli, llama-bench, llama-quantize, "
+                      "ggml-rpc-server, ...) and libraries at the top of `llama-<tag>/` in a tarball, at the top of a "
+                      "Windows zip; manifest.json, patches/ and licenses/ beside them."]
     if runtimes:
         lines += ["", "The CUDA runtime libraries, to unpack beside the programs of the CUDA archive of the same "
                       "toolkit (as llama.cpp's cudart archives): " + ", ".join(f"`{n}`" for n in sorted(set(runtimes)))]

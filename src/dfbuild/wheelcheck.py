@@ -20,7 +20,8 @@ from pathlib import Path, PurePosixPath
 
 from . import elf, readers
 from .archive import payload_prefix
-from .release import MANIFEST_NAME, WHEEL_DIST, builder_dir, parse_wheel_name
+from .release_record import MANIFEST_NAME, WHEEL_DIST, parse_wheel_name
+from .wheel_build import builder_dir
 
 _RECORD_HASHES = {"sha256", "sha384", "sha512"}  # PEP 376/427: no md5 or sha1
 # what the builder (scikit-build-core, then auditwheel) puts in the dist-info folder, besides RECORD

@@ -24,7 +24,6 @@ from .host_cmds import doctor, matrix
 from .options import (
     BASE_HELP,
     SeriesHelpOption,
-    _smoke_options,
     _utf8_path,
     base_option,
     json_option,
@@ -54,7 +53,7 @@ from .series_cmds import (
 
 __all__ = [
     "BASE_HELP", "OUTCOME_STYLE", "PROVE_EXIT", "STATUS_STYLE", "SeriesHelpOption", "_default_dir_here", "_fail",
-    "_locks", "_render_concerns", "_smoke_options", "_utf8_path", "_work_locks", "apply", "base_option", "build",
+    "_locks", "_render_concerns", "_utf8_path", "_work_locks", "apply", "base_option", "build",
     "checkout", "dir_option", "doctor", "fixtures", "handle_errors", "import_", "json_option", "known_bases_text",
     "main", "matrix", "no_wait_option", "patches_option", "proof_options", "prove", "release_cmd", "series_adopt",
     "series_check", "series_continue", "series_epochs", "series_group", "series_list", "series_record",

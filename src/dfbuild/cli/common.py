@@ -108,13 +108,9 @@ def _render_concerns(rows: list[dict]) -> None:
     ui.result(table)
 
 
-def _cross_host(target_os, target_arch=None):
-    """--os/--arch as the stages take them: None for this host (so native work dirs and records stay as they
-    were), the cross target's Host otherwise; --os macos on Linux is refused (exit 33)."""
-    from .. import platforms
-
-    host = platforms.target_host(target_os, arch=target_arch)
-    return host if host.cross else None
+def say_request(request, *, smoke: bool = True) -> None:
+    """The build request in words, on stderr, before the work starts (as cibuildwheel prints its options)."""
+    ui.plain(request.summary(smoke=smoke))
 
 
 def _dir_label(backend: str, host) -> str:

@@ -92,10 +92,6 @@ def smoke_run_options(func):
     return func
 
 
-def _smoke_options(start_timeout, smoke_table, allow_cpu_fallback=False) -> dict:
-    return {"start_timeout": start_timeout, "table": smoke_table, "allow_cpu_fallback": bool(allow_cpu_fallback)}
-
-
 NAME_MAX = 255  # bytes in one name: the limit of every file system dfbuild runs on (ext4, xfs, btrfs, APFS, NTFS)
 
 

@@ -10,10 +10,9 @@ from rich.markup import escape
 
 from .. import errors, ui
 from .app import main
-from .common import _cross_host, _dir_label, _locks, _work_locks, check_can_build, removed_if_left_empty_handed
+from .common import _dir_label, _locks, _work_locks, check_can_build, removed_if_left_empty_handed, say_request
 from .exits import PROVE_EXIT, handle_errors
 from .options import (
-    _smoke_options,
     arch_option,
     backend_option,
     base_option,
@@ -72,6 +71,7 @@ def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, backend, server_arg
     """Run the smoke scenarios on llama-server; exit non-zero if any fails."""
     from .. import backends, paths
     from .. import smoke as smoke_stage
+    from ..request import SmokeOptions
 
     how = backends.get(backend.lower())
 
@@ -81,8 +81,8 @@ def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, backend, server_arg
         for reason in result["failures"][:3]:
             ui.result(f"        [dim]{reason[:200]}[/dim]")
 
-    plan = smoke_stage.plan(how, build_dir, table=smoke_table, start_timeout=start_timeout,
-                            sets=sets or None, scenarios=scenarios or None, allow_cpu_fallback=allow_cpu_fallback)
+    options = SmokeOptions(table=smoke_table, start_timeout=start_timeout, allow_cpu_fallback=allow_cpu_fallback)
+    plan = smoke_stage.plan(how, build_dir, options, sets=sets or None, scenarios=scenarios or None)
     if plan.note:
         ui.warn(plan.note)
     if not as_json:
@@ -137,21 +137,22 @@ def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, cu
     from .. import prove as prove_stage
     from .. import release as release_stage
     from .. import source
+    from ..request import BuildRequest
 
     source.check_known(base, repo)
     backend = backend.lower()
     check_can_build(backend, target_os, vulkan_include_dir, target_arch)  # 33 or 30 now, not after the checkout
+    # the request, made once, for both trees' builds and smoke runs
+    request = BuildRequest.from_options(
+        backend=backend, target_os=target_os, target_arch=target_arch, cpu_variants=cpu_variants, cuda_arch=cuda_arch,
+        gpu_targets=gpu_targets, vulkan_include_dir=vulkan_include_dir, jobs=jobs, start_timeout=start_timeout,
+        smoke_table=smoke_table, allow_cpu_fallback=allow_cpu_fallback, no_ui=no_ui)
+    say_request(request)
     work_dir = Path(work or release_stage.default_work_dir(base)).resolve()
-    host = _cross_host(target_os, target_arch)  # None: a native build (the default); a cross target otherwise
     with removed_if_left_empty_handed(work_dir, lambda: (work_dir / "src" / ".git").exists()), \
-            _locks(*_work_locks(work_dir, _dir_label(backend, host)), no_wait=no_wait):
-        proof = prove_stage.prove(base, backend=backend, work=work_dir, repo=repo, pr=pr, patches_dir=patches_dir,
-                                  sets=sets or None, scenarios=scenarios or None,
-                                  build_options={"jobs": jobs, "cpu_variants": cpu_variants, "cuda_arch": cuda_arch,
-                                                 "gpu_targets": gpu_targets,
-                                                 "vulkan_include_dir": vulkan_include_dir, "host": host,
-                                                 "web_ui": not no_ui},
-                                  smoke_options=_smoke_options(start_timeout, smoke_table, allow_cpu_fallback))
+            _locks(*_work_locks(work_dir, _dir_label(backend, request.cross_host)), no_wait=no_wait):
+        proof = prove_stage.prove(base, request=request, work=work_dir, repo=repo, pr=pr, patches_dir=patches_dir,
+                                  sets=sets or None, scenarios=scenarios or None)
     if as_json:
         ui.emit_json(proof)
     else:
@@ -221,15 +222,19 @@ def track(repo, pr, since, do_prove, limit, backend, work_root, state_file, sets
     applicable (or still unproven), else the worst: an error's own code, 43 still broken, 21 conflict.
     """
     from .. import track as track_stage
+    from ..request import BuildRequest
 
     if limit is not None and not do_prove:
         raise click.UsageError("--limit caps how many candidates --prove proves; without --prove nothing is proven",
                                click.get_current_context())
+    request = BuildRequest.from_options(backend=backend, cpu_variants=cpu_variants, jobs=jobs)
+    if do_prove:  # what each proof builds and smokes (listing alone builds nothing)
+        say_request(request)
     report = track_stage.track(
         repo=repo, pr=track_stage.default_pr(repo) if pr is None else (pr or None),
-        since=track_stage.parse_since(since), prove=do_prove, limit=limit, backend=backend, work_root=work_root,
+        since=track_stage.parse_since(since), prove=do_prove, limit=limit, request=request, work_root=work_root,
         state_path=state_file, patches_dir=patches_dir, sets=sets or None, scenarios=scenarios or None,
-        build_options={"jobs": jobs, "cpu_variants": cpu_variants}, wait=not no_wait)
+        wait=not no_wait)
     if as_json:
         ui.emit_json(report)
     else:

@@ -8,10 +8,17 @@ import click
 
 from .. import errors, ui
 from .app import main
-from .common import _cross_host, _dir_label, _locks, _work_locks, check_can_build, removed_if_left_empty_handed, shown
+from .common import (
+    _dir_label,
+    _locks,
+    _work_locks,
+    check_can_build,
+    removed_if_left_empty_handed,
+    say_request,
+    shown,
+)
 from .exits import handle_errors
 from .options import (
-    _smoke_options,
     arch_option,
     backend_option,
     base_option,
@@ -57,15 +64,20 @@ from .options import (
 def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_targets, vulkan_include_dir, cmake_args,
           jobs, reconfigure, fresh, no_ccache, no_ui, target_os, target_arch, no_wait, as_json):
     """Configure and build a llama.cpp tree for one backend (checks the toolchain first)."""
-    from .. import backends, journal, manifest, paths, platforms
     from .. import build as build_stage
+    from .. import journal, manifest, paths
+    from ..request import BuildRequest
 
-    backend = backend.lower()
-    spec = backends.get(backend)  # resolved once, here; the stage gets the record
-    host = platforms.target_host(target_os, arch=target_arch)  # --os/--arch: this host, or a cross target
+    # the request, made once (backend and --os/--arch checked: this host, or a cross target)
+    request = BuildRequest.from_options(
+        backend=backend, target_os=target_os, target_arch=target_arch, targets=targets, cpu_variants=cpu_variants,
+        cuda_arch=cuda_arch, gpu_targets=gpu_targets, vulkan_include_dir=vulkan_include_dir, cmake_args=cmake_args,
+        jobs=jobs, reconfigure=reconfigure, fresh=fresh, no_ccache=no_ccache, no_ui=no_ui)
+    backend, host = request.backend, request.host
     # not a tree, or a backend, OS or toolchain this host cannot build: refused before the build dir is made
     build_stage.check_llama_tree(Path(tree).resolve())
     check_can_build(backend, target_os, vulkan_include_dir, target_arch)
+    say_request(request, smoke=False)
     lock_build_dir = build_dir or build_stage.default_build_dir(Path(tree), backend, host)
     lock_build_dir = Path(lock_build_dir).absolute()
     with removed_if_left_empty_handed(lock_build_dir, lambda: (lock_build_dir / "CMakeCache.txt").exists()), \
@@ -73,13 +85,9 @@ def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_target
         if paths.is_git_tree(Path(tree)) and journal.recover(Path(tree)):
             ui.warn(f"{tree} is back at its state before the interrupted run; "
                     "run `dfbuild apply` first if you meant to build the patched tree")
-        section = build_stage.build_tree(
-            tree, spec, build_dir, targets=build_stage.parse_targets(targets), cuda_arch=cuda_arch,
-            gpu_targets=gpu_targets, vulkan_include_dir=vulkan_include_dir, cpu_variants=cpu_variants,
-            extra_cmake_args=cmake_args, jobs=jobs, reconfigure=reconfigure, fresh=fresh, use_ccache=not no_ccache,
-            host=host, web_ui=not no_ui,
-        )
+        section = build_stage.build_tree(tree, request, build_dir)
         if paths.is_git_tree(Path(tree)):
+            manifest.update_tree_manifest(Path(tree), "request", request.to_dict())
             manifest.update_tree_manifest(Path(tree), "build", section)
     if as_json:
         ui.emit_json(section)
@@ -171,30 +179,30 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, reprove, targets
                 vulkan_include_dir, target_os, target_arch, cmake_args, jobs, no_ui, start_timeout, smoke_table,
                 allow_cpu_fallback, no_wait, as_json):
     """Checkout, apply, build, smoke and package BASE: archive, wheel, SHA256SUMS, manifest.json."""
-    from .. import backends, source
-    from .. import build as build_stage
     from .. import release as release_stage
+    from .. import source
+    from ..request import BuildRequest
 
-    backend = backend.lower()
-    spec = backends.get(backend)  # resolved once, here; every stage gets the record
-    options = {"cuda_arch": cuda_arch, "gpu_targets": gpu_targets, "vulkan_include_dir": vulkan_include_dir,
-               "cpu_variants": cpu_variants, "extra_cmake_args": cmake_args, "jobs": jobs,
-               "host": _cross_host(target_os, target_arch), "web_ui": not no_ui}
+    # the request, made once, for every stage (backend and --os/--arch checked); every tool unless --target
+    request = BuildRequest.from_options(
+        backend=backend, target_os=target_os, target_arch=target_arch,
+        targets=targets or release_stage.RELEASE_TARGETS, cpu_variants=cpu_variants, cuda_arch=cuda_arch,
+        gpu_targets=gpu_targets, vulkan_include_dir=vulkan_include_dir, cmake_args=cmake_args, jobs=jobs,
+        no_ui=no_ui, start_timeout=start_timeout, smoke_table=smoke_table, allow_cpu_fallback=allow_cpu_fallback)
+    backend = request.backend
     source.check_known(base, repo)
     # backend, OS, architecture and toolchain: refused now (33, 30), not after the checkout
     check_can_build(backend, target_os, vulkan_include_dir, target_arch)
     release_stage.check_wheel_tools()
+    say_request(request)
     work_dir = Path(work or release_stage.default_work_dir(base)).resolve()
     # the work tree (WORK/src), its build dir and OUT, for the whole pipeline; a WORK this run made goes
     # again when it fails before the checkout
     with removed_if_left_empty_handed(work_dir, lambda: (work_dir / "src" / ".git").exists()), \
-            _locks(*_work_locks(work_dir, _dir_label(backend, options["host"])), ("out", Path(out)), no_wait=no_wait):
-        full = release_stage.release(base, backend=spec, pr=pr, repo=repo, out=out, work=work,
-                                     skip_smoke=skip_smoke,
-                                     targets=build_stage.parse_targets(targets or release_stage.RELEASE_TARGETS),
-                                     build_options=options,
-                                     smoke_options=_smoke_options(start_timeout, smoke_table, allow_cpu_fallback),
-                                     reprove=reprove)
+            _locks(*_work_locks(work_dir, _dir_label(backend, request.cross_host)), ("out", Path(out)),
+                   no_wait=no_wait):
+        full = release_stage.release(base, request=request, pr=pr, repo=repo, out=out, work=work,
+                                     skip_smoke=skip_smoke, reprove=reprove)
     if as_json:
         ui.emit_json(full)
         return

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import errors, paths, proc
+from ..request import SmokeOptions
 from . import devices, memo
 from .judge import EXACT, IDENTITY_RULES
 from .scenarios import DEFAULT_SCENARIOS, DEFAULT_SETS, SCENARIOS
@@ -98,23 +99,26 @@ def _check_table(table: str) -> str:
     return table
 
 
-def plan(how, build_dir: Path, *, table: str | None = None, start_timeout: float | None = None,
-         sets=None, scenarios=None, release: int | None = None, allow_cpu_fallback: bool = False) -> Plan:
+def plan(how, build_dir: Path, options: SmokeOptions | None = None, *, sets=None, scenarios=None,
+         release: int | None = None) -> Plan:
     """The smoke run of backend HOW (a backends.Backend) on BUILD_DIR's llama-server.
 
     A GPU backend (one with a smoke.device table: cuda, vulkan, hip) lists
     `llama-server --list-devices` first and runs on the first device of its kind.
     With none, NoDeviceError (exit 45) names what is missing, unless
-    ALLOW_CPU_FALLBACK: then the smoke runs on the CPU backend and says so
+    OPTIONS.allow_cpu_fallback: then the smoke runs on the CPU backend and says so
     (ran_on, cpu_fallback), in the manifest and in the key of a remembered pass.
 
-    TABLE: "full" (every default set and scenario), "software" (the backend's
+    OPTIONS (a request's smoke options; the defaults without it) also say the start timeout and
+    the table: "full" (every default set and scenario), "software" (the backend's
     smaller table for software devices), or "auto" (the default; also from
     $DFBUILD_SMOKE_TABLE): software when the device is a software device the
     table lists, full otherwise. SETS / SCENARIOS, when given, replace that
     dimension of the table.
     """
-    table = _check_table(table or os.environ.get(TABLE_ENV, "").strip() or "auto")
+    options = options or SmokeOptions()
+    start_timeout, allow_cpu_fallback = options.start_timeout, options.allow_cpu_fallback
+    table = _check_table(options.table or os.environ.get(TABLE_ENV, "").strip() or "auto")
     software = how.smoke_software
     if table == "software" and not software:
         raise errors.UsageError(f"the {how.name} backend has no software-device smoke table",
