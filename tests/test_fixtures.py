@@ -188,3 +188,16 @@ def server_binary_for(base: str) -> Path:
 def test_every_fixture_set_loads_in_llama_server(base, written, tmp_path):
     problems = smoke.fixtures_that_do_not_load(server_binary_for(base), written, tmp_path)
     assert not problems, "\n".join(f"{name}: {why}" for name, why in problems.items())
+
+
+def test_ensure_fixtures_rewrites_a_dir_written_before_a_set_was_added(tmp_path):
+    # seen: a release's work dir whose fixtures an older dfbuild wrote (without qwen35-grid-sections-random)
+    # failed its smoke with exit 40, "unknown fixture set", instead of writing the new set
+    section = fixtures.ensure_fixtures(tmp_path)
+    index = tmp_path / "fixtures.json"
+    older = json.loads(index.read_text())
+    dropped = sorted(older["sets"])[-1]
+    del older["sets"][dropped]
+    index.write_text(json.dumps(older))
+    again = fixtures.ensure_fixtures(tmp_path)
+    assert dropped in again["sets"] and sorted(again["sets"]) == sorted(section["sets"])
