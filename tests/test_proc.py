@@ -137,7 +137,8 @@ def test_git_runs_in_the_tree_and_out_strips(repo: Path):
 def test_git_by_git_dir_and_env_and_input(repo: Path):
     blob = gitrun.out(None, "hash-object", "-w", "--stdin", git_dir=repo / ".git", input="data\n")
     assert gitrun.out(repo, "cat-file", "-p", blob) == "data"
-    assert gitrun.out(repo, "var", "GIT_AUTHOR_IDENT", extra_env={"GIT_AUTHOR_NAME": "Someone Else"}) \
+    assert gitrun.out(repo, "var", "GIT_AUTHOR_IDENT", extra_env={"GIT_AUTHOR_NAME": "Someone Else",
+                                                                         "GIT_AUTHOR_EMAIL": "else@example.org"}) \
         .startswith("Someone Else")
     assert gitrun.command(repo, "status") == ["git", "-C", str(repo), "status"]
     assert gitrun.command(None, "status", git_dir="/x.git") == ["git", "--git-dir", "/x.git", "status"]
