@@ -23,7 +23,7 @@ import pytest
 import dfbuild as dfbuild_package
 from dfbuild import journal
 
-from helpers import dfbuild, run_git, said
+from helpers import GIT_ENV, dfbuild, run_git, said
 from test_crash_safety import apply_args, assert_fully_patched, fresh_copy, run_forked, wait, world  # noqa: F401
 from test_curator import hand_edit, new_epoch, start  # noqa: F401  (new_epoch: a fixture)
 from test_series import IDS, SPEC, head, syn, template  # noqa: F401  (syn, template: fixtures)
@@ -757,9 +757,11 @@ def test_apply_in_the_middle_of_a_git_rebase_or_merge_is_12_and_touches_nothing(
     run_git(tree, "checkout", "-q", "-b", "theirs", "HEAD~1")
     (tree / "CMakeLists.txt").write_text("# theirs\n")
     run_git(tree, "commit", "-q", "-am", "theirs")
+    # the tests' git identity: without one (a fresh CI machine) git merge refuses before it starts
     stopped = subprocess.run(["git", "-C", str(tree), *(["rebase", "mine"] if operation == "rebase" else
-                                                        ["merge", "mine"])], capture_output=True, text=True)
-    assert stopped.returncode != 0  # stopped at the conflict, waiting for the user
+                                                        ["merge", "mine"])], capture_output=True, text=True,
+                             env={**os.environ, **GIT_ENV})
+    assert stopped.returncode != 0 and "CONFLICT" in stopped.stdout, stopped  # stopped at the conflict
     before = (run_git(tree, "rev-parse", "HEAD"), (tree / "CMakeLists.txt").read_bytes())
 
     result = dfbuild(*apply_args(syn, bare, tree, "--force"))
