@@ -91,3 +91,11 @@ def test_base_help_lists_the_series_bases_and_any_release():
         listed = text[text.index("--base TEXT"):text.index("[required]")]
         assert all(base in listed for base in bases), (command, listed)
         assert "any llama.cpp release bNNNNN" in listed, (command, listed)
+
+
+def test_the_cli_starts_without_the_model_writers():
+    # numpy and gguf load only where fixtures are written: an import at the CLI's top made every command
+    # start slower, and the copy of dfbuild that test_bad_luck_round3 runs as nobody failed without numpy.libs
+    loaded = subprocess.run([sys.executable, "-c", "import sys, dfbuild.cli; print(sorted(sys.modules))"],
+                            capture_output=True, text=True, check=True).stdout
+    assert "'numpy'" not in loaded and "'gguf'" not in loaded

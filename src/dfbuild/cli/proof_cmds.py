@@ -9,7 +9,6 @@ import click
 from rich.markup import escape
 
 from .. import errors, ui
-from ..smoke.scenarios import DEFAULT_SETS
 from .app import main
 from .common import _dir_label, _locks, _work_locks, check_can_build, removed_if_left_empty_handed, say_request
 from .exits import PROVE_EXIT, handle_errors
@@ -58,7 +57,7 @@ def fixtures(out, seed, as_json):
 @click.option("--fixtures", "fixtures_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Fixtures directory (written there when empty; default: a cache dir).")
 @click.option("--set", "sets", multiple=True,
-              help=f"Fixture set to run (repeatable; default: the {len(DEFAULT_SETS)} of the smoke table).")
+              help="Fixture set to run (repeatable; default: the smoke table's default sets).")
 @click.option("--scenario", "scenarios", multiple=True, help="Scenario to run (repeatable; default: all).")
 @click.option("--log-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Where server logs go (default: FIXTURES/logs).")
