@@ -1071,16 +1071,22 @@ def test_an_archive_laid_out_otherwise_than_its_manifest_says_fails(release_copy
         tar.extractall(tmp_path / "x")
     with tarfile.open(out / rel["archive"], "w:gz") as tar:  # the new manifest, in a folder named like the archive
         tar.add(tmp_path / "x" / rel["root"], arcname=archive.archive_root(rel["archive"]))
-    data = (out / rel["archive"]).read_bytes()
-    top = json.loads((out / "manifest.json").read_text())
-    for artifact in top["release"]["artifacts"]:
-        if artifact["name"] == rel["archive"]:
-            artifact["sha256"], artifact["size"] = hashlib.sha256(data).hexdigest(), len(data)
-    (out / "manifest.json").write_text(json.dumps(top))
-    release.write_sha256sums(out, [rel["archive"]])
+    _record_rewritten_archive(out, rel["archive"])
     problems = verify.verify(out, run_binaries=False)["problems"]
     assert any(f"its members are in {archive.archive_root(rel['archive'])}/, but its manifest says in "
                f"{rel['root']}/" in p for p in problems), problems
+
+
+def _record_rewritten_archive(out, name: str) -> None:
+    """After a test rewrote archive NAME: the release's manifest and SHA256SUMS name its new bytes, so that
+    only what the test changed inside it can fail verify."""
+    data = (out / name).read_bytes()
+    top = json.loads((out / "manifest.json").read_text())
+    for artifact in top["release"]["artifacts"]:
+        if artifact["name"] == name:
+            artifact["sha256"], artifact["size"] = hashlib.sha256(data).hexdigest(), len(data)
+    (out / "manifest.json").write_text(json.dumps(top))
+    release.write_sha256sums(out, [name])
 
 
 @posix_only
@@ -1094,14 +1100,7 @@ def test_an_archive_whose_members_are_split_between_its_two_folders_fails(releas
     with tarfile.open(out / rel["archive"], "w:gz") as tar:
         tar.add(tmp_path / "x" / rel["root"], arcname=rel["root"])
         tar.add(tmp_path / "x" / rel["root"] / "llama-server", arcname=f"{old_root}/llama-server")
-    release.write_sha256sums(out, [rel["archive"]])
-    top = json.loads((out / "manifest.json").read_text())
-    data = (out / rel["archive"]).read_bytes()
-    for artifact in top["release"]["artifacts"]:
-        if artifact["name"] == rel["archive"]:
-            artifact["sha256"], artifact["size"] = hashlib.sha256(data).hexdigest(), len(data)
-    (out / "manifest.json").write_text(json.dumps(top))
-    release.write_sha256sums(out, [rel["archive"]])
+    _record_rewritten_archive(out, rel["archive"])
 
     problems = verify.verify(out, run_binaries=False)["problems"]
 
