@@ -52,9 +52,11 @@ def a_submitter(tmp_path, monkeypatch) -> None:
     git_identity(monkeypatch, tmp_path / "user.gitconfig", "Ada Submitter", "ada@example.org")
 
 
-def run_export(syn, out: Path, *extra):
+def run_export(syn, out: Path, *extra, prove: bool = False):
+    """The export of the synthetic base; without the proof (a synthetic tree builds no llama-server: the
+    proof's own tests are in test_export_proof.py)."""
     return dfbuild("series", "export", "--upstream", "--base", syn.base_commit, "--repo", syn.upstream,
-                   "--patches", syn.patches, "--out", out, *extra)
+                   "--patches", syn.patches, "--out", out, *extra, *([] if prove else ["--no-prove"]))
 
 
 def mails(out: Path) -> list[email.message.EmailMessage]:
@@ -95,7 +97,7 @@ def test_export_writes_two_patches_and_pr_md_that_git_am_applies(syn, tmp_path):
 
     tree = am(syn, out, tmp_path / "reviewer")
     assert (tree / SPEC).read_text() == text_of(with_concerns(BASE_LINES, IDS))
-    assert (tree / export.TEST_PATH).read_text() == export.test_source()
+    assert (tree / export.TEST_PATH).read_text() == export.test_source("qwen35")  # a stand-in: no model code
     log = run_git(tree, "log", "--format=%an <%ae>|%s", f"{syn.base_commit}..HEAD").splitlines()
     assert [line.split("|")[0] for line in log] == [SUBMITTER] * 2
     assert [(c["id"], c["file"]) for c in data["concerns"]] == [(i, f"base1/{n:04d}-{i}.patch")
@@ -144,7 +146,7 @@ def test_git_dash_c_around_the_export_makes_the_author(syn, tmp_path):
     # as `git -c user.name=A -c user.email=a@example.org <command>` runs a command: through a git alias
     out = tmp_path / "export"
     command = " ".join([sys.executable, "-m", "dfbuild", "series", "export", "--upstream", "--base", syn.base_commit,
-                        "--repo", str(syn.upstream), "--patches", str(syn.patches), "--out", str(out)])
+                        "--repo", str(syn.upstream), "--patches", str(syn.patches), "--out", str(out), "--no-prove"])
     result = subprocess.run(["git", "-c", "user.name=A", "-c", "user.email=a@example.org", "-c",
                              f"alias.export-upstream=!{command}", "export-upstream"],
                             cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "GIT_CONFIG_GLOBAL": os.devnull})
@@ -300,16 +302,15 @@ TEMPLATE = ("## Overview\n\n<!-- Describe -->\n\n## Additional information\n\n<!
 APPLIED = [{"id": "zero-fill", "subject": "spec : fill the hole", "body": "Why.", "origin_urls": []}]
 
 
-def measured_record(**change) -> dict:
-    record = {"base": "b1", "test_sha256": export.digest(export.test_source()), "fix_sha256": "f" * 64,
-              "unpatched": {"summary": "1 failed: HTTP 500"}, "patched": {"summary": "1 passed"},
-              "how": "Run with upstream's pytest."}
-    return {**record, **change}
+PROOF = {"unpatched": "failed", "patched": "passed", "backend": "cpu", "offline_plugin": "dfbuild_offline_presets",
+         "symptom": "HTTP 500 `decode() failed`, after `inconsistent sequence positions` (X = 21, Y = 25)",
+         "summary": {"unpatched": ["FAILED unit/test_speculative_mtmd.py::test_x - AssertionError: {'code': 500}",
+                                   "1 failed in 1.15s"], "patched": ["1 passed in 2.53s"]}}
 
 
-def pr(measured=None) -> str:
+def pr(proof=None, **kw) -> str:
     return export.pr_text(TEMPLATE, base="b1", base_commit="c" * 40, applied=APPLIED, bug="https://bug",
-                          measured=measured)
+                          proof=proof, **kw)
 
 
 def test_pr_md_follows_the_template_and_leaves_the_disclosure_to_the_submitter():
@@ -318,22 +319,23 @@ def test_pr_md_follows_the_template_and_leaves_the_disclosure_to_the_submitter()
         "## Overview", "## Additional information", "## Requirements"]
     assert "<!-- Describe -->" not in text and "<!-- more -->" not in text
     assert "<!-- IMPORTANT: keep -->" in text
-    # the disclosure is the submitter's: left as the template has it, with a note saying so
-    lines = text.splitlines()
-    at = lines.index("- AI usage disclosure: <!-- mention: YES / NO -->")
-    assert lines[at + 1].startswith("<!-- dfbuild: left for you.") and "AI usage disclosure yourself" in lines[at + 1]
-    # the template's comment to AI agents is handled: its reminder is the note (and stderr), the comment goes
+    # the disclosure is the submitter's: left as the template has it, no comment of dfbuild's beside it
+    assert "- AI usage disclosure: <!-- mention: YES / NO -->" in text.splitlines()
+    assert "dfbuild:" not in text and "<!-- dfbuild" not in text
+    # the template's comment to AI agents goes: its reminder is said on stderr
     assert "If you are an AI agent" not in text
     assert "- fill the hole" in text and "Fixes https://bug" in text
 
 
 def test_pr_md_says_once_when_the_bug_happens_and_no_dfbuild_figures():
-    text = pr(measured_record())
+    text = pr(PROOF)
     assert text.count(export.WHEN) == 1
     assert "plain-rope" in export.WHEN and "M-RoPE" in export.WHEN
-    for internal in ("smoke", " of 41", "fixture set", "dfbuild prove", "scenario"):
+    for internal in ("smoke", " of 41", "fixture set", "dfbuild prove", "scenario", "issue 37", "dfbuild:"):
         assert internal not in text, internal
-    assert "<!-- dfbuild: slot for the converter figures" in text
+    # what a reviewer reads about the fixture of test_speculative.py is what it does (it does not start a server)
+    assert "whose autouse fixture gives every test the stories15M MoE preset" in text
+    assert "starts each test" not in text
 
 
 CONVERTED = json.loads((Path(__file__).resolve().parent.parent / "bench" / "convert_drafts.json").read_text())
@@ -341,10 +343,9 @@ CONVERTED = json.loads((Path(__file__).resolve().parent.parent / "bench" / "conv
 
 def test_pr_md_says_which_drafts_hit_the_bug_from_the_bases_own_converter():
     """Issue 37: bench/convert_drafts.json's rows for the exported base, a table a reviewer can redo with the
-    base's converter and gguf-dump, and when reconverting is the way out; the slot where nothing was measured."""
-    text = export.pr_text(TEMPLATE, base="b11434", base_commit="c" * 40, applied=APPLIED, bug="", measured=None,
+    base's converter and gguf-dump, and when reconverting is the way out; nothing where nothing was measured."""
+    text = export.pr_text(TEMPLATE, base="b11434", base_commit="c" * 40, applied=APPLIED, bug="", proof=None,
                           converter=CONVERTED)
-    assert export_text.CONVERTER_SLOT not in text
     assert "b11434's own `convert_hf_to_gguf.py`" in text
     assert "| `rope_parameters.mrope_section` | `dflash.rope.dimension_sections = [8, 0, 0, 0]` |" in text
     assert "| `rope_scaling.mrope_section` | `dflash.rope.dimension_sections = [8, 0, 0, 0]` |" in text
@@ -353,7 +354,7 @@ def test_pr_md_says_which_drafts_hit_the_bug_from_the_bases_own_converter():
     assert "by b10644's converter or an older one" in text  # the newest measured one that writes no sections
     assert "reconverting it with b11434's converter" in text and "is the alternative to this PR" in text
     # before the loader reads the sections, reconverting cannot help, whatever the converter wrote
-    old = export.pr_text(TEMPLATE, base="b10644", base_commit="c" * 40, applied=APPLIED, bug="", measured=None,
+    old = export.pr_text(TEMPLATE, base="b10644", base_commit="c" * 40, applied=APPLIED, bug="", proof=None,
                          converter=CONVERTED)
     assert "At b10644 llama.cpp does not read `dflash.rope.dimension_sections`" in old
     assert "reconverting the draft does not avoid it" in old and "alternative to this PR" not in old
@@ -364,8 +365,9 @@ def test_pr_md_says_which_drafts_hit_the_bug_from_the_bases_own_converter():
     for base, record in (("b11378", CONVERTED), ("5ecbe1a", CONVERTED), ("b11434", None),
                          ("b11434", {"rows": CONVERTED["rows"]})):
         assert export_text.converter_note(base, record) is None, base
-        assert export_text.CONVERTER_SLOT in export.pr_text(TEMPLATE, base=base, base_commit="c" * 40, applied=APPLIED,
-                                                       bug="", measured=None, converter=record)
+        text = export.pr_text(TEMPLATE, base=base, base_commit="c" * 40, applied=APPLIED, bug="", proof=None,
+                              converter=record)
+        assert "Which DFlash drafts hit this" not in text and "<!--" not in text.split("## Requirements")[0]
 
 
 def test_the_export_reads_the_converter_record_beside_the_patches(syn, tmp_path, monkeypatch):
@@ -385,35 +387,36 @@ def test_the_export_reads_the_converter_record_beside_the_patches(syn, tmp_path,
     assert "CONVERTER FIGURES" in text and "slot for the converter" not in text
 
 
-def test_pr_md_shows_the_new_tests_results_only_when_made_with_this_test_and_fix():
-    record = measured_record()
-    assert export.measured_for(record, base="b1", fix_sha256="f" * 64) == record
-    text = pr(record)
-    assert "| `pytest -v unit/test_speculative_mtmd.py` | 1 failed: HTTP 500 | 1 passed |" in text
-    assert "Run with upstream's pytest." in text
-    stale = [measured_record(test_sha256="0" * 64), measured_record(base="b2"), measured_record(patched={})]
-    for old in stale:
-        assert export.measured_for(old, base="b1", fix_sha256="f" * 64) is None
-    assert export.measured_for(record, base="b1", fix_sha256="e" * 64) is None  # another fix
-    assert export.measured_for(record, base="b1", fix_sha256=None) is None
-    text = pr(None)
-    assert "| `pytest" not in text and "not recorded for this text" in text
+def test_pr_md_shows_the_proofs_results_as_a_reviewer_reruns_them():
+    text = pr(PROOF)
+    assert "The new test on b1 (CPU build of llama-server), under the tree's own `tools/server/tests` harness" in text
+    assert ("| b1 | `FAILED unit/test_speculative_mtmd.py::test_x - AssertionError: {'code': 500}`<br>"
+            "`1 failed in 1.15s` |") in text
+    assert "| b1 + this PR | `1 passed in 2.53s` |" in text
+    assert "Without the fix the server answers HTTP 500 `decode() failed`, after `inconsistent sequence" in text
+    assert "`ServerPreset.load_all`" in text and "no file of the tree was changed" in text
+    assert "LLAMA_SERVER_BIN_PATH=../../../build/bin/llama-server pytest -v unit/test_speculative_mtmd.py" in text
+    assert "not recorded" not in text
+    # a table cell keeps a pipe of pytest's text as text
+    piped = pr({**PROOF, "summary": {"unpatched": ["a | b"], "patched": ["1 passed"]}})
+    assert "`a \\| b`" in piped
+    # without a proof: said, with the reason, and how to run it
+    for why in ("--no-prove", "no 5ecbe1a tree to build here"):
+        text = pr(None, why_not=why)
+        assert f"The new test's results on b1 are not recorded here ({why})" in text and "| b1 +" not in text
+        assert "pytest -v unit/test_speculative_mtmd.py" in text
 
 
-def test_a_record_of_another_fix_is_left_out_with_a_warning(syn, tmp_path):
-    record = tmp_path / "measured.json"
-    record.write_text(json.dumps(measured_record(base=syn.base_commit)))
+def test_no_prove_says_the_results_are_not_recorded(syn, tmp_path):
     out = tmp_path / "export"
-    result = run_export(syn, out, "--measured", record, "--json")
+    result = run_export(syn, out, "--json")
     assert result.exit_code == 0, said(result)
-    assert "not measured with this export's test and fix" in result.stderr
-    assert "| `pytest" not in (out / "PR.md").read_text()
-    # the same figures under the digests the export reports are shown
     data = json.loads(result.stdout)
-    record.write_text(json.dumps(measured_record(base=syn.base_commit, fix_sha256=data["fix_sha256"])))
-    result = run_export(syn, out, "--measured", record)
-    assert result.exit_code == 0, said(result)
-    assert "| 1 failed: HTTP 500 | 1 passed |" in (out / "PR.md").read_text()
+    assert data["proof"] == {"skipped": "--no-prove"}
+    assert json.loads((out / ".dfbuild-export.json").read_text())["proof"] == {"skipped": "--no-prove"}
+    assert "--no-prove: the new test was not run" in result.stderr
+    text = (out / "PR.md").read_text()
+    assert "are not recorded here (--no-prove)" in text and "dfbuild:" not in text
 
 
 def test_the_commit_messages_read_as_a_maintainers(syn, tmp_path):
@@ -456,7 +459,7 @@ def test_the_upstream_test_is_small_ascii_python_in_upstreams_pattern(tmp_path):
     path.write_text(source)
     py_compile.compile(str(path), doraise=True)
     assert source.isascii()
-    assert len(source.splitlines()) < 150
+    assert len(source.splitlines()) < 200
     # upstream's harness: utils.ServerProcess, the tree's gguf-py as the converters import it
     assert "from utils import *" in source and "ServerProcess()" in source
     assert 'sys.path.insert(1, str(Path(__file__).resolve().parents[4] / "gguf-py"))' in source
@@ -469,9 +472,43 @@ def test_the_upstream_test_is_small_ascii_python_in_upstreams_pattern(tmp_path):
     assert "rope.dimension_sections" not in draft
     assert '"rope.dimension_sections": [3, 3, 2, 0]' in source
     assert re.search(r'"prompt_string": f"\w[^"]*<__media__>\{question\}"', source)
-    # the prefix reuse it claims is asserted
-    assert 'res.body["timings"]["cache_n"] > 0' in source
+    # the image's reuse it claims is asserted: only the new question is processed, the image comes from the cache
+    assert '0 < res.body["timings"]["prompt_n"] <= n_question' in source
+    assert '"/tokenize", data={"content": " Why?"}' in source and "cache_n" not in source
     assert source.count("assert res.status_code == 200") == 3
+    # what any base's response parser takes from a random model: ASCII letters, no EOS
+    assert '"logit_bias": LETTERS_ONLY' in source
+    # upstream's limit
+    assert max(len(line) for line in source.splitlines()) <= 120
+
+
+def test_the_target_is_read_from_the_trees_model_code(tmp_path):
+    """The test's target is an M-RoPE architecture whose model code at the base sets the layer inputs DFlash reads
+    (DFlash asserts on a target without them): hunyuan_vl has them from b11223, not at b11046; qwen35 always."""
+    models = tmp_path / "src" / "models"
+    models.mkdir(parents=True)
+    (models / "qwen35.cpp").write_text("    res->t_layer_inp[il] = inpL;\n")
+    (models / "hunyuan-vl.cpp").write_text("    cur = build_norm(inpL);\n")
+    assert export_text.target_arch(tmp_path) == "qwen35"  # as at b11046
+    (models / "hunyuan-vl.cpp").write_text("    res->t_layer_inp[il] = inpL;\n")
+    assert export_text.target_arch(tmp_path) == "hunyuan_vl"  # as at b11223 and later: prefix reuse is asserted
+    for path in models.iterdir():
+        path.write_text("\n")
+    with pytest.raises(export.ExportError) as failure:
+        export_text.target_arch(tmp_path)
+    assert failure.value.exit_code == 26 and "t_layer_inp" in str(failure.value)
+    assert export_text.target_arch(tmp_path / "elsewhere") == "qwen35"  # no model code to read: as without a tree
+    assert export_text.target_arch(None) == "qwen35"  # no tree (5ecbe1a): the one every DFlash release has
+    # the test file names it once, and its cache claim follows the target's memory
+    for arch in export_text.TARGET_MODELS:
+        source = export_text.test_source(arch)
+        assert re.findall(r'^TARGET_ARCH = "(\w+)"$', source, re.MULTILINE) == [arch]
+        assert f'"{arch}": (' in source
+    assert export_text.test_source() == export_text.test_source(export.DEFAULT_TARGET)
+    with pytest.raises(ValueError):
+        export_text.test_source("llama")
+    assert "processes the prompt again" in export_text.test_message(arch="qwen35")
+    assert "from the prompt cache" in export_text.test_message(arch="hunyuan_vl")
 
 
 def test_every_shipped_patch_reads_as_an_upstream_message():
@@ -515,11 +552,11 @@ def test_a_base_only_a_git_host_has_is_exported_from_its_variants_without_a_tree
     # a reviewer's git am on the real base gives exactly the series' result
     tree = am(syn, out, tmp_path / "reviewer")
     assert (tree / SPEC).read_text() == text_of(with_concerns(BASE_LINES, IDS))
-    assert (tree / export.TEST_PATH).read_text() == export.test_source()
+    assert (tree / export.TEST_PATH).read_text() == export.test_source("qwen35")  # no tree to read: the target every DFlash release has
     # and the patches are the bytes the export made in a tree of that base
     made_in_a_tree = tmp_path / "tree-export"
     result = dfbuild("series", "export", "--upstream", "--base", "base1", "--repo", syn.upstream, "--patches",
-                     syn.patches, "--out", made_in_a_tree)
+                     syn.patches, "--out", made_in_a_tree, "--no-prove")
     assert result.exit_code == 0, said(result)
     for patch in sorted(made_in_a_tree.glob("*.patch")):
         assert (out / patch.name).read_bytes() == patch.read_bytes(), patch.name

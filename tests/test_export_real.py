@@ -1,119 +1,79 @@
-"""The upstream export of b11434, proven the way a llama.cpp reviewer would check it.
+"""The upstream export of b11434 proves itself: `dfbuild series export --upstream --base b11434`, as a user runs it.
 
-`dfbuild series export --upstream --base b11434` writes the patches; `git am` applies
-them on a fresh checkout of b11434; that tree is built (llama-server, CPU) and
-upstream's own pytest runs the new test file from it, in a venv made from the
-tree's tools/server/tests/requirements.txt, against the unpatched build (it must
-fail with the upstream symptom) and against the build of the export (it must pass).
-Offline, conftest's preload of the presets' models is skipped by the plugin in
-tests/data/upstream-pytest (docs/export.md says why); the test module runs as exported.
-With -s it prints the record for bench/upstream/upstream-test-b11434.json's digests.
+The export applies its own patch files with `git am` to a fresh checkout of b11434 in its proof work dir, builds
+llama-server unpatched and patched there (dfbuild's build dir, the shared ccache), and runs the exported test
+under b11434's own tools/server/tests harness with pytest, in a venv from the tree's requirements (or
+$DFBUILD_UPSTREAM_PYTHON), offline (export_proof: the presets' preload is a no-op). These tests read what it
+recorded, and show that the proof's check can fail: the same pytest run against the unpatched binary in place of
+the patched one is refused with exit 28.
 
-Cost (2 cores, -O1, see docs/export.md): the unpatched build is the "any head"
-proof's (realtrees.server_for), so with a warm ccache the build of the exported tree
-and the venv dominate; a cold venv needs PyPI.
+Cost (2 cores, -O1, warm ccache): about a minute for the export and its two builds, plus the venv once (PyPI).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import subprocess
+import re
 import sys
-import time
-import venv
 from pathlib import Path
 
 import pytest
 
-from dfbuild import build, export
-from dfbuild.request import BuildRequest
+from dfbuild import export_proof
+from dfbuild.errors import ExportProofError
+from dfbuild.export_text import TEST_NAME
 
-from helpers import dfbuild, run_git, said
-from realtrees import CACHE, REAL_BASE, TEST_CPU_VARIANTS, server_binary, server_for
+from helpers import dfbuild, said
+from realtrees import REAL_BASE, TEST_CPU_VARIANTS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="built and run on Linux"),
-              # run to completion on 2026-12-02 (docs/export.md has the numbers): 63 min cold on the shared
-              # 2-core machine (the exported tree's build), 3 min warm; opt-in for that cost
               pytest.mark.skipif(os.environ.get("DFBUILD_TEST_EXPORT_REAL") != "1",
-                                 reason="opt-in (a build of b11434 and a venv): set DFBUILD_TEST_EXPORT_REAL=1")]
+                                 reason="opt-in (two builds of b11434 and a venv): set DFBUILD_TEST_EXPORT_REAL=1")]
 
 SYMPTOM = "inconsistent sequence positions"
-PLUGIN_DIR = Path(__file__).parent / "data" / "upstream-pytest"
 
 
-def upstream_venv(requirements: Path) -> Path:
-    """A venv with the server tests' requirements, kept in the test cache per requirements file."""
-    digest = hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
-    where = CACHE / "upstream-venvs" / digest
-    python = where / "bin" / "python"
-    if not (where / "ready").is_file():
-        venv.create(where, with_pip=True, clear=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(requirements)], check=True)
-        (where / "ready").write_text("ok\n")
-    return python
-
-
-def run_upstream_test(python: Path, tree: Path, server: Path) -> subprocess.CompletedProcess:
-    tests = tree / "tools" / "server" / "tests"
-    env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(server), "PORT": "18431", "PYTHONPATH": str(PLUGIN_DIR)}
-    env.pop("PYTEST_ADDOPTS", None)
-    return subprocess.run([str(python), "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "dfbuild_offline_presets",
-                           f"unit/{export.TEST_NAME}"], cwd=tests, env=env, capture_output=True, text=True, timeout=900)
-
-
-def last_line(run: subprocess.CompletedProcess) -> str:
-    return (run.stdout.strip().splitlines() or ["(no output)"])[-1]
-
-
-def said_when(what: str, since: float) -> float:
-    # the phases' wall times, for docs/export.md's record (pytest -s shows them)
-    print(f"export-real: {what}: {time.monotonic() - since:.0f} s", file=sys.stderr)
-    return time.monotonic()
-
-
-def test_b11434_export_fails_unpatched_and_passes_patched(tmp_path):
-    out = tmp_path / "export"
-    when = time.monotonic()
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("export-real") / "export"
     result = dfbuild("series", "export", "--upstream", "--base", REAL_BASE, "--out", out, "--json",
-                     "--author", "Ada Submitter <ada@example.org>")
+                     "--author", "Ada Submitter <ada@example.org>",
+                     *(["--cpu-variants", TEST_CPU_VARIANTS] if TEST_CPU_VARIANTS else []))
     assert result.exit_code == 0, said(result)
-    record = json.loads(result.stdout)
-    patches = sorted(out.glob("*.patch"))
-    assert len(patches) == 2
+    return {"out": out, "record": json.loads(result.stdout), "stderr": result.stderr}
 
-    # a fresh checkout of the base, and git am as a reviewer would
-    src = CACHE / "trees" / f"{REAL_BASE}-export" / "src"
-    dfbuild_result = dfbuild("checkout", "--base", REAL_BASE, "--dir", src, "--force")
-    assert dfbuild_result.exit_code == 0, said(dfbuild_result)
-    run_git(src, "am", "-q", *[str(p) for p in patches])
-    log = run_git(src, "log", "--format=%ae|%ad|%s", "-2").splitlines()
-    assert all(line.startswith("ada@example.org|") and " 2000 " not in line for line in log), log
-    assert all(line.split("|")[2].startswith(("spec : ", "server : ")) for line in log), log
-    assert (src / export.TEST_PATH).is_file()
-    when = said_when("export, checkout and git am", when)
 
-    patched = server_binary(build.build_tree(src, BuildRequest("cpu", cpu_variants=TEST_CPU_VARIANTS,
-                                                           targets=("llama-server",)), src.parent / "build-cpu"))
-    when = said_when("build of the exported tree", when)
-    unpatched = server_for(REAL_BASE, patched=False)
-    when = said_when("unpatched build (the proof's, or made now)", when)
-    python = upstream_venv(src / export.REQUIREMENTS)
-    when = said_when("venv from the test requirements", when)
+def test_the_b11434_export_fails_unpatched_and_passes_patched_under_upstreams_pytest(exported):
+    proof = exported["record"]["proof"]
+    assert (proof["unpatched"], proof["patched"]) == ("failed", "passed")
+    assert SYMPTOM in proof["symptom"] and "HTTP 500" in proof["symptom"]
+    assert re.fullmatch(r"1 failed in [\d.]+s", proof["summary"]["unpatched"][-1]), proof["summary"]
+    assert re.fullmatch(r"1 passed in [\d.]+s", proof["summary"]["patched"][-1]), proof["summary"]
+    assert proof["backend"] == "cpu"
+    assert exported["record"]["target_arch"] == "hunyuan_vl"  # b11434's hunyuan-vl.cpp sets t_layer_inp
+    on_disk = json.loads((exported["out"] / ".dfbuild-export.json").read_text())
+    assert on_disk["proof"] == proof
+    text = (exported["out"] / "PR.md").read_text()
+    assert f"The new test on {REAL_BASE} (CPU build of llama-server)" in text
+    assert f"| {REAL_BASE} | " in text and f"| {REAL_BASE} + this PR | `{proof['summary']['patched'][-1]}` |" in text
+    assert "not recorded" not in text
+    # nothing of dfbuild's bookkeeping: no comment of ours, no issue number of ours
+    assert "dfbuild:" not in text and not re.search(r"\bissue \d+\b", text, re.IGNORECASE)
+    print(json.dumps(proof, indent=1), file=sys.stderr)
 
-    before = run_upstream_test(python, src, unpatched)
-    when = said_when("upstream pytest, unpatched: " + last_line(before), when)
-    assert before.returncode != 0, before.stdout[-4000:]
-    assert SYMPTOM in before.stdout, before.stdout[-4000:]
-    assert "HTTP 500" in before.stdout or "'code': 500" in before.stdout, before.stdout[-4000:]
-    assert " 1 failed " in before.stdout.splitlines()[-1]
 
-    after = run_upstream_test(python, src, patched)
-    said_when("upstream pytest, patched: " + last_line(after), when)
-    assert after.returncode == 0, after.stdout[-6000:]
-    assert " 1 passed " in after.stdout.splitlines()[-1] and "failed" not in after.stdout.splitlines()[-1]
-    # what bench/upstream/upstream-test-BASE.json must name for PR.md to show these results
-    print(json.dumps({"base": REAL_BASE, "test_sha256": record["test_sha256"], "fix_sha256": record["fix_sha256"],
-                      "unpatched": last_line(before), "patched": last_line(after)}), file=sys.stderr)
+def test_the_proof_refuses_a_patched_build_that_is_the_unpatched_one(exported):
+    """The check can fail: the exported test against the unpatched binary twice is exit 28, naming both runs."""
+    work = Path(exported["record"]["proof"]["work"])
+    python = export_proof.harness_python(work / "src" / "tools" / "server" / "tests" / "requirements.txt")
+    unpatched_server = next((work / "unpatched").glob("build-*/bin/llama-server"))
+    runs = [export_proof.run_pytest(python, work / "src", unpatched_server, work / f"pytest-twice-{n}.log")
+            for n in (1, 2)]
+    with pytest.raises(ExportProofError) as refused:
+        export_proof.verdict(REAL_BASE, runs[0], runs[1])
+    assert refused.value.exit_code == 28
+    message = str(refused.value)
+    assert "unpatched failed (1 failed in" in message and "patched failed (1 failed in" in message
+    assert "pytest-twice-1.log" in refused.value.hint and TEST_NAME in runs[0]["summary"][0]

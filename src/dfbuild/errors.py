@@ -157,6 +157,13 @@ class ExportIdentityError(DfbuildError):
     exit_code = 27
 
 
+class ExportProofError(DfbuildError):
+    """`series export --upstream` ran its test at the base under upstream's pytest, and the test did not fail
+    unpatched (with the bug's symptom) and pass patched: the export proves nothing there and is not written."""
+
+    exit_code = 28
+
+
 class ToolchainMissingError(DfbuildError):
     exit_code = 30
 

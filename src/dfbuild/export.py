@@ -32,18 +32,20 @@ from . import gitrun, proc, source, squash, state, ui
 from . import series as series_mod
 from .errors import DfbuildError, ExportError, ExportIdentityError, UsageError
 from .export_text import (
+    DEFAULT_TARGET,
     FIX_SUBJECT,
     REQUIREMENTS,
     SUBMITTER_NOTE,
     TEST_NAME,
     TEST_PATH,
     WHEN,
+    converter_note,
     digest,
     fix_message,
-    measured_for,
     origin_urls,
     pr_text,
     requirements_with_yaml,
+    target_arch,
     test_message,
     test_source,
     upstream_message,
@@ -51,7 +53,7 @@ from .export_text import (
 from .paths import sha256_file
 
 MARKER_NAME = ".dfbuild-export.json"
-EXPORT_SCHEMA = 2
+EXPORT_SCHEMA = 3  # 3: the proof section and target_arch
 TEMPLATE = ".github/pull_request_template.md"
 SPECULATIVE = "common/speculative.cpp"
 
@@ -210,12 +212,13 @@ def build_commits(curated, tree: Path, *, base: str, author: tuple[str, str], da
     if not applied:
         raise ExportError(f"the series applies no patch at {section['base']}: every concern is upstream or "
                           "decided there, so there is nothing to send", "pick a base the series patches")
+    arch = target_arch(tree)  # what the base's model code lets DFlash read
     _git(tree, "reset", "--soft", "-q", start)
     fix = _commit(tree, fix_message(applied, curated.bug, base), author, date)
 
     test_file = tree / TEST_PATH
     test_file.parent.mkdir(parents=True, exist_ok=True)
-    test_file.write_text(test_source(), encoding="utf-8")
+    test_file.write_text(test_source(arch), encoding="utf-8")
     paths = [TEST_PATH]
     requirements = tree / REQUIREMENTS
     if requirements.is_file():
@@ -224,8 +227,8 @@ def build_commits(curated, tree: Path, *, base: str, author: tuple[str, str], da
             requirements.write_text(updated, encoding="utf-8")
             paths.append(REQUIREMENTS)
     _git(tree, "add", "--", *paths)
-    test = _commit(tree, test_message(REQUIREMENTS in paths), author, date)
-    return {"start": start, "base": section["base"], "section": section, "applied": applied,
+    test = _commit(tree, test_message(REQUIREMENTS in paths, arch), author, date)
+    return {"start": start, "base": section["base"], "section": section, "applied": applied, "arch": arch,
             "fix_commit": fix, "test_commit": test, "requirements": REQUIREMENTS in paths,
             # what the fix changes, whatever its message and date: the key of a recorded test result
             "fix_sha256": digest(_git(tree, "diff", "--full-index", start, fix))}
@@ -288,15 +291,16 @@ def build_commits_without_tree(curated, base: str, tree: Path, *, author: tuple[
     _commit(tree, fix_message(applied, curated.bug, base), author, date)
     test_file = tree / TEST_PATH
     test_file.parent.mkdir(parents=True, exist_ok=True)
-    test_file.write_text(test_source(), encoding="utf-8")
+    arch = target_arch(None)
+    test_file.write_text(test_source(arch), encoding="utf-8")
     _git(tree, "add", "--", TEST_PATH)
-    _commit(tree, test_message(requirements=False), author, date)
+    _commit(tree, test_message(requirements=False, arch=arch), author, date)
     info = curated.bases.get(base, {})
     known = source.known_base(base)
     # the blob the fix's index line names as its preimage: what the variant was made on
     made_on_blob = sparse.get(SPECULATIVE, next(iter(sparse.values())))[0]
     return {"start": start, "base": base, "section": {"base": base, "concerns": decided}, "applied": applied,
-            "requirements": False, "sparse": sparse,
+            "requirements": False, "sparse": sparse, "arch": arch,
             "base_commit": info.get("commit") or (known.commit if known else None),
             "made_on": {"blob": made_on_blob, "note": info.get("made_on_note")}}
 
@@ -313,13 +317,16 @@ def _load_json(path: Path | None) -> dict | None:
 
 
 def export_upstream(curated, base: str, out: Path, *, repo: str | None = None, author: str | None = None,
-                    measured_file: Path | None = None) -> dict:
+                    prove: bool = True, request=None, work: Path | None = None) -> dict:
     """Write BASE's upstream export into OUT (atomically); return what was written.
 
     Made in a scratch checkout of BASE, or, for a base whose tree only a git host has and no --repo
     (without_tree), from BASE's variants alone: then PR.md and stderr say it was not applied to a tree.
     AUTHOR ("Name <email>") or else the user's git identity authors the commits (submitter), dated now or
-    at SOURCE_DATE_EPOCH (export_date)."""
+    at SOURCE_DATE_EPOCH (export_date). PROVE (the default): before anything is written, the patches are
+    applied with `git am` to a fresh BASE checkout in WORK and the test is run under BASE's own harness against
+    llama-server unpatched and patched, built as REQUEST says (export_proof; exit 28 when it does not fail
+    unpatched and pass patched); the results go into PR.md and the record's proof section."""
     who = submitter(author)
     date = export_date()
     out = Path(out).absolute()
@@ -327,7 +334,6 @@ def export_upstream(curated, base: str, out: Path, *, repo: str | None = None, a
     out.parent.mkdir(parents=True, exist_ok=True)
     _sweep_staging(out)
     repo_root = curated.root.parent
-    measured_file = measured_file or repo_root / "bench" / "upstream" / f"upstream-test-{base}.json"
     treeless = without_tree(curated, base, repo)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
     try:
@@ -359,25 +365,39 @@ def export_upstream(curated, base: str, out: Path, *, repo: str | None = None, a
                                     encoding="utf-8")
             template_path = tree / TEMPLATE
             template = template_path.read_text(encoding="utf-8") if template_path.is_file() else None
-            recorded = _load_json(measured_file)
-            measured = measured_for(recorded, base=base, fix_sha256=made.get("fix_sha256"))
-            if recorded and not measured:
-                ui.warn(f"{measured_file} was not measured with this export's test and fix at {base}; PR.md "
-                        "reports no test result (run tests/test_export_real.py and record it)")
-            text = pr_text(template, base=base, base_commit=base_commit or "", applied=made["applied"],
-                           bug=curated.bug, measured=measured, requirements=made["requirements"],
-                           made_on=made.get("made_on") if treeless else None,
-                           converter=_load_json(repo_root / "bench" / "convert_drafts.json"))
-            (staging / "PR.md").write_text(text, encoding="utf-8")
-            names.append("PR.md")
+        proof, why_not = None, "--no-prove"
+        if treeless:
+            why_not = f"no {base} tree to build here"
+            if prove:
+                ui.warn(f"the new test was not run: there is no {base} tree here to build; PR.md says so")
+        elif prove:
+            from . import export_proof
+
+            proof = export_proof.prove_export(
+                base, [staging / name for name in names], request=request or _proof_request(),
+                work=Path(work) if work else export_proof.default_work(base), commit_env=_commit_env(who, date),
+                repo=repo)
+        else:
+            ui.warn("--no-prove: the new test was not run at the base; PR.md says its results are not recorded")
+        converter = _load_json(repo_root / "bench" / "convert_drafts.json")
+        if converter_note(base, converter) is None:
+            ui.warn(f"bench/convert_drafts.json does not hold {base}'s own converter: PR.md says nothing about "
+                    "which drafts it writes without rope sections (bench/convert_drafts.py measures it)")
+        text = pr_text(template, base=base, base_commit=base_commit or "", applied=made["applied"],
+                       bug=curated.bug, proof=proof, why_not=why_not, requirements=made["requirements"],
+                       made_on=made.get("made_on") if treeless else None, converter=converter, arch=made["arch"])
+        (staging / "PR.md").write_text(text, encoding="utf-8")
+        names.append("PR.md")
         files = {name: sha256_file(staging / name) for name in names}
         data = {
             "written_by": "dfbuild", "schema": EXPORT_SCHEMA, "base": base, "base_commit": base_commit,
             "applied_to_tree": not treeless,
             "source": {k: checked.get(k) for k in ("kind", "repo", "commit")},
             "author": f"{who[0]} <{who[1]}>", "date": date,
-            # what tests/test_export_real.py records beside its results: bench/upstream/upstream-test-BASE.json
-            "test_sha256": digest(test_source()), "fix_sha256": made.get("fix_sha256"),
+            "target_arch": made["arch"], "test_sha256": digest(test_source(made["arch"])),
+            "fix_sha256": made.get("fix_sha256"),
+            # the new test at the base, unpatched and patched (export_proof), or why it was not run
+            "proof": proof if proof is not None else {"skipped": why_not},
             "concerns": [{"id": a["id"], "file": a["file"], "how": a["how"]} for a in made["applied"]],
             "decided": [{"id": c["id"], "status": c["status"], "detail": c.get("detail")}
                         for c in made["section"]["concerns"] if c.get("status") != "applied"],
@@ -396,6 +416,13 @@ def export_upstream(curated, base: str, out: Path, *, repo: str | None = None, a
             "written": [str(out / name) for name in names]}
 
 
+def _proof_request():
+    """The proof's default build: llama-server alone, CPU, no web UI (the test needs none)."""
+    from .request import BuildRequest
+
+    return BuildRequest("cpu", targets=("llama-server",), web_ui=False)
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -403,6 +430,6 @@ def _umask() -> int:
 
 
 # the export's words live in export_text; the names its callers and tests use stay importable from here
-__all__ = ["FIX_SUBJECT", "REQUIREMENTS", "TEST_NAME", "TEST_PATH", "WHEN", "DfbuildError", "build_commits",
-           "check_out_dir", "digest", "export_upstream", "fix_message", "measured_for", "pr_text",
+__all__ = ["DEFAULT_TARGET", "FIX_SUBJECT", "REQUIREMENTS", "TEST_NAME", "TEST_PATH", "WHEN", "DfbuildError",
+           "build_commits", "check_out_dir", "digest", "export_upstream", "fix_message", "pr_text",
            "requirements_with_yaml", "submitter", "test_source", "upstream_message"]

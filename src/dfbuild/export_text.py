@@ -23,6 +23,14 @@ FIX_SUBJECT = "spec : fix DFlash draft KV positions after multimodal chunks"
 TEST_SUBJECT = "server : test DFlash with a plain-rope draft after an M-RoPE image"
 TEST_NAME = "test_speculative_mtmd.py"
 TEST_PATH = f"tools/server/tests/unit/{TEST_NAME}"
+# The M-RoPE targets the test can write (its TARGETS table), in the order the export prefers them, with the file
+# of llama.cpp's model code that must export the layer inputs DFlash reads (target_arch). hunyuan_vl first: its
+# attention-only memory lets the test assert that the image comes from the prompt cache; qwen35's hybrid memory
+# cannot cut its recurrent state back to a shorter prefix, so there the prompt is processed again.
+TARGET_MODELS = {"hunyuan_vl": "hunyuan-vl.cpp", "qwen35": "qwen35.cpp"}
+HYBRID_TARGETS = ("qwen35",)
+DEFAULT_TARGET = "hunyuan_vl"  # the file as shipped
+UNREAD_TARGET = "qwen35"  # where the model code cannot be read: DFlash has read its layer inputs since b9837
 REQUIREMENTS = "tools/server/tests/requirements.txt"
 # gguf-py imports yaml (gguf/metadata.py), which the server tests' requirements do not bring
 YAML_REQUIREMENT = "PyYAML~=6.0"
@@ -93,17 +101,20 @@ def fix_message(applied: list[dict], bug: str, base: str) -> str:
     return "\n".join(parts).strip() + "\n"
 
 
-def test_message(requirements: bool = True) -> str:
-    """The test commit's message; REQUIREMENTS: whether it adds PyYAML to the test requirements."""
+def test_message(requirements: bool = True, arch: str = "hunyuan_vl") -> str:
+    """The test commit's message; REQUIREMENTS: whether it adds PyYAML to the test requirements; ARCH: the target."""
+    reuse = ("a second question about the same image must take the image from the prompt cache and draft again"
+             if arch not in HYBRID_TARGETS else
+             f"a second question about the same image must draft again ({arch}'s hybrid memory processes the prompt "
+             "again, so the prompt cache is not asserted)")
     parts = [TEST_SUBJECT, "",
-             *_wrap("The test writes a tiny M-RoPE target, a qwen2vl_merger projector and a DFlash draft "
+             *_wrap(f"The test writes a tiny M-RoPE target ({arch}), a qwen2vl_merger projector and a DFlash draft "
                     "without rope sections with gguf-py, so it downloads nothing. A /completion request with "
                     "text before and after an image must answer 200, draft tokens and give the tokens of the "
-                    "same request without the draft; a second question about the same image must reuse the "
-                    "cached prompt and draft again."),
+                    f"same request without the draft; {reuse}."),
              "",
-             *_wrap("It is a file of its own beside test_speculative.py, whose module fixture starts every "
-                    "test with a stories15M server and a downloaded draft-simple model.")]
+             *_wrap("It is a file of its own beside test_speculative.py, whose autouse fixture gives every test "
+                    "the stories15M MoE preset and a draft model it downloads.")]
     if requirements:
         parts += ["", *_wrap("gguf-py imports yaml, so the test requirements gain PyYAML.")]
     return "\n".join(parts) + "\n"
@@ -112,9 +123,37 @@ def test_message(requirements: bool = True) -> str:
 # --- the test file ---------------------------------------------------------------------------
 
 
-def test_source() -> str:
-    """The upstream server test dfbuild ships (its own code, MIT), byte for byte."""
-    return resources.files("dfbuild.data").joinpath("upstream").joinpath(TEST_NAME).read_text(encoding="utf-8")
+def test_source(arch: str = DEFAULT_TARGET) -> str:
+    """The upstream server test dfbuild ships (its own code, MIT), for a target of ARCH (target_arch)."""
+    text = resources.files("dfbuild.data").joinpath("upstream").joinpath(TEST_NAME).read_text(encoding="utf-8")
+    if arch not in TARGET_MODELS:
+        raise ValueError(f"the test cannot write a {arch} target")
+    return re.sub(r'^TARGET_ARCH = "[^"]*"$', f'TARGET_ARCH = "{arch}"', text, count=1, flags=re.MULTILINE)
+
+
+def target_arch(tree: Path | None) -> str:
+    """The test's target at TREE: the first architecture of TARGET_MODELS the test can write whose model code in
+    TREE sets `t_layer_inp`, the layer inputs DFlash reads (DFlash asserts on a target without them:
+    hunyuan_vl has them at b11223, not at b11046). Without a tree: qwen35, which has had them since DFlash
+    came (b9837); the same for a tree without src/models (not llama.cpp's layout since before DFlash: a stand-in),
+    with a warning, and the export's proof then shows whether it runs. ExportError (26) when none of the targets
+    has them."""
+    if tree is None:
+        return UNREAD_TARGET
+    if not (Path(tree) / "src" / "models").is_dir():
+        from . import ui
+
+        ui.warn(f"{tree} has no src/models to read the test's target from: the test uses {UNREAD_TARGET}")
+        return UNREAD_TARGET
+    for arch, model in TARGET_MODELS.items():
+        path = Path(tree) / "src" / "models" / model
+        if path.is_file() and "t_layer_inp" in path.read_text(encoding="utf-8", errors="replace"):
+            return arch
+    from .errors import ExportError
+
+    raise ExportError(f"none of the targets the server test can write ({', '.join(TARGET_MODELS)}) exports its "
+                      "layer inputs to DFlash in this tree (t_layer_inp in src/models/"
+                      + ", ".join(TARGET_MODELS.values()) + ")", "pick a base with DFlash")
 
 
 def requirements_with_yaml(text: str) -> str | None:
@@ -133,13 +172,6 @@ def requirements_with_yaml(text: str) -> str | None:
 SUBMITTER_NOTE = ("dfbuild wrote this text from its records. llama.cpp's CONTRIBUTING.md and AGENTS.md ask "
                   "that you understand every line you submit, write the PR description in your own words, "
                   "and fill in the AI usage disclosure yourself; you are responsible for the change.")
-# Where the measurement of which drafts the converter writes as plain-rope goes (issue 37) when the base's
-# own converter is not in bench/convert_drafts.json: PR.md says nothing about it and marks the place
-CONVERTER_SLOT = ("<!-- dfbuild: slot for the converter figures (issue 37): which DFlash drafts this base's "
-                  "convert_hf_to_gguf.py writes without rope sections, and whether reconverting avoids the bug. "
-                  "Not measured yet: fill it in or delete this comment. -->")
-
-
 def _where_sections(config: dict) -> str:
     """Where a target's config.json names its M-RoPE sections, in the text_config the converter reads."""
     text = config.get("text_config", config)
@@ -200,39 +232,56 @@ def digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def measured_for(measured: dict | None, *, base: str, fix_sha256: str | None) -> dict | None:
-    """MEASURED when it was made with this export's test and fix at BASE, else None (its figures would be
-    another change's). The record names the test's and the fix diff's sha256 (tests/test_export_real.py)."""
-    if not measured:
-        return None
-    wanted = {"base": base, "test_sha256": digest(test_source()), "fix_sha256": fix_sha256}
-    if any(measured.get(key) != value for key, value in wanted.items()) or fix_sha256 is None:
-        return None
-    if not all(isinstance(measured.get(name), dict) and measured[name].get("summary")
-               for name in ("unpatched", "patched")):
-        return None
-    return measured
+def _cell(text: str) -> str:
+    """TEXT in a Markdown table cell, as code: its pipes escaped, its backticks kept out of the span."""
+    return "`" + text.replace("`", "'").replace("|", "\\|") + "`"
+
+
+def proof_lines(base: str, proof: dict | None, why_not: str) -> list[str]:
+    """PR.md's lines on the new test's results at BASE, from the export's PROOF (export_proof.prove_export);
+    without one, that they are not recorded (WHY_NOT) and that the submitter should run it."""
+    if not proof or proof.get("unpatched") is None:
+        return [f"The new test's results on {base} are not recorded here ({why_not}): run it without and with "
+                "this PR and put them here."]
+    backend = proof.get("backend") or "cpu"
+    lines = [f"The new test on {base} ({backend.upper() if backend != 'cpu' else 'CPU'} build of llama-server), "
+             "under the tree's own `tools/server/tests` harness, without and with this PR:", "",
+             "| build | pytest |", "| --- | --- |"]
+    for name, label in (("unpatched", f"{base}"), ("patched", f"{base} + this PR")):
+        summary = (proof.get("summary") or {}).get(name) or [proof[name]]
+        lines.append(f"| {label} | " + "<br>".join(_cell(line) for line in summary) + " |")
+    lines.append("")
+    if proof.get("symptom"):
+        lines += [f"Without the fix the server answers {proof['symptom']}.", ""]
+    lines.append(f"Run without network access: the session fixture that downloads the presets' models "
+                 f"(`ServerPreset.load_all`) was made a no-op by a pytest plugin (`-p {proof.get('offline_plugin')}`); "
+                 "the new test uses none of the presets, and no file of the tree was changed for the run.")
+    return lines
 
 
 def pr_text(template: str | None, *, base: str, base_commit: str, applied: list[dict], bug: str,
-            measured: dict | None, requirements: bool = True, made_on: dict | None = None,
-            converter: dict | None = None) -> str:
+            proof: dict | None, why_not: str = "not run", requirements: bool = True, made_on: dict | None = None,
+            converter: dict | None = None, arch: str = DEFAULT_TARGET) -> str:
     """PR.md: the tree's template with Overview and Additional information filled, Requirements left to the submitter.
 
-    MEASURED: the new test's results with this export's test and fix (measured_for), or None: then PR.md
-    reports no result. REQUIREMENTS: whether the test commit adds PyYAML to the test requirements.
-    MADE_ON: for an export made without BASE's tree, what its variant was made on; PR.md then says first
-    that nothing was applied to a BASE tree where it was prepared. CONVERTER: bench/convert_drafts.json's
-    record, for which drafts BASE's own converter writes plain-rope (converter_note), or a marked slot."""
+    PROOF: the export's proof section (the new test at BASE, unpatched and patched), or None: then PR.md says
+    the results are not recorded (WHY_NOT). REQUIREMENTS: whether the test commit adds PyYAML to the test
+    requirements. MADE_ON: for an export made without BASE's tree, what its variant was made on; PR.md then says
+    first that nothing was applied to a BASE tree where it was prepared. CONVERTER: bench/convert_drafts.json's
+    record, for which drafts BASE's own converter writes plain-rope (converter_note; nothing where BASE's
+    converter is not in it). ARCH: the test's target."""
+    reuse = ("a second question about the same image must take the image from the prompt cache "
+             "(`timings.prompt_n` no more than the new question's tokens) and draft again" if arch not in HYBRID_TARGETS
+             else f"a second question about the same image must draft again ({arch}'s hybrid memory processes the "
+                  "prompt again, so the prompt cache is not asserted)")
     overview = [WHEN, "", "This PR:", ""]
     overview += ["- " + _strip_area(e["subject"]) for e in applied]
     overview += [
-        f"- adds `tools/server/tests/unit/{TEST_NAME}`: a tiny M-RoPE target, a qwen2vl_merger projector and a "
-        "plain-rope DFlash draft, written with the tree's `gguf-py` at test time (no download). A request with "
-        "text before and after an image must answer 200, draft tokens and give the tokens of the request "
-        "without the draft; a second question about the same image must reuse the cached prompt "
-        "(`timings.cache_n`) and draft again. It is a file beside `test_speculative.py`, whose module fixture "
-        "starts each test with a stories15M server and a downloaded draft-simple model."
+        f"- adds `tools/server/tests/unit/{TEST_NAME}`: a tiny M-RoPE target (`{arch}`), a qwen2vl_merger projector "
+        "and a plain-rope DFlash draft, written with the tree's `gguf-py` at test time (no download). A request "
+        "with text before and after an image must answer 200, draft tokens and give the tokens of the request "
+        f"without the draft; {reuse}. It is a file beside `test_speculative.py`, whose autouse fixture gives every "
+        "test the stories15M MoE preset and a draft model it downloads."
         + (" `PyYAML` joins the test requirements, because `gguf-py` imports it." if requirements else ""),
     ]
     if bug:
@@ -241,18 +290,10 @@ def pr_text(template: str | None, *, base: str, base_commit: str, applied: list[
     run_it = ["```sh", "cmake -B build && cmake --build build --target llama-server",
               "cd tools/server/tests && pip install -r requirements.txt",
               f"LLAMA_SERVER_BIN_PATH=../../../build/bin/llama-server pytest -v unit/{TEST_NAME}", "```"]
-    if measured:
-        info += [f"The new test on {base}, without and with this PR:", "",
-                 "| | without this PR | with this PR |", "| --- | --- | --- |",
-                 f"| `pytest -v unit/{TEST_NAME}` | {measured['unpatched']['summary']} | "
-                 f"{measured['patched']['summary']} |", ""]
-        if measured.get("how"):
-            info += [measured["how"], ""]
-        info += ["To run it:", "", *run_it]
-    else:
-        info += [f"The new test's results on {base} are not recorded for this text: run it without and with "
-                 "this PR and put them here.", "", *run_it]
-    info += ["", *(converter_note(base, converter) or [CONVERTER_SLOT])]
+    info += [*proof_lines(base, proof, why_not), "", "To run it:", "", *run_it]
+    note = converter_note(base, converter)
+    if note:
+        info += ["", *note]
     sections = {"Overview": "\n".join(overview), "Additional information": "\n".join(info)}
     if template is None:
         template = ("## Overview\n\n## Additional information\n\n## Requirements\n\n"
@@ -263,15 +304,9 @@ def pr_text(template: str | None, *, base: str, base_commit: str, applied: list[
 
 
 def _leave_disclosure(text: str) -> str:
-    """The disclosure line stays for the submitter, with a note saying so; the template's comment to AI
-    agents goes (its reminder is SUBMITTER_NOTE, which the export also says on stderr)."""
-    lines = []
-    for line in text.splitlines():
-        if re.match(r"^\s*<!--.*\bAI agent\b.*-->\s*$", line):
-            continue
-        lines.append(line)
-        if re.match(r"^\s*- AI usage disclosure:", line):
-            lines.append(f"<!-- dfbuild: left for you. {SUBMITTER_NOTE} -->")
+    """The disclosure line stays as the template has it, for the submitter; the template's comment to AI agents
+    goes (its reminder is SUBMITTER_NOTE, which the export says on stderr). PR.md holds no comment of dfbuild's."""
+    lines = [line for line in text.splitlines() if not re.match(r"^\s*<!--.*\bAI agent\b.*-->\s*$", line)]
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip() + "\n"
 
 

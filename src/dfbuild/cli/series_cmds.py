@@ -12,7 +12,15 @@ from .. import errors, ui
 from .app import main
 from .common import _locks, _render_concerns
 from .exits import handle_errors
-from .options import BASE_HELP, SeriesHelpOption, _canonical_base, _utf8_path, json_option_for, patches_option
+from .options import (
+    BASE_HELP,
+    SeriesHelpOption,
+    _canonical_base,
+    _utf8_path,
+    backend_option,
+    json_option_for,
+    patches_option,
+)
 
 
 @main.group("series")
@@ -423,22 +431,33 @@ def series_epochs(patches_dir, as_json):
               help="Directory to write: new, empty, or an earlier export (replaced whole).")
 @click.option("--author", default=None, metavar='"NAME <EMAIL>"',
               help="Who the commits are by (default: your git identity, as git format-patch takes it).")
-@click.option("--measured", "measured_file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
-              default=None, help="The new test's results, unpatched and patched, for PR.md "
-              "(default: bench/upstream/upstream-test-BASE.json; used only if made with this test and fix).")
+@click.option("--no-prove", is_flag=True,
+              help="Do not build the base and run the new test under its pytest (PR.md then says the results "
+                   "are not recorded).")
+@backend_option(help="Backend the proof builds llama-server with.")
+@click.option("--cpu-variants", default=None, help="CPU variants the proof builds (default: all; e.g. x64).")
+@click.option("--cuda-arch", default=None, help="CUDA architectures the proof builds, e.g. 90 (cuda only).")
+@click.option("-j", "--jobs", type=int, default=None, help="Parallel compile jobs of the proof (default: ninja's).")
+@click.option("--work", type=click.Path(path_type=Path), default=None, callback=_utf8_path,
+              help="The proof's work dir: tree, build dir, pytest logs (default: dfbuild's cache, export-proofs/BASE).")
 @patches_option
-@json_option_for("what was written: the files, the base and its commit")
+@json_option_for("what was written: the files, the base and its commit, the proof")
 @handle_errors
-def series_export(upstream, base, repo, out, author, measured_file, patches_dir, as_json):
+def series_export(upstream, base, repo, out, author, no_prove, backend, cpu_variants, cuda_arch, jobs, work,
+                  patches_dir, as_json):
     """Write the fix for BASE as upstream would take it: one `spec : ...` commit, a server test, PR.md.
 
     The commits are made in a scratch checkout of BASE (never in your tree) from
     whatever the series applies there, authored by --author or your git identity
-    (none: exit 27) and dated now, or SOURCE_DATE_EPOCH when set; OUT is written
-    whole or not at all. A non-empty OUT that is not an earlier export is refused
-    (exit 26).
+    (none: exit 27) and dated now, or SOURCE_DATE_EPOCH when set. Then (unless
+    --no-prove) the patches are applied with git am to a fresh BASE checkout, llama-server
+    is built unpatched and patched, and the new test runs under BASE's own pytest
+    harness against each: it must fail unpatched and pass patched (else exit 28, and
+    nothing is written). OUT is written whole or not at all; a non-empty OUT that is
+    not an earlier export is refused (exit 26).
     """
     from .. import export, series, source
+    from ..request import BuildRequest
 
     if not upstream:
         raise errors.UsageError("series export knows one form: --upstream", "pass --upstream")
@@ -446,8 +465,11 @@ def series_export(upstream, base, repo, out, author, measured_file, patches_dir,
     source.check_base_name(base)
     curated = series.load_series(patches_dir)
     with _locks(("out", out), no_wait=False):
-        result = export.export_upstream(curated, base, out, repo=repo, author=author,
-                                        measured_file=measured_file)
+        request = None if no_prove else BuildRequest.from_options(
+            backend=backend.lower(), targets=("llama-server",), cpu_variants=cpu_variants, cuda_arch=cuda_arch,
+            jobs=jobs, no_ui=True)
+        result = export.export_upstream(curated, base, out, repo=repo, author=author, prove=not no_prove,
+                                        request=request, work=work)
     if as_json:
         ui.emit_json(result)
         return

@@ -25,7 +25,10 @@ MUTANTS = {
     "draft_n": (1, 'MUTANT_EXTRA["n_predict"] = 1', 'get("draft_n", 0) > 0'),
     "same_tokens": (1, f'globals()["IMAGE"] = "{OTHER_IMAGE}"', "== tokens_no_draft"),
     "second_status": (2, f'globals()["IMAGE"] = "{NOT_AN_IMAGE}"', "assert res.status_code == 200"),
-    "cache_n": (2, 'MUTANT_EXTRA["cache_prompt"] = False', '["cache_n"] > 0'),
+    "prompt_cached": (2, 'MUTANT_EXTRA["cache_prompt"] = False', '["prompt_n"] <= n_question'),
+    # the text before the image is reused, the image is not (b11434: cache_n 22 of 50, above the 6 tokens of
+    # the text before it, so cache_n alone could not tell): the new tokens processed can
+    "image_reused": (2, f'globals()["IMAGE"] = "{OTHER_IMAGE}"', '["prompt_n"] <= n_question'),
     "second_draft_n": (2, 'MUTANT_EXTRA["n_predict"] = 1', 'get("draft_n", 0) > 0'),
 }
 REQUESTS = ['    res = ask(" What is it?")\n', '    res = ask(" What is it?")\n', '    res = ask(" Why?")\n']
@@ -33,6 +36,7 @@ REQUESTS = ['    res = ask(" What is it?")\n', '    res = ask(" What is it?")\n'
 
 def mutant(source: str, occurrence: int, before: str) -> str:
     source = source.replace('"return_tokens": True,', '"return_tokens": True, **MUTANT_EXTRA,', 1)
+    source = source.replace('"multimodal_data": [IMAGE]', '"multimodal_data": [globals()["IMAGE"]]', 1)
     source = source.replace("\nserver: ServerProcess\n", "\nserver: ServerProcess\nMUTANT_EXTRA: dict = {}\n", 1)
     at = -1
     for _ in range(occurrence + 1 if occurrence < 2 else 1):
