@@ -29,6 +29,39 @@ install_carry() {
     : "${here:?the sourcing script sets here (the repo root)}"
     python3 -m pip show "${IMAGE_HAS[@]}" > /dev/null \
         || "$say" "some of ${IMAGE_HAS[*]} are missing on this image: carry their wheels too (prepare)"
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    export PYTHONPATH="$here/src:/tmp/site" PATH="/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1
+    local site=${CARRY_SITE:-/tmp/site}  # (another folder where /tmp/site is someone else's: a try-out here)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl
+    export PYTHONPATH="$here/src:$site" PATH="$site/bin:$PATH" PYTHONUNBUFFERED=1
+}
+
+# HERE: .carry/trees.git, one bare repo holding each RELEASE's imported tree (the one commit `dfbuild
+# checkout` makes of a release's sdist, tagged bNNNN), packed together, from dfbuild's cache
+# (imports/bNNNN.git; a release not there is imported first: PyPI, about 35 MB each)
+pack_trees() {
+    local release imported
+    git init -q --bare .carry/trees.git
+    for release in "$@"; do
+        imported=$(python3 -c "
+import sys
+from dfbuild import source
+print(source._offline_cache_repo(source.known_base(sys.argv[1])).git_dir)" "$release")
+        git --git-dir=.carry/trees.git fetch -q "$imported" "refs/tags/$release:refs/tags/$release"
+    done
+    git --git-dir=.carry/trees.git repack -q -a -d -f --depth=250 --window=250
+    git --git-dir=.carry/trees.git prune-packed
+}
+
+# THERE: dfbuild's cache ($DFBUILD_CACHE_DIR) seeded with each RELEASE's import from .carry/trees.git, as
+# dfbuild keeps them, so every checkout is offline ($here: the repo root)
+seed_imports() {
+    local release repo
+    : "${DFBUILD_CACHE_DIR:?set DFBUILD_CACHE_DIR first}"
+    for release in "$@"; do
+        repo="$DFBUILD_CACHE_DIR/imports/$release.git"
+        rm -rf "$repo" && git init -q --bare "$repo"
+        git --git-dir="$repo" fetch -q "$here/.carry/trees.git" "refs/tags/$release:refs/tags/$release"
+        git --git-dir="$repo" update-ref refs/heads/master "refs/tags/$release"
+        git --git-dir="$repo" update-ref "refs/heads/dfbuild/$release" "refs/tags/$release"
+        git --git-dir="$repo" symbolic-ref HEAD "refs/heads/dfbuild/$release"
+    done
 }

@@ -17,7 +17,7 @@ from dfbuild import series
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
-DEVICE_SCRIPTS = ["cuda-release.sh", "prove-epochs.sh"]
+DEVICE_SCRIPTS = ["cuda-release.sh", "prove-epochs.sh", "prove-exports.sh"]
 
 
 def _array(name: str) -> list[str]:
@@ -82,3 +82,14 @@ def test_the_releases_prove_epochs_proves_by_default_are_every_epoch_end():
             if f"b{build}" not in ends:
                 ends.append(f"b{build}")
     assert listed == ends and len(listed) == 15
+
+
+def test_the_bases_prove_exports_proves_by_default_are_the_epochs_last_releases_and_three_drawn():
+    """Issue 44: every epoch's last release, and three releases >= b9837 drawn with random.Random(44)."""
+    body = re.search(r"^default_bases\(\) \{.*?^\}", (SCRIPTS / "prove-exports.sh").read_text(), re.S | re.M).group(0)
+    listed = subprocess.run(["bash", "-c", f"here={ROOT}\n{body}\ndefault_bases"], capture_output=True, text=True,
+                            check=True).stdout.split()
+    lasts = [f"b{epoch.last}" for epoch in series.load_series().epochs]
+    assert listed[:-3] == lasts and len(lasts) == 8
+    drawn = listed[-3:]
+    assert len(set(drawn)) == 3 and not set(drawn) & set(lasts) and all(int(b[1:]) >= 9837 for b in drawn)
