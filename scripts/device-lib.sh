@@ -65,3 +65,11 @@ seed_imports() {
         git --git-dir="$repo" symbolic-ref HEAD "refs/heads/dfbuild/$release"
     done
 }
+
+# THERE: on the device ($OUT set), with the wheels and WHAT (a path under .carry) carried, or exit 2
+require_carry() {
+    : "${OUT:?run it on the device machine, where \$OUT is set}"
+    if ! ls .whl/*.whl > /dev/null || [ ! -e "$1" ]; then
+        echo "carry .whl and .carry (prepare them here first)" >&2; exit 2
+    fi
+}

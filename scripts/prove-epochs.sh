@@ -66,10 +66,7 @@ prepare)
     echo "carry: [\".whl\", \".carry\"]; on the device: bash scripts/prove-epochs.sh run RELEASE..."
     ;;
 run)
-    : "${OUT:?run it on the device machine, where \$OUT is set}"
-    if ! ls .whl/*.whl > /dev/null || [ ! -d .carry/trees.git ]; then
-        echo "carry .whl and .carry (prepare them here first)" >&2; exit 2
-    fi
+    require_carry .carry/trees.git
     read -r -a releases <<< "${*:-$(epoch_ends)}"
     start=$(date +%s) report=/tmp/proofs/summary.txt
     mkdir -p /tmp/proofs

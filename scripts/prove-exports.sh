@@ -60,10 +60,7 @@ prepare)
     echo "carry: [\".whl\", \".carry\"]; on the device: bash scripts/prove-exports.sh run [--backend cuda] [BASE...]"
     ;;
 run)
-    : "${OUT:?run it on the device machine, where \$OUT is set}"
-    if ! ls .whl/*.whl > /dev/null || [ ! -d .carry/trees.git ]; then
-        echo "carry .whl and .carry (prepare them here first)" >&2; exit 2
-    fi
+    require_carry .carry/trees.git
     backend=cpu
     if [ "${1:-}" = --backend ]; then backend=$2; shift 2; fi
     read -r -a bases <<< "${*:-$(tr '\n' ' ' < .carry/bases)}"
