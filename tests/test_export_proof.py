@@ -5,6 +5,7 @@ styles upstream has had, a pytest run's environment, and the export with the pro
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -197,3 +198,33 @@ def test_the_default_work_dir_is_dfbuilds_own(tmp_path, monkeypatch):
 def test_the_harness_python_is_the_given_one_when_set(tmp_path, monkeypatch):
     monkeypatch.setenv(export_proof.PYTHON_ENV, "/opt/py/bin/python3")
     assert export_proof.harness_python(tmp_path / "requirements.txt") == Path("/opt/py/bin/python3")
+
+
+def test_a_proof_killed_in_its_git_am_is_cleared_by_the_next(syn, tmp_path, monkeypatch):
+    """kill -9 during the proof's git am leaves dfbuild's work tree mid-am; the next proof starts over there."""
+    from dfbuild import build, prove, source
+
+    from helpers import run_git
+
+    work = tmp_path / "w"
+    out = tmp_path / "export"
+    assert run_export(syn, out).exit_code == 0
+    patches = sorted(out.glob("*.patch"))
+    tree = work / "src"
+    source.checkout(syn.base_commit, repo=str(syn.upstream), dest=tree)
+    (tree / "common" / "speculative.cpp").write_text("// in the way\n")
+    run_git(tree, "commit", "-qam", "in the way")
+    stopped = subprocess.run(["git", "-C", str(tree), "am", "-q", *map(str, patches)], capture_output=True)
+    assert stopped.returncode != 0 and (tree / ".git" / "rebase-apply").is_dir()  # stopped mid-am
+    built = []
+    monkeypatch.setattr(prove, "build_unpatched", lambda *a, **k: built.append("unpatched") or {"build_dir": "u"})
+    monkeypatch.setattr(build, "build_tree", lambda *a, **k: built.append("patched") or {})
+    monkeypatch.setattr(export_proof, "harness_python", lambda requirements: Path(sys.executable))
+    monkeypatch.setattr(export_proof, "run_pytest",
+                        lambda python, tree, server, log: {**run("failed", "HTTP 500"), "wall_s": 0})
+    with pytest.raises(ExportProofError):  # the fake runs fail both: exit 28, after a clean checkout and git am
+        export_proof.prove_export(syn.base_commit, patches, request=export._proof_request(), work=work,
+                                  commit_env={"GIT_COMMITTER_NAME": "A", "GIT_COMMITTER_EMAIL": "a@example.org"},
+                                  repo=str(syn.upstream))
+    assert built == ["unpatched", "patched"] and not (tree / ".git" / "rebase-apply").exists()
+    assert (tree / export.TEST_PATH).is_file()

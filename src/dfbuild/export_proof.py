@@ -175,6 +175,8 @@ def prove_export(base: str, patches: list[Path], *, request, work: Path, commit_
         for kind, path in prove.work_locks(work, label):
             held.enter_context(state.hold_path(kind, path))
         when = time.monotonic()
+        if (tree / ".git" / "rebase-apply").is_dir():  # an earlier proof's git am, killed: dfbuild's own tree
+            gitrun.run(tree, "am", "--abort", check=False)
         with ui.step(f"checkout {base} for the proof ({tree})"):
             checked = source.checkout(base, repo=repo, dest=tree, force=True)
         result = gitrun.run(tree, "am", "-q", "--no-gpg-sign", *map(str, patches), check=False, extra_env=commit_env)
