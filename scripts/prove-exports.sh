@@ -18,7 +18,8 @@
 # The default bases: bench/export_proofs.py's (every epoch's last release, three drawn with seed 44).
 #
 # run seeds dfbuild's cache with those imports (every checkout offline) and runs bench/export_proofs.py on the
-# bases it is given (default: all that were carried), PARALLEL at a time (default 8, each -j 2: 16 cores), CPU,
+# bases it is given (default: all that were carried), PARALLEL at a time (default: all, at most 8; the cores
+# shared among them: -j 2 each for 8 on 16 cores), CPU,
 # x64, the tests' -O1; with --backend cuda, one base at a time with -j $(nproc) and CUDA_ARCH (default 90: the
 # H200). It writes into $OUT one export-proofs.tar.gz: the record (export-proofs.json), the table, each export
 # (patches, PR.md, .dfbuild-export.json), each export's log and both pytest logs. One export is a cold build of
@@ -81,8 +82,10 @@ run)
         say "export proofs ${bases[*]}: cuda (arch ${CUDA_ARCH:-90}), -O1, one at a time, -j $(nproc)"
         set -- --backend cuda --cuda-arch "${CUDA_ARCH:-90}" --parallel 1 -j "$(nproc)"
     else
-        say "export proofs ${bases[*]}: cpu, x64, -O1, -j 2, ${PARALLEL:-8} at a time on $(nproc) cores"
-        set -- --parallel "${PARALLEL:-8}" -j 2
+        parallel=${PARALLEL:-$(( ${#bases[@]} < 8 ? ${#bases[@]} : 8 ))}
+        jobs=$(( $(nproc) / parallel > 1 ? $(nproc) / parallel : 1 ))  # every core busy: 8 at a time, -j 2 each
+        say "export proofs ${bases[*]}: cpu, x64, -O1, -j $jobs, $parallel at a time on $(nproc) cores"
+        set -- --parallel "$parallel" -j "$jobs"
     fi
     code=0
     python3 bench/export_proofs.py "${bases[@]}" "$@" --cpu-variants x64 --work /tmp/w \
