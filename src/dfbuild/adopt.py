@@ -17,13 +17,13 @@ from typing import Any
 import git
 import tomlkit
 
-from . import gitrun, manifest, source, state
-from .errors import NoProofError, PatchConflictError, SeriesFileError
-from .paths import sha256_file
-from .proof_record import record_proofs
-from .series_check import _try_apply
-from .series_model import CONCERN_TRAILER, SPECULATIVE, Concern, Series, load_series
-from .series_patch import describe_failure
+from dfbuild import gitrun, manifest, source, state
+from dfbuild.errors import NoProofError, PatchConflictError, SeriesFileError
+from dfbuild.paths import sha256_file
+from dfbuild.proof_record import record_proofs
+from dfbuild.series_check import _try_apply
+from dfbuild.series_model import CONCERN_TRAILER, SPECULATIVE, Concern, Series, load_series
+from dfbuild.series_patch import describe_failure
 
 
 def refresh(series: Series, tree: Path, onto: str, *, name: str | None = None, base_info: dict | None = None,

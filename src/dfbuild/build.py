@@ -35,9 +35,9 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from . import backends, doctor, platforms, probes, ui, webui
-from .backends import Host
-from .build_config import (
+from dfbuild import backends, doctor, platforms, probes, ui, webui
+from dfbuild.backends import Host
+from dfbuild.build_config import (
     _VARIANTS_CMAKE,
     VARIANTS_INCLUDE,
     _variant_compiler,
@@ -49,7 +49,7 @@ from .build_config import (
     unbuildable_variants,
     upstream_options,
 )
-from .build_dir import (
+from dfbuild.build_dir import (
     STAMP_NAME,
     build_dir_owner,
     claim_build_dir,
@@ -59,8 +59,8 @@ from .build_dir import (
     read_stamp,
     write_stamp,
 )
-from .build_run import LOG_NAME, _fail, _run_logged, first_error
-from .build_version import (
+from dfbuild.build_run import LOG_NAME, _fail, _run_logged, first_error
+from dfbuild.build_version import (
     BUILD_INFO_TEMPLATE,
     _stamps_build_info,
     build_number,
@@ -69,10 +69,10 @@ from .build_version import (
     stamp_base,
     stamp_build_info,
 )
-from .errors import BuildError, ToolchainMissingError
-from .paths import cache_dir, sha256_file
-from .platforms import rocm_root
-from .request import ALL_TARGETS, DEFAULT_TARGETS, BuildRequest, parse_targets
+from dfbuild.errors import BuildError, ToolchainMissingError
+from dfbuild.paths import cache_dir, sha256_file
+from dfbuild.platforms import rocm_root
+from dfbuild.request import ALL_TARGETS, DEFAULT_TARGETS, BuildRequest, parse_targets
 
 
 def _is_program(path: Path, host: Host) -> bool:

@@ -13,10 +13,10 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from . import backends, platforms, probes, proc, ui, upstream_release
-from .backends import Host
-from .errors import BuildError, ToolchainMissingError
-from .request import ALL_TARGETS
+from dfbuild import backends, platforms, probes, proc, ui, upstream_release
+from dfbuild.backends import Host
+from dfbuild.errors import BuildError, ToolchainMissingError
+from dfbuild.request import ALL_TARGETS
 
 VARIANTS_INCLUDE = "dfbuild-cpu-variants.cmake"
 

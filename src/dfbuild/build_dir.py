@@ -10,9 +10,9 @@ import re
 import shutil
 from pathlib import Path
 
-from . import ui
-from .backends import Host
-from .errors import BuildDirMismatchError
+from dfbuild import ui
+from dfbuild.backends import Host
+from dfbuild.errors import BuildDirMismatchError
 
 STAMP_NAME = "dfbuild-stamp.json"
 

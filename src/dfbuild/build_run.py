@@ -11,8 +11,8 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import proc, ui
-from .errors import BuildError
+from dfbuild import proc, ui
+from dfbuild.errors import BuildError
 
 LOG_NAME = "dfbuild-build.log"
 

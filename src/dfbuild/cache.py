@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import locks, paths, state
-from .errors import LockedError, UsageError
+from dfbuild import locks, paths, state
+from dfbuild.errors import LockedError, UsageError
 
 # name in the cache dir -> what it holds (the order `dfbuild cache` lists them in)
 KINDS: dict[str, str] = {
@@ -127,7 +127,7 @@ def show(root: Path | None = None) -> dict:
 
 def _sdist_base(name: str) -> str | None:
     """The base whose sdist (or its .sha256 record) NAME is: a run imports it under that base's lock."""
-    from . import pypi, sdist, source
+    from dfbuild import pypi, sdist, source
 
     name = name[:-len(sdist.RECORD_SUFFIX)] if name.endswith(sdist.RECORD_SUFFIX) else name
     match = re.fullmatch(re.escape(pypi.normalise(pypi.RELEASES_PROJECT)) + r"-(\d+)\.0\.0\.tar\.gz", name)
@@ -167,7 +167,7 @@ def _remove(path: Path) -> None:
 def base_entries(base: str, root: Path) -> list[tuple[str, Path]]:
     """What the cache holds for BASE: its imported tree, its sdist with the sdist's record, or (a git base)
     the cache repo of its URL."""
-    from . import sdist, source
+    from dfbuild import sdist, source
 
     name = source.canonical_base(base, quiet=True)
     known = source.known_base(name)

@@ -9,14 +9,14 @@ import os
 import shutil
 from pathlib import Path
 
-from . import (
+from dfbuild import (
     backends,
     matrix,
     owned,
 )
-from .archive import ZIP_EPOCH_MIN, Entry, archive_root, write_archive
-from .errors import ReleaseError
-from .release_record import payload_records, release_files
+from dfbuild.archive import ZIP_EPOCH_MIN, Entry, archive_root, write_archive
+from dfbuild.errors import ReleaseError
+from dfbuild.release_record import payload_records, release_files
 
 
 def cudart_bundle(out_dir: Path, toolkit: str, arch: str, cuda_path: Path | None = None) -> Path:
@@ -111,7 +111,7 @@ def cuda_runtime_libraries(tree: Path, os_name: str, arch: str, toolkit: str | N
     """The CUDA runtime libraries llama.cpp's release workflow of this base packs beside a Linux CUDA
     archive (libcudart, libcublas, libcublasLt), else backends.toml's list (a base before b11063
     has no ubuntu-cuda job)."""
-    from . import upstream_release
+    from dfbuild import upstream_release
 
     reading = upstream_release.read(Path(tree), os_name, "cuda", arch, toolkit) if os_name == "linux" else None
     if reading is not None and reading.found and reading.cudart:

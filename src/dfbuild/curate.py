@@ -16,13 +16,13 @@ from typing import Any, cast
 
 import git
 
-from . import carry as carrying
-from . import gitrun, journal, manifest, source, state, ui
-from .adopt import refresh
-from .errors import DirtyTreeError, NotLlamaTreeError, UsageError
-from .series_check import CARRIED, _try_apply
-from .series_model import CONCERN_TRAILER, Series
-from .series_patch import commit_message, patch_author, patch_path, verify_patch
+from dfbuild import carry as carrying
+from dfbuild import gitrun, journal, manifest, source, state, ui
+from dfbuild.adopt import refresh
+from dfbuild.errors import DirtyTreeError, NotLlamaTreeError, UsageError
+from dfbuild.series_check import CARRIED, _try_apply
+from dfbuild.series_model import CONCERN_TRAILER, Series
+from dfbuild.series_patch import commit_message, patch_author, patch_path, verify_patch
 
 # --- the curator's loop: a variant for a new epoch, by command ----------------------------------------
 #

@@ -14,13 +14,13 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import backends, proc
-from .backends import Host
-from .errors import ToolchainMissingError, UnsupportedBackendError
+from dfbuild import backends, proc
+from dfbuild.backends import Host
+from dfbuild.errors import ToolchainMissingError, UnsupportedBackendError
 
 # The probes, through doctor as before the split (build.py and the tests call them here; phase 2 of
 # issue 38 moves build.py to probes itself). check_backend's own calls go through these names too.
-from .probes import (  # noqa: F401
+from dfbuild.probes import (  # noqa: F401
     MSVC_HINT,
     Probe,
     find_msvc,
@@ -51,7 +51,7 @@ def check_backend(backend: str, host: Host | None = None, *, extra_include_dirs:
     if host.cross:
         # a cross build (--os windows on Linux): the target's cross compilers instead of the native
         # ones, no host TLS library (targets.toml says why), and what runs the binaries here
-        from . import platforms
+        from dfbuild import platforms
 
         target = platforms.cross_entry(host)
         entry["target"] = {"os": host.os, "arch": host.arch, "build_os": host.build_os,
@@ -91,7 +91,7 @@ def check_backend(backend: str, host: Host | None = None, *, extra_include_dirs:
     if not host.cross:
         entry["install"] = _dedupe(p["install"] for p in blocking)
     else:
-        from . import platforms
+        from dfbuild import platforms
 
         unrunnable = [p for p in entry["runtime"] if p["name"] in run_probes and not p["ok"]]
         entry["missing_to_run"] = [p["name"] for p in unrunnable]
@@ -112,7 +112,7 @@ def check_backend(backend: str, host: Host | None = None, *, extra_include_dirs:
 
 def _hip_in_root(entry: dict, host: Host) -> None:
     """No ROCm here: a Linux x64 host builds hip in dfbuild's Debian forky root (platforms/rocm_root.py)."""
-    from .platforms import rocm_root
+    from dfbuild.platforms import rocm_root
 
     if host.os != "linux" or host.arch != "x64" or host.cross or not rocm_root.runs_here() \
             or os.environ.get(rocm_root.ROOT_ENV, "").strip().lower() == "host":
@@ -164,7 +164,7 @@ def check_webui() -> dict:
     """The web UI's toolchain (Node.js and npm, on the machine that builds: this one), for every backend alike.
 
     Needed once per set of UI sources (dfbuild caches the built UI); never blocking: --no-ui builds without it."""
-    from . import webui
+    from dfbuild import webui
 
     here = backends.current_host()
     found = [probe(name, here, spec=spec).as_dict() for name, spec in webui.table()["probes"].items()]
@@ -230,7 +230,7 @@ def debian_mirror(sources_dir: Path = Path("/etc/apt")) -> str | None:
 
 def fetch_debian_vulkan_headers(suite: str = "trixie") -> Path:
     """Unpack SUITE's libvulkan-dev headers into the cache; returns the include dir to pass."""
-    from .paths import cache_dir, locked
+    from dfbuild.paths import cache_dir, locked
 
     root = cache_dir() / "vulkan-headers" / suite
     include = root / "usr" / "include"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import proc
+from dfbuild import proc
 
 ELF_MAGIC = b"\x7fELF"
 

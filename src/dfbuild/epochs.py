@@ -17,9 +17,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import gitrun
-from .series_model import SPECULATIVE, Series
-from .series_patch import verify_patch
+from dfbuild import gitrun
+from dfbuild.series_model import SPECULATIVE, Series
+from dfbuild.series_patch import verify_patch
 
 _OFFSET = re.compile(r"Hunk #\d+ succeeded at \d+ \(offset (-?\d+) lines?\)")
 DFLASH_STRUCT = "struct common_speculative_impl_draft_dflash"

@@ -28,10 +28,10 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import gitrun, proc, source, squash, state, ui
-from . import series as series_mod
-from .errors import DfbuildError, ExportError, ExportIdentityError, UsageError
-from .export_text import (
+from dfbuild import gitrun, proc, source, squash, state, ui
+from dfbuild import series as series_mod
+from dfbuild.errors import DfbuildError, ExportError, ExportIdentityError, UsageError
+from dfbuild.export_text import (
     FIX_SUBJECT,
     REQUIREMENTS,
     SUBMITTER_NOTE,
@@ -48,7 +48,7 @@ from .export_text import (
     test_source,
     upstream_message,
 )
-from .paths import sha256_file
+from dfbuild.paths import sha256_file
 
 MARKER_NAME = ".dfbuild-export.json"
 EXPORT_SCHEMA = 2

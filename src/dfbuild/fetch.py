@@ -9,8 +9,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from . import ui
-from .errors import SourceError
+from dfbuild import ui
+from dfbuild.errors import SourceError
 
 TIMEOUT_S = 120
 

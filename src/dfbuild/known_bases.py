@@ -9,19 +9,19 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import pypi, series_model, ui
-from .errors import (
+from dfbuild import pypi, series_model, ui
+from dfbuild.errors import (
     DfbuildError,
     SourceError,
     UnknownBaseError,
     UsageError,
 )
-from .gitfetch import (
+from dfbuild.gitfetch import (
     release_build,
     valid_ref_name,
 )
-from .paths import cache_dir
-from .tree_commits import FIXED_DATE
+from dfbuild.paths import cache_dir
+from dfbuild.tree_commits import FIXED_DATE
 
 GITHUB_LLAMA = "https://github.com/ggml-org/llama.cpp"
 
@@ -112,7 +112,7 @@ def known_base(name: str, *, repo: str | None = None) -> KnownBase | None:
 
 def offline_bases() -> list[str]:
     """The bases whose source (an sdist) is in the cache: they check out without the network."""
-    from .sdist import sdist_path
+    from dfbuild.sdist import sdist_path
 
     folder = cache_dir() / "sdists"
     if not folder.is_dir():

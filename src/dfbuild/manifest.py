@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import paths, state
-from .ui import dumps
+from dfbuild import paths, state
+from dfbuild.ui import dumps
 
 SECTIONS = ("source", "series", "build", "smoke", "proof", "release", "request")
 

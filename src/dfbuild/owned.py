@@ -17,9 +17,9 @@ import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from . import state
-from .errors import DfbuildError
-from .paths import cache_dir, sha256_file
+from dfbuild import state
+from dfbuild.errors import DfbuildError
+from dfbuild.paths import cache_dir, sha256_file
 
 MARKER_NAME = ".dfbuild-owned.json"
 

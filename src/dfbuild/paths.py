@@ -9,8 +9,8 @@ from pathlib import Path
 
 import platformdirs
 
-from .errors import DfbuildError, UsageError
-from .locks import hold
+from dfbuild.errors import DfbuildError, UsageError
+from dfbuild.locks import hold
 
 CACHE_ENV = "DFBUILD_CACHE_DIR"
 

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import backends, proc
-from .backends import Host
-from .errors import ToolchainMissingError
+from dfbuild import backends, proc
+from dfbuild.backends import Host
+from dfbuild.errors import ToolchainMissingError
 
 
 @dataclass

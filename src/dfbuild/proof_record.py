@@ -11,10 +11,10 @@ from typing import Any
 
 import tomlkit
 
-from . import source, state
-from .backends import machine_facts
-from .errors import UsageError
-from .series_model import Series
+from dfbuild import source, state
+from dfbuild.backends import machine_facts
+from dfbuild.errors import UsageError
+from dfbuild.series_model import Series
 
 # --- the record of what was proved: series.toml's epochs ----------------------------------------------
 

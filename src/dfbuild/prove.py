@@ -46,12 +46,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from . import build, carry, fixtures, gitrun, manifest, series, smoke, source, state, ui
-from .backends import machine_facts
-from .errors import BuildDirMismatchError, BuildError, FixtureError, NotApplicableError, PatchConflictError
-from .paths import sha256_file
-from .platforms import rocm_root
-from .request import BuildRequest
+from dfbuild import build, carry, fixtures, gitrun, manifest, series, smoke, source, state, ui
+from dfbuild.backends import machine_facts
+from dfbuild.errors import BuildDirMismatchError, BuildError, FixtureError, NotApplicableError, PatchConflictError
+from dfbuild.paths import sha256_file
+from dfbuild.platforms import rocm_root
+from dfbuild.request import BuildRequest
 
 OUTCOMES = ("fixed", "fixed-upstream", "still-broken", "not-applicable", "conflict")
 UNPATCHED_RECORD = "dfbuild-unpatched.json"

@@ -23,9 +23,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import fetch, proc, state, ui
-from .errors import SourceError, UnknownBaseError
-from .paths import cache_dir, sha256_file
+from dfbuild import fetch, proc, state, ui
+from dfbuild.errors import SourceError, UnknownBaseError
+from dfbuild.paths import cache_dir, sha256_file
 
 INDEX_ENV = "DFBUILD_PYPI_URL"
 DEFAULT_INDEX = "https://pypi.org"

@@ -46,7 +46,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import (
+from dfbuild import (
     backends,
     build,
     carry,
@@ -60,10 +60,10 @@ from . import (
     source,
     ui,
 )
-from .cudart import CUDA_NOTICE, cuda_runtime_libraries, cuda_toolkit_root, cudart_bundle, cudart_linux
-from .errors import ReleaseError, SmokeFailedError, StillBrokenError
-from .release_package import archive_layout, collect_payload, package, runtime_requirements, source_date_epoch
-from .release_record import (
+from dfbuild.cudart import CUDA_NOTICE, cuda_runtime_libraries, cuda_toolkit_root, cudart_bundle, cudart_linux
+from dfbuild.errors import ReleaseError, SmokeFailedError, StillBrokenError
+from dfbuild.release_package import archive_layout, collect_payload, package, runtime_requirements, source_date_epoch
+from dfbuild.release_record import (
     MANIFEST_NAME,
     OWN_FILES,
     REQUIRES_NAME,
@@ -84,9 +84,9 @@ from .release_record import (
     wheel_version,
     write_sha256sums,
 )
-from .request import BuildRequest
-from .state import fault_point  # (package()'s `state` is the release's record, not this module)
-from .wheel_build import (
+from dfbuild.request import BuildRequest
+from dfbuild.state import fault_point  # (package()'s `state` is the release's record, not this module)
+from dfbuild.wheel_build import (
     build_wheel,
     builder_dir,
     bundle_system_libraries,

@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path, PurePosixPath
 
-from . import (
+from dfbuild import (
     backends,
     elf,
     gitrun,
@@ -19,11 +19,11 @@ from . import (
     owned,
     ui,
 )
-from .archive import Entry, write_archive
-from .cudart import cuda_runtime_libraries, cuda_toolkit_root, cudart_bundle, cudart_linux
-from .errors import ReleaseError
-from .paths import sha256_file
-from .release_record import (
+from dfbuild.archive import Entry, write_archive
+from dfbuild.cudart import cuda_runtime_libraries, cuda_toolkit_root, cudart_bundle, cudart_linux
+from dfbuild.errors import ReleaseError
+from dfbuild.paths import sha256_file
+from dfbuild.release_record import (
     MANIFEST_NAME,
     OWN_FILES,
     REQUIRES_NAME,
@@ -41,8 +41,8 @@ from .release_record import (
     wheel_version,
     write_sha256sums,
 )
-from .state import fault_point  # (package()'s `state` is the release's record, not this module)
-from .wheel_build import build_wheel, builder_dir, bundle_system_libraries, stage_wheel_bin
+from dfbuild.state import fault_point  # (package()'s `state` is the release's record, not this module)
+from dfbuild.wheel_build import build_wheel, builder_dir, bundle_system_libraries, stage_wheel_bin
 
 
 def source_date_epoch(tree: Path, commit: str | None = None) -> int:
@@ -178,7 +178,7 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
     cross_host = _cross_host(build_section)
     extra_licenses = {}
     if cross_host is not None:
-        from . import platforms  # the shipped runtime DLLs' licenses (Windows); none for arm64
+        from dfbuild import platforms  # the shipped runtime DLLs' licenses (Windows); none for arm64
 
         extra_licenses = platforms.cross(cross_host).license_files(cross_host)
     entries = collect_payload(build_section, tree, patches_root, sections["series"], extra_licenses)
@@ -272,7 +272,7 @@ def archive_layout(tree: Path, os_name: str, backend: str, arch: str, toolkit: s
     .github/workflows/release.yml), else as backends.toml [upstream_release.layout] says llama.cpp
     packs that OS: "top" (a tarball rooted at llama-<tag>/ with the binaries at its top) or "flat"
     (a zip of the binaries, no folder)."""
-    from . import upstream_release
+    from dfbuild import upstream_release
 
     reading = upstream_release.read(Path(tree), os_name, backend, arch, toolkit)
     fallback = backends.table()["upstream_release"]["layout"][os_name]

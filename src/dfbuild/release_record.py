@@ -11,15 +11,15 @@ import json
 import re
 from pathlib import Path
 
-from . import (
+from dfbuild import (
     manifest,
     owned,
     readers,
     state,
 )
-from .archive import Entry
-from .errors import ReleaseError, VerifyError
-from .paths import sha256_file
+from dfbuild.archive import Entry
+from dfbuild.errors import ReleaseError, VerifyError
+from dfbuild.paths import sha256_file
 
 SUMS_NAME = "SHA256SUMS"
 

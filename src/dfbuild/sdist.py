@@ -23,9 +23,9 @@ import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from . import pypi, state, ui
-from .errors import SourceError
-from .paths import cache_dir, sha256_file
+from dfbuild import pypi, state, ui
+from dfbuild.errors import SourceError
+from dfbuild.paths import cache_dir, sha256_file
 
 RECORD_SUFFIX = ".sha256"
 

@@ -18,11 +18,11 @@ Callers and tests use these names through `dfbuild.series`, as before the split.
 
 from __future__ import annotations
 
-from .adopt import adopt, refresh
-from .carry import carry, has_dflash, history_distance, nearest_bases, tree_build
-from .series_apply import apply_series, plan, released_form
-from .series_check import CARRIED, CONCERN_COMMITTERS, MAX_HISTORY, Step, check_skip, identify_base, series_start
-from .series_model import (
+from dfbuild.adopt import adopt, refresh
+from dfbuild.carry import carry, has_dflash, history_distance, nearest_bases, tree_build
+from dfbuild.series_apply import apply_series, plan, released_form
+from dfbuild.series_check import CARRIED, CONCERN_COMMITTERS, MAX_HISTORY, Step, check_skip, identify_base, series_start
+from dfbuild.series_model import (
     CONCERN_TRAILER,
     DECISIONS,
     SERIES_ENV,
@@ -39,7 +39,7 @@ from .series_model import (
     digest_without_proofs,
     load_series,
 )
-from .series_patch import (
+from dfbuild.series_patch import (
     Hunk,
     commit_message,
     describe_failure,

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import git
 
-from . import carry, gitrun, journal, manifest, source, state, ui
-from .errors import DirtyTreeError, NotApplicableError, NotLlamaTreeError, NoVariantError, PatchConflictError
-from .series_check import (
+from dfbuild import carry, gitrun, journal, manifest, source, state, ui
+from dfbuild.errors import DirtyTreeError, NotApplicableError, NotLlamaTreeError, NoVariantError, PatchConflictError
+from dfbuild.series_check import (
     CARRIED,
     Step,
     _conflict_error,
@@ -26,8 +26,15 @@ from .series_check import (
     identify_base,
     series_start,
 )
-from .series_model import CONCERN_TRAILER, Series, Variant, base_build
-from .series_patch import commit_message, describe_failure, patch_author, patch_path, patch_paths, patch_post_images
+from dfbuild.series_model import CONCERN_TRAILER, Series, Variant, base_build
+from dfbuild.series_patch import (
+    commit_message,
+    describe_failure,
+    patch_author,
+    patch_path,
+    patch_paths,
+    patch_post_images,
+)
 
 
 def plan(series: Series, tree: Path, base: str | None = None, *,

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from . import gitrun, proc, source, state
-from .errors import PatchConflictError, UsageError
-from .series_model import CONCERN_TRAILER, SPECULATIVE, Concern, Series, Variant
-from .series_patch import describe_failure, verify_patch
+from dfbuild import gitrun, proc, source, state
+from dfbuild.errors import PatchConflictError, UsageError
+from dfbuild.series_model import CONCERN_TRAILER, SPECULATIVE, Concern, Series, Variant
+from dfbuild.series_patch import describe_failure, verify_patch
 
 # How many concern commits `series_start` looks through to find the commit the series went on.
 MAX_HISTORY = 64

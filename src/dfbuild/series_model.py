@@ -17,8 +17,8 @@ from pathlib import Path
 
 import tomlkit
 
-from .errors import SeriesFileError
-from .gitfetch import release_build
+from dfbuild.errors import SeriesFileError
+from dfbuild.gitfetch import release_build
 
 SPECULATIVE = "common/speculative.cpp"
 SERIES_ENV = "DFBUILD_PATCHES_DIR"

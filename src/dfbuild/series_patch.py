@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from .errors import PatchIntegrityError, SeriesFileError
-from .paths import sha256_file
-from .series_model import Concern, Series, Variant
+from dfbuild.errors import PatchIntegrityError, SeriesFileError
+from dfbuild.paths import sha256_file
+from dfbuild.series_model import Concern, Series, Variant
 
 # --- patch files ------------------------------------------------------------------------
 

@@ -27,13 +27,13 @@ from pathlib import Path
 
 import git
 
-from . import gitrun, journal, paths, state, ui
-from .errors import (
+from dfbuild import gitrun, journal, paths, state, ui
+from dfbuild.errors import (
     DirtyTreeError,
     NotLlamaTreeError,
     SourceError,
 )
-from .gitfetch import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
+from dfbuild.gitfetch import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
     MAX_TAG_DEPTH,
     NETWORK_HINT,
     NO_PROMPT,
@@ -54,7 +54,7 @@ from .gitfetch import (  # noqa: F401 - re-exported: callers and tests use them 
     resolve_commit,
     valid_ref_name,
 )
-from .known_bases import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
+from dfbuild.known_bases import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
     _RELEASE_SPELLING,
     BASE_ALIASES,
     GITHUB_LLAMA,
@@ -75,16 +75,16 @@ from .known_bases import (  # noqa: F401 - re-exported: callers and tests use th
     offline_hint,
     unknown_base,
 )
-from .paths import cache_dir, locked
-from .sdist import cached as cached_sdist  # noqa: F401 - re-exported
-from .sdist import fetch_sdist  # noqa: F401 - re-exported
-from .staging import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
+from dfbuild.paths import cache_dir, locked
+from dfbuild.sdist import cached as cached_sdist  # noqa: F401 - re-exported
+from dfbuild.sdist import fetch_sdist  # noqa: F401 - re-exported
+from dfbuild.staging import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
     _clear_debris,
     _move_into_place,
     _staged,
     staging_dir,
 )
-from .tree_commits import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
+from dfbuild.tree_commits import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
     FIXED_DATE,
     FIXED_IDENTITY,
     KEEP_BYTES,
@@ -99,14 +99,14 @@ from .tree_commits import (  # noqa: F401 - re-exported: callers and tests use t
     patch_identity,
     speculative_blob,
 )
-from .tree_import import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
+from dfbuild.tree_import import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
     _offline_cache_repo,
     check_tag_name,
     find_llama_root,
     import_archive,
     known_base_blob,
 )
-from .unpack import (  # noqa: F401 - re-exported
+from dfbuild.unpack import (  # noqa: F401 - re-exported
     LIMIT_FLAG,
     Limits,
     _check_links_stay_in,

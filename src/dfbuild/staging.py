@@ -9,7 +9,7 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import journal, paths, state, ui
+from dfbuild import journal, paths, state, ui
 
 # --- materialising DIR -------------------------------------------------------------
 

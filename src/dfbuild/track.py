@@ -36,9 +36,9 @@ from pathlib import Path
 
 import tomlkit
 
-from . import gitrun, manifest, paths, proc, pypi, series, source, state, ui
-from .errors import DfbuildError, PatchConflictError, SourceError, StillBrokenError, UsageError
-from .request import BuildRequest
+from dfbuild import gitrun, manifest, paths, proc, pypi, series, source, state, ui
+from dfbuild.errors import DfbuildError, PatchConflictError, SourceError, StillBrokenError, UsageError
+from dfbuild.request import BuildRequest
 
 DFLASH_PR = 27342                           # "spec : add DFlash2 support", in GITHUB_LLAMA
 RELEASABLE = ("fixed", "fixed-upstream")    # the outcomes a release ships
@@ -251,7 +251,7 @@ def first_failure(proof: dict) -> str | None:
 
 def prove_candidate(candidate: Candidate, work: Path, *, request: BuildRequest, patches_dir: Path | None, sets,
                     scenarios, wait: bool, prover=None) -> dict:
-    from . import prove as prove_stage
+    from dfbuild import prove as prove_stage
 
     prover = prover or prove_stage.prove
     with ExitStack() as stack:

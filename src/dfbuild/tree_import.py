@@ -12,26 +12,26 @@ from typing import cast
 
 import git
 
-from . import gitrun, manifest, pypi, state
-from .errors import (
+from dfbuild import gitrun, manifest, pypi, state
+from dfbuild.errors import (
     ArchiveError,
     DfbuildError,
     NotLlamaTreeError,
 )
-from .gitfetch import (
+from dfbuild.gitfetch import (
     _cache_path,
     _has_blob,
     ensure_commit,
     release_build,
     valid_ref_name,
 )
-from .known_bases import KNOWN_BASES, MAX_NAME_BYTES, KnownBase, _absolute_if_local, branch_for, known_base
-from .paths import cache_dir, locked
-from .sdist import cached as cached_sdist
-from .sdist import fetch_sdist
-from .staging import _clear_debris, _move_into_place, _staged
-from .tree_commits import FIXED_DATE, KEEP_BYTES, commit_fixed, is_llama_tree, speculative_blob
-from .unpack import (
+from dfbuild.known_bases import KNOWN_BASES, MAX_NAME_BYTES, KnownBase, _absolute_if_local, branch_for, known_base
+from dfbuild.paths import cache_dir, locked
+from dfbuild.sdist import cached as cached_sdist
+from dfbuild.sdist import fetch_sdist
+from dfbuild.staging import _clear_debris, _move_into_place, _staged
+from dfbuild.tree_commits import FIXED_DATE, KEEP_BYTES, commit_fixed, is_llama_tree, speculative_blob
+from dfbuild.unpack import (
     Limits,
     _check_links_stay_in,
     extract,

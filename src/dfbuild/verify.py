@@ -25,17 +25,17 @@ from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from . import backends, elf, locks, owned, readers, source, wheelcheck
-from .archive import (
+from dfbuild import backends, elf, locks, owned, readers, source, wheelcheck
+from dfbuild.archive import (
     ARCHIVE_SUFFIXES,
     payload_prefix,
     read_members,
     unsafe_member,
 )
-from .errors import VerifyError
-from .paths import sha256_file
-from .release_record import MANIFEST_NAME, SUMS_NAME
-from .verify_members import (
+from dfbuild.errors import VerifyError
+from dfbuild.paths import sha256_file
+from dfbuild.release_record import MANIFEST_NAME, SUMS_NAME
+from dfbuild.verify_members import (
     _NO_ROOT,
     _SPECIAL_BITS,
     _driver_dll,
@@ -49,13 +49,13 @@ from .verify_members import (
     member_problem,
     smoke_statement,
 )
-from .verify_run import (
+from dfbuild.verify_run import (
     _root_launcher,
     _root_note,
     _run_version,
     _runs_here,
 )
-from .wheelcheck import manylinux_glibc, wheel_platform  # noqa: F401 - verify's API before the split
+from dfbuild.wheelcheck import manylinux_glibc, wheel_platform  # noqa: F401 - verify's API before the split
 
 _elf_problems = elf.check_file  # the name tests and older callers use
 
@@ -477,7 +477,7 @@ def release_notes(directory: Path, base: str | None = None) -> str:
     if found:
         raise VerifyError(found[0], "give the directory `dfbuild release` wrote (or the merged dir CI's publish "
                           "job makes), and run `dfbuild verify` on it first")
-    from . import webui
+    from dfbuild import webui
 
     where, served, fallback, laid_out, runtimes = [], [], False, False, []
     for top in tops:

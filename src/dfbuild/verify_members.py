@@ -11,12 +11,12 @@ import stat
 from collections.abc import Collection
 from pathlib import PurePosixPath
 
-from .archive import (
+from dfbuild.archive import (
     Member,
     archive_root,
     unsafe_member,
 )
-from .wheelcheck import manylinux_glibc, wheel_platform  # noqa: F401 - verify's API before the split
+from dfbuild.wheelcheck import manylinux_glibc, wheel_platform  # noqa: F401 - verify's API before the split
 
 # what dfbuild writes into an archive: files and folders owned by root (uid 0, no names), no special bits
 _SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX
@@ -127,7 +127,7 @@ def smoke_statement(embedded: dict) -> str:
 
 
 def _driver_dll(packed: dict) -> str | None:
-    from . import pe
+    from dfbuild import pe
 
     return pe.backend_driver_dll(packed.get("backend")) if packed.get("os") == "windows" else None
 
@@ -146,7 +146,7 @@ def _pe_problems(label: str, actual: dict[str, Member], arch: str | None, proble
     for a Vulkan build) must be imported by some PE file: else the build never talks to the GPU.
     The files that import it go into DRIVER_USERS.
     """
-    from . import pe
+    from dfbuild import pe
 
     files = {n: m.data for n, m in actual.items() if m.kind == "file" and m.data}
     shipped = {PurePosixPath(n).name for n in files}

@@ -10,12 +10,12 @@ import re
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
-from . import backends, elf, proc, state
-from .archive import (
+from dfbuild import backends, elf, proc, state
+from dfbuild.archive import (
     Member,
     extract_members,
 )
-from .wheelcheck import manylinux_glibc, wheel_platform  # noqa: F401 - verify's API before the split
+from dfbuild.wheelcheck import manylinux_glibc, wheel_platform  # noqa: F401 - verify's API before the split
 
 # "version: 0.2.0-dev (build 10359, commit <sha>)" or, in other releases, "version: 10355 (<sha>)"
 _COMMIT_IN_VERSION = (re.compile(r"commit ([0-9A-Za-z]+(?:-dirty)?)"),
@@ -47,7 +47,7 @@ def _runs_here(packed: dict, host: backends.Host) -> bool:
     (targets.toml: the cross entry's runner). No runner installed: the stamp is checked instead."""
     import shutil
 
-    from . import platforms
+    from dfbuild import platforms
 
     if host.os != "linux":
         return False
@@ -78,7 +78,7 @@ def _root_launcher(in_root: dict) -> list[str] | None:
     """The prefix that runs an archive built in the ROCm root inside that root, when it is on this machine:
     the root of this cache, or the one the manifest names (made by dfbuild in another cache, e.g. another
     DFBUILD_CACHE_DIR) when it is a made root of today's recipe."""
-    from .platforms import rocm_root
+    from dfbuild.platforms import rocm_root
 
     try:
         made = rocm_root.root_path()
@@ -103,7 +103,7 @@ def _run_version(path: Path, members: list[Member], root: str | None, exe: str, 
         folder = Path(tmp) / root if root else Path(tmp)
         binary = folder / exe
         env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH")}
-        from .smoke import launcher_for  # a Windows .exe on Linux runs through Wine
+        from dfbuild.smoke import launcher_for  # a Windows .exe on Linux runs through Wine
 
         prefix, launch_env = (launcher, {}) if launcher else launcher_for(binary)
         try:

@@ -39,8 +39,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import gitrun, paths, proc, state, ui
-from .errors import ToolchainMissingError, WebUIError
+from dfbuild import gitrun, paths, proc, state, ui
+from dfbuild.errors import ToolchainMissingError, WebUIError
 
 RECORD_NAME = "dfbuild-webui.json"  # written last in a cache entry: an entry without it is not a build
 PLACED_NAME = "webui.json"          # in TREE's git dir: what dfbuild put into tools/ui/dist
@@ -62,7 +62,7 @@ _ENGINE = re.compile(r"\bEBADENGINE\b|Unsupported engine|requires Node\.?js|Node
 
 @functools.cache
 def table() -> dict:
-    from .backends import data_table
+    from dfbuild.backends import data_table
 
     return data_table("webui.toml")
 
@@ -230,7 +230,7 @@ def _version(program: str) -> str | None:
 
 def _tools() -> dict[str, str]:
     """{node, npm}: their paths, or ToolchainMissingError naming what to install (or --no-ui)."""
-    from . import backends, probes
+    from dfbuild import backends, probes
 
     host = backends.current_host()
     found: dict[str, str] = {}
@@ -494,7 +494,7 @@ def check_embedded(section: dict, log_text: str) -> None:
         return
     took = _CMAKE_TOOK.search(log_text)
     if took is None and _CMAKE_NONE.search(log_text):
-        from .errors import BuildError
+        from dfbuild.errors import BuildError
 
         raise BuildError(f"CMake embedded no web UI although dfbuild put one in {UI_DIR}/{DIST}",
                          "the tree's scripts/ui-assets.cmake did not take it; rebuild with --no-ui, or report it")

@@ -11,16 +11,16 @@ import shutil
 import sys
 from pathlib import Path, PurePosixPath
 
-from . import (
+from dfbuild import (
     backends,
     elf,
     owned,
     proc,
 )
-from .archive import Entry
-from .errors import ReleaseError
-from .paths import sha256_file
-from .release_record import MANIFEST_NAME, OWN_FILES, REQUIRES_NAME, WHEEL_DIST, release_files, wheel_package
+from dfbuild.archive import Entry
+from dfbuild.errors import ReleaseError
+from dfbuild.paths import sha256_file
+from dfbuild.release_record import MANIFEST_NAME, OWN_FILES, REQUIRES_NAME, WHEEL_DIST, release_files, wheel_package
 
 
 def builder_dir() -> Path:

@@ -18,10 +18,10 @@ import re
 from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
 
-from . import elf, readers
-from .archive import payload_prefix
-from .release_record import MANIFEST_NAME, WHEEL_DIST, parse_wheel_name
-from .wheel_build import builder_dir
+from dfbuild import elf, readers
+from dfbuild.archive import payload_prefix
+from dfbuild.release_record import MANIFEST_NAME, WHEEL_DIST, parse_wheel_name
+from dfbuild.wheel_build import builder_dir
 
 _RECORD_HASHES = {"sha256", "sha384", "sha512"}  # PEP 376/427: no md5 or sha1
 # what the builder (scikit-build-core, then auditwheel) puts in the dist-info folder, besides RECORD

@@ -12,8 +12,8 @@ import re
 import signal
 import sys
 
-from .. import errors, ui
-from .app import show_error
+from dfbuild import errors, ui
+from dfbuild.cli.app import show_error
 
 
 def _fail(exc: errors.DfbuildError, as_json: bool = False):
@@ -85,7 +85,7 @@ def git_failure(exc: BaseException) -> errors.RepositoryError | None:
         what = f"git cannot read an object: {exc}"
     else:
         return None
-    from .. import paths
+    from dfbuild import paths
 
     cache = str(paths.cache_dir())
     if cache in str(exc) or cache in what:

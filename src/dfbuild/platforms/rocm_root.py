@@ -35,8 +35,8 @@ import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
-from .. import backends, paths, proc, ui
-from ..errors import BuildError, SourceError, ToolchainMissingError, UsageError
+from dfbuild import backends, paths, proc, ui
+from dfbuild.errors import BuildError, SourceError, ToolchainMissingError, UsageError
 
 RECORD_NAME = "dfbuild-root.json"   # written last: a root without it is not a usable root
 RECIPE_FILE = "rocm_root.toml"
@@ -383,7 +383,7 @@ def wanted(backend: str, host) -> bool:
         return False
     if choice == "forky":
         return True
-    from .. import probes
+    from dfbuild import probes
 
     return not probes.probe("hip-clang", host).found
 

@@ -8,8 +8,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from .. import backends, proc
-from ..backends import Host
+from dfbuild import backends, proc
+from dfbuild.backends import Host
 
 
 @functools.cache
