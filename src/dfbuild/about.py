@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dfbuild import gitrun, proc
+from dfbuild import gitrun, paths, proc
 from dfbuild._version import __version__
 
 
@@ -23,7 +23,7 @@ def series_hash(patches_dir: Path | None = None) -> str | None:
 def checkout_commit() -> str | None:
     """The git commit dfbuild runs from, when it runs from a checkout (an editable install or src/ on the
     path); '+dirty' when the checkout has changes. None for an installed copy."""
-    root = Path(__file__).resolve().parents[2]
+    root = paths.CHECKOUT_DIR
     if not (root / ".git").exists() or not (root / "src" / "dfbuild").is_dir():
         return None
     try:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import tomlkit
 
+from dfbuild import paths
 from dfbuild.errors import SeriesFileError
 from dfbuild.gitfetch import release_build
 
@@ -29,11 +30,10 @@ def default_patches_dir() -> Path:
     """The repo's patches/ when running from a checkout, else the copy shipped in the package."""
     if os.environ.get(SERIES_ENV):
         return Path(os.environ[SERIES_ENV])
-    here = Path(__file__).resolve()
-    for candidate in (here.parents[2] / "patches", here.parent / "data" / "patches"):
+    for candidate in (paths.CHECKOUT_DIR / "patches", paths.PACKAGE_DIR / "data" / "patches"):
         if (candidate / "series.toml").is_file():
             return candidate
-    return here.parents[2] / "patches"
+    return paths.CHECKOUT_DIR / "patches"
 
 
 # --- the series file ---------------------------------------------------------------

@@ -15,6 +15,7 @@ from dfbuild import (
     backends,
     elf,
     owned,
+    paths,
     proc,
 )
 from dfbuild.archive import Entry
@@ -25,8 +26,7 @@ from dfbuild.release_record import MANIFEST_NAME, OWN_FILES, REQUIRES_NAME, WHEE
 
 def builder_dir() -> Path:
     """The repo's builder/ when running from a checkout, else the copy shipped in the package."""
-    here = Path(__file__).resolve()
-    for candidate in (here.parents[2] / "builder", here.parent / "data" / "builder"):
+    for candidate in (paths.CHECKOUT_DIR / "builder", paths.PACKAGE_DIR / "data" / "builder"):
         if (candidate / "pyproject.toml").is_file():
             return candidate
     raise ReleaseError("the wheel builder project (builder/) is missing",
