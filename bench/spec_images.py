@@ -62,7 +62,8 @@ from pathlib import Path
 import benchlib
 from benchlib import log
 
-from dfbuild import errors, fixtures, smoke
+from dfbuild import fixtures, smoke
+from dfbuild.core import errors
 
 BUILDS = ("patched", "unpatched")
 MODES = ("spec", "none")

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from dfbuild import cli, paths, series, state, ui
+from dfbuild import cli, series
+from dfbuild.core import paths, state, ui
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "Upstream Dev",

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import backends, build, doctor, elf, matrix, platforms, release, release_package, smoke, verify
+from dfbuild import backends, build, doctor, matrix, platforms, release, release_package, smoke, verify
 from dfbuild.backends import Host
-from dfbuild.errors import BuildError, ToolchainMissingError, UnsupportedBackendError
+from dfbuild.core import elf
+from dfbuild.core.errors import BuildError, ToolchainMissingError, UnsupportedBackendError
 from dfbuild.platforms import linux_arm64
 
 LINUX = Host("linux", "x64", "debian", "12")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dfbuild import backends
-from dfbuild.errors import DfbuildError, UnsupportedBackendError
+from dfbuild.core.errors import DfbuildError, UnsupportedBackendError
 
 OFFLINE_FLAGS = {
     "LLAMA_USE_PREBUILT_UI": "OFF",

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dfbuild import errors, fixtures
+from dfbuild import fixtures
+from dfbuild.core import errors
 
 gguf = pytest.importorskip("gguf")
 

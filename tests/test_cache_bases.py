@@ -10,11 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
-
-from dfbuild import about, bases, cache, paths, series, source, track
 from helpers import dfbuild, private_cache, said
 from test_crash_safety import apply_args, bare_upstream  # noqa: F401
 from test_series import Synthetic, head, syn, template  # noqa: F401  (syn, template: fixtures)
+
+from dfbuild import about, bases, cache, series, source, track
+from dfbuild.core import paths
 
 
 @pytest.fixture(autouse=True)

@@ -11,10 +11,10 @@ import email
 import email.utils
 import re
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from dfbuild import series, source
 

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from dfbuild import backends, doctor, probes
 from dfbuild.backends import Host
 from dfbuild.cli import main
-from dfbuild.errors import ToolchainMissingError
+from dfbuild.core.errors import ToolchainMissingError
 
 LINUX = Host("linux", "x64", "debian", "12")
 posix_only = pytest.mark.skipif(sys.platform.startswith("win"), reason="fake tools are shell scripts")

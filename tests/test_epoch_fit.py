@@ -14,10 +14,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from conftest import TEST_CACHE
 
 from dfbuild import epochs, pypi, sdist, series
-
-from conftest import TEST_CACHE
 
 pytestmark = pytest.mark.integration
 SPECULATIVE_MEMBER = "llama.cpp/common/speculative.cpp"

@@ -21,12 +21,21 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import dfbuild, private_cache, run_git, said
+from test_series import (  # noqa: F401
+    BASE_LINES,
+    FORMAT_PATCH,
+    IDS,
+    SPEC,
+    patch_variant,
+    snapshot,
+    syn,
+    template,
+    text_of,
+    with_concerns,
+)
 
 from dfbuild import export, export_text
-
-from helpers import dfbuild, private_cache, run_git, said
-from test_series import (BASE_LINES, FORMAT_PATCH, IDS, SPEC, patch_variant, snapshot, syn, template,  # noqa: F401
-                         text_of, with_concerns)
 
 SUBMITTER = "Ada Submitter <ada@example.org>"
 

@@ -26,12 +26,11 @@ import venv
 from pathlib import Path
 
 import pytest
+from helpers import dfbuild, run_git, said
+from realtrees import CACHE, REAL_BASE, TEST_CPU_VARIANTS, server_binary, server_for
 
 from dfbuild import build, export
 from dfbuild.request import BuildRequest
-
-from helpers import dfbuild, run_git, said
-from realtrees import CACHE, REAL_BASE, TEST_CPU_VARIANTS, server_binary, server_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="built and run on Linux"),

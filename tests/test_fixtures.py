@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from realtrees import REAL_BASE, SLOW_BASES, server_for
 from click.testing import CliRunner
+from realtrees import REAL_BASE, SLOW_BASES, server_for
 
-from dfbuild import fixtures, paths, smoke
+from dfbuild import fixtures, smoke
 from dfbuild.cli import main
+from dfbuild.core import paths
 
 gguf = pytest.importorskip("gguf")
 

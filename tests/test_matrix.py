@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from dfbuild import backends, build, matrix
 from dfbuild.backends import Host
 from dfbuild.cli import main
-from dfbuild.errors import DfbuildError
+from dfbuild.core.errors import DfbuildError
 
 REQUIRED = {
     ("linux", "cpu", "x64"), ("linux", "vulkan", "x64"), ("linux", "cuda", "x64"), ("linux", "hip", "x64"),

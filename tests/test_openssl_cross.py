@@ -25,7 +25,7 @@ import time
 import pytest
 
 from dfbuild.backends import Host
-from dfbuild.errors import BuildError, SourceError
+from dfbuild.core.errors import BuildError, SourceError
 from dfbuild.platforms import openssl, windows
 
 WINDOWS_ON_LINUX = Host("windows", "x64", "debian", "12", build_os="linux")

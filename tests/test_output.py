@@ -12,13 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from dfbuild import errors, source, track, ui
-from dfbuild.cli import build, prove, release_cmd
-from dfbuild.request import BuildRequest
-
 from helpers import dfbuild, private_cache, run_git
 from test_series import bare_upstream, syn, template  # noqa: F401
+
+from dfbuild import source, track
+from dfbuild.cli import build, prove, release_cmd
+from dfbuild.core import errors, ui
+from dfbuild.request import BuildRequest
 
 ANSI = re.compile(r"\x1b\[")
 
@@ -278,7 +278,7 @@ def test_adopt_on_a_tree_without_a_proof_says_so(syn, tmp_path):  # noqa: F811
     assert dfbuild("apply", "--base", syn.base_commit, "--repo", bare, "--dir", tree,
                    "--patches", syn.patches).exit_code == 0
     run_git(tree, "log", "-1")
-    from dfbuild import manifest
+    from dfbuild.core import manifest
 
     record = manifest.load(manifest.tree_manifest_path(tree))
     record["series"]["derived"] = True

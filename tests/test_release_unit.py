@@ -23,13 +23,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
-from dfbuild import archive, backends, build, elf, fixtures, release, release_package, series, source, verify, verify_run
-from dfbuild.cli import main
-from dfbuild.errors import ReleaseError, SmokeFailedError
-from dfbuild.paths import sha256_file
-from dfbuild.request import BuildRequest, SmokeOptions
 from helpers import private_cache
+
+from dfbuild import backends, build, fixtures, release, release_package, series, source, verify, verify_run
+from dfbuild.cli import main
+from dfbuild.core import archive, elf
+from dfbuild.core.errors import ReleaseError, SmokeFailedError
+from dfbuild.core.paths import sha256_file
+from dfbuild.request import BuildRequest, SmokeOptions
 
 posix_only = pytest.mark.skipif(os.name == "nt", reason="the fake llama-server is a shell script")
 
@@ -783,7 +784,7 @@ def test_failing_smoke_stops_before_packaging(inputs, stub_stages, tmp_path):
 
 
 def test_a_failing_stage_stops_the_pipeline_with_its_own_error(inputs, stub_stages, monkeypatch, tmp_path):
-    from dfbuild.errors import BuildError
+    from dfbuild.core.errors import BuildError
 
     def broken_build(*args, **kwargs):
         raise BuildError("build failed: x.cpp:1: error: boom", "full log: x")
@@ -889,7 +890,7 @@ def test_a_gpu_release_records_its_device_and_a_cpu_pass_is_not_reused_on_the_gp
     device was there, the rerun reused that pass. Now the first refuses (45) unless asked, says
     where it ran, and the GPU rerun runs the smoke again."""
     from dfbuild import smoke
-    from dfbuild.errors import NoDeviceError
+    from dfbuild.core.errors import NoDeviceError
 
     inputs["sections"]["build"] = {**inputs["sections"]["build"], "backend": "vulkan"}
     listed: list[str] = []

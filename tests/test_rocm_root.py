@@ -28,7 +28,7 @@ import pytest
 
 from dfbuild import backends
 from dfbuild.backends import Host
-from dfbuild.errors import BuildError, SourceError, ToolchainMissingError, UsageError
+from dfbuild.core.errors import BuildError, SourceError, ToolchainMissingError, UsageError
 from dfbuild.platforms import rocm_root
 
 FAKE_MMDEBSTRAP = r'''#!/usr/bin/env python3

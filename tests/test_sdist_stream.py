@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from dfbuild import pypi, sdist
-from dfbuild.errors import SourceError
+from dfbuild.core.errors import SourceError
 
 WANTED = ("llama.cpp/common/speculative.cpp", "llama.cpp/CMakeLists.txt")
 

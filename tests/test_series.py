@@ -23,19 +23,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import dfbuild, private_cache, run_git, said, write_fake_llama
 
-from dfbuild import gitrun, journal, paths, series, source, ui
-from dfbuild.errors import (
+from dfbuild import series, source
+from dfbuild.core import gitrun, journal, paths, ui
+from dfbuild.core.errors import (
     DirtyTreeError,
-    NoVariantError,
     NotApplicableError,
+    NoVariantError,
     PatchConflictError,
     PatchIntegrityError,
     SeriesFileError,
 )
-from dfbuild.manifest import tree_manifest_path
-
-from helpers import dfbuild, private_cache, run_git, said, write_fake_llama
+from dfbuild.core.manifest import tree_manifest_path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPEC = "common/speculative.cpp"

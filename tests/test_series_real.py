@@ -7,12 +7,11 @@ import subprocess
 
 import pytest
 from click.testing import CliRunner
+from realtrees import CACHE, SLOW_BASES, TEST_CPU_VARIANTS, built_tree, checkout_tree, server_binary
 
 from dfbuild import build, series
 from dfbuild.cli import main
 from dfbuild.request import BuildRequest
-
-from realtrees import CACHE, SLOW_BASES, TEST_CPU_VARIANTS, built_tree, checkout_tree, server_binary
 
 pytestmark = pytest.mark.integration
 

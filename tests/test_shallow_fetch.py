@@ -16,10 +16,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from helpers import dfbuild, private_cache, run_git, said
 
 from dfbuild import build, gitfetch, series, source
-
-from helpers import dfbuild, private_cache, run_git, said
 
 PR = 7
 MAIN_COMMITS = 10

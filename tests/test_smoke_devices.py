@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import backends, errors, fixtures, paths, smoke
+from dfbuild import backends, fixtures, smoke
 from dfbuild.cli import main
+from dfbuild.core import errors, paths
 from dfbuild.request import SmokeOptions
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")

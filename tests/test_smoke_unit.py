@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import backends, errors, paths, prove, smoke
+from dfbuild import backends, prove, smoke
 from dfbuild.cli import main
+from dfbuild.core import errors, paths
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
 

@@ -28,11 +28,10 @@ import re
 from pathlib import Path
 
 import pytest
+import realtrees
 
 from dfbuild import backends, doctor, smoke
-from dfbuild.errors import DfbuildError
-
-import realtrees
+from dfbuild.core.errors import DfbuildError
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vulkan]
 

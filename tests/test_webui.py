@@ -18,12 +18,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from dfbuild import build, paths, webui
-from dfbuild.errors import ToolchainMissingError, WebUIError
-from dfbuild.request import BuildRequest
-
 from helpers import dfbuild, private_cache, said
+
+from dfbuild import build, webui
+from dfbuild.core import paths
+from dfbuild.core.errors import ToolchainMissingError, WebUIError
+from dfbuild.request import BuildRequest
 
 posix_only = pytest.mark.skipif(sys.platform.startswith("win"), reason="the fake npm is a POSIX script")
 

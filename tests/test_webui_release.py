@@ -20,10 +20,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-from dfbuild import fixtures, smoke, unpack, verify
-
 from realtrees import CACHE, REAL_BASE, RELEASE_CPU_VARIANTS
+
+from dfbuild import fixtures, smoke, verify
+from dfbuild.core import unpack
 
 pytestmark = [
     pytest.mark.integration,

@@ -18,7 +18,7 @@ import pytest
 
 from dfbuild import backends, build, doctor, pe, platforms, release, verify
 from dfbuild.backends import Host
-from dfbuild.errors import ToolchainMissingError, UnsupportedBackendError
+from dfbuild.core.errors import ToolchainMissingError, UnsupportedBackendError
 from dfbuild.platforms import windows
 
 LINUX = Host("linux", "x64", "debian", "12")

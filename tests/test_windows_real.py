@@ -31,10 +31,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from realtrees import CACHE, REAL_BASE
 
 from dfbuild import pe, smoke
-
-from realtrees import CACHE, REAL_BASE
 
 pytestmark = [
     pytest.mark.integration,

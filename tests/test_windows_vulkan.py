@@ -18,7 +18,7 @@ import pytest
 
 from dfbuild import build, doctor, pe, platforms, smoke, verify
 from dfbuild.backends import Host
-from dfbuild.errors import BuildError, ToolchainMissingError
+from dfbuild.core.errors import BuildError, ToolchainMissingError
 from dfbuild.platforms import windows
 
 WINDOWS_ON_LINUX = Host("windows", "x64", "debian", "12", build_os="linux")

@@ -35,10 +35,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from realtrees import CACHE, REAL_BASE, vulkan_include_dir
 
 from dfbuild import pe, smoke
-
-from realtrees import CACHE, REAL_BASE, vulkan_include_dir
 
 pytestmark = [
     pytest.mark.integration,

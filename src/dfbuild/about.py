@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dfbuild import gitrun, paths, proc
 from dfbuild._version import __version__
+from dfbuild.core import gitrun, paths, proc
 
 
 def series_hash(patches_dir: Path | None = None) -> str | None:
     """8 hex of the series as shipped: series.toml, which pins every patch file's sha256 and decision, without
     its proof records (the key `dfbuild track` keeps its outcomes by: recording a proof changes no patch)."""
     from dfbuild import series, track
-    from dfbuild.errors import DfbuildError
+    from dfbuild.core.errors import DfbuildError
 
     try:
         return track.series_digest(series.load_series(patches_dir))[:8]

@@ -17,9 +17,10 @@ from typing import Any
 import git
 import tomlkit
 
-from dfbuild import gitrun, manifest, source, state
-from dfbuild.errors import NoProofError, PatchConflictError, SeriesFileError
-from dfbuild.paths import sha256_file
+from dfbuild import source
+from dfbuild.core import gitrun, manifest, state
+from dfbuild.core.errors import NoProofError, PatchConflictError, SeriesFileError
+from dfbuild.core.paths import sha256_file
 from dfbuild.proof_record import record_proofs
 from dfbuild.series_check import _try_apply
 from dfbuild.series_model import CONCERN_TRAILER, SPECULATIVE, Concern, Series, load_series

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from dfbuild.errors import DfbuildError, UnsupportedBackendError
+from dfbuild.core.errors import DfbuildError, UnsupportedBackendError
 
 try:  # Python 3.11+
     import tomllib as _toml  # type: ignore[import-not-found]  # mypy checks as 3.10, which has none

@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from dfbuild import backends, doctor, platforms, probes, ui, webui
+from dfbuild import backends, doctor, platforms, probes, webui
 from dfbuild.backends import Host
 from dfbuild.build_config import (
     _VARIANTS_CMAKE,
@@ -69,8 +69,9 @@ from dfbuild.build_version import (
     stamp_base,
     stamp_build_info,
 )
-from dfbuild.errors import BuildError, ToolchainMissingError
-from dfbuild.paths import cache_dir, sha256_file
+from dfbuild.core import ui
+from dfbuild.core.errors import BuildError, ToolchainMissingError
+from dfbuild.core.paths import cache_dir, sha256_file
 from dfbuild.platforms import rocm_root
 from dfbuild.request import ALL_TARGETS, DEFAULT_TARGETS, BuildRequest, parse_targets
 

@@ -13,9 +13,10 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from dfbuild import backends, platforms, probes, proc, ui, upstream_release
+from dfbuild import backends, platforms, probes, upstream_release
 from dfbuild.backends import Host
-from dfbuild.errors import BuildError, ToolchainMissingError
+from dfbuild.core import proc, ui
+from dfbuild.core.errors import BuildError, ToolchainMissingError
 from dfbuild.request import ALL_TARGETS
 
 VARIANTS_INCLUDE = "dfbuild-cpu-variants.cmake"

@@ -10,9 +10,9 @@ import re
 import shutil
 from pathlib import Path
 
-from dfbuild import ui
 from dfbuild.backends import Host
-from dfbuild.errors import BuildDirMismatchError
+from dfbuild.core import ui
+from dfbuild.core.errors import BuildDirMismatchError
 
 STAMP_NAME = "dfbuild-stamp.json"
 

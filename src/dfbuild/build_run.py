@@ -11,8 +11,8 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from dfbuild import proc, ui
-from dfbuild.errors import BuildError
+from dfbuild.core import proc, ui
+from dfbuild.core.errors import BuildError
 
 LOG_NAME = "dfbuild-build.log"
 

@@ -8,8 +8,8 @@ import os
 import re
 from pathlib import Path
 
-from dfbuild import gitrun
-from dfbuild.errors import BuildError, NotLlamaTreeError, SourceError
+from dfbuild.core import gitrun
+from dfbuild.core.errors import BuildError, NotLlamaTreeError, SourceError
 
 
 def _git(source_dir: Path, *args: str) -> str | None:
@@ -36,7 +36,7 @@ def source_commit(source_dir: Path) -> tuple[str, bool]:
 
 def build_number(source_dir: Path) -> int:
     """llama.cpp's build number: from the base name (b10359), a bNNNN tag, else the base's commit count."""
-    from dfbuild import manifest  # local: manifest is tiny, this keeps the import list honest
+    from dfbuild.core import manifest  # local: manifest is tiny, this keeps the import list honest
 
     recorded = manifest.load(manifest.tree_manifest_path(source_dir)).get("source", {})
     base = recorded.get("base")

@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dfbuild import locks, paths, state
-from dfbuild.errors import LockedError, UsageError
+from dfbuild.core import locks, paths, state
+from dfbuild.core.errors import LockedError, UsageError
 
 # name in the cache dir -> what it holds (the order `dfbuild cache` lists them in)
 KINDS: dict[str, str] = {

@@ -17,7 +17,8 @@ import re
 import shutil
 from pathlib import Path
 
-from dfbuild import gitrun, source, state
+from dfbuild import source
+from dfbuild.core import gitrun, state
 from dfbuild.series_check import _OFFSETS, CARRIED, Step, _index_blob, _try_apply, series_start
 from dfbuild.series_model import SPECULATIVE, Concern, Series, Variant, base_build
 from dfbuild.series_patch import describe_failure, verify_patch
@@ -30,7 +31,7 @@ def has_dflash(tree: Path, rev: str) -> bool:
 
 def tree_build(tree: Path, rev: str) -> int | None:
     """The build number of the tree at REV: from the name it was checked out as, else a bNNNN tag."""
-    from dfbuild import manifest  # the tree's record of where it came from
+    from dfbuild.core import manifest  # the tree's record of where it came from
 
     recorded = manifest.load(manifest.tree_manifest_path(tree)).get("source", {})
     if recorded.get("commit") == rev and source.release_build(recorded.get("base")) is not None:

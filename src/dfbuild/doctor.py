@@ -14,9 +14,10 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from dfbuild import backends, proc
+from dfbuild import backends
 from dfbuild.backends import Host
-from dfbuild.errors import ToolchainMissingError, UnsupportedBackendError
+from dfbuild.core import proc
+from dfbuild.core.errors import ToolchainMissingError, UnsupportedBackendError
 
 # The probes, through doctor as before the split (build.py and the tests call them here; phase 2 of
 # issue 38 moves build.py to probes itself). check_backend's own calls go through these names too.
@@ -230,7 +231,7 @@ def debian_mirror(sources_dir: Path = Path("/etc/apt")) -> str | None:
 
 def fetch_debian_vulkan_headers(suite: str = "trixie") -> Path:
     """Unpack SUITE's libvulkan-dev headers into the cache; returns the include dir to pass."""
-    from dfbuild.paths import cache_dir, locked
+    from dfbuild.core.paths import cache_dir, locked
 
     root = cache_dir() / "vulkan-headers" / suite
     include = root / "usr" / "include"

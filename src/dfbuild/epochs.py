@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dfbuild import gitrun
+from dfbuild.core import gitrun
 from dfbuild.series_model import SPECULATIVE, Series
 from dfbuild.series_patch import verify_patch
 

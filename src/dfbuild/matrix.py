@@ -13,7 +13,7 @@ import re
 from typing import cast
 
 from dfbuild import backends
-from dfbuild.errors import DfbuildError
+from dfbuild.core.errors import DfbuildError
 
 TAG_PLACEHOLDER = "<tag>"
 _TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")

@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dfbuild import backends, proc
+from dfbuild import backends
 from dfbuild.backends import Host
-from dfbuild.errors import ToolchainMissingError
+from dfbuild.core import proc
+from dfbuild.core.errors import ToolchainMissingError
 
 
 @dataclass

@@ -11,9 +11,10 @@ from typing import Any
 
 import tomlkit
 
-from dfbuild import source, state
+from dfbuild import source
 from dfbuild.backends import machine_facts
-from dfbuild.errors import UsageError
+from dfbuild.core import state
+from dfbuild.core.errors import UsageError
 from dfbuild.series_model import Series
 
 # --- the record of what was proved: series.toml's epochs ----------------------------------------------

@@ -46,10 +46,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from dfbuild import build, carry, fixtures, gitrun, manifest, series, smoke, source, state, ui
+from dfbuild import build, carry, fixtures, series, smoke, source
 from dfbuild.backends import machine_facts
-from dfbuild.errors import BuildDirMismatchError, BuildError, FixtureError, NotApplicableError, PatchConflictError
-from dfbuild.paths import sha256_file
+from dfbuild.core import gitrun, manifest, state, ui
+from dfbuild.core.errors import BuildDirMismatchError, BuildError, FixtureError, NotApplicableError, PatchConflictError
+from dfbuild.core.paths import sha256_file
 from dfbuild.platforms import rocm_root
 from dfbuild.request import BuildRequest
 

@@ -23,9 +23,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from dfbuild import fetch, proc, state, ui
-from dfbuild.errors import SourceError, UnknownBaseError
-from dfbuild.paths import cache_dir, sha256_file
+from dfbuild.core import fetch, proc, state, ui
+from dfbuild.core.errors import SourceError, UnknownBaseError
+from dfbuild.core.paths import cache_dir, sha256_file
 
 INDEX_ENV = "DFBUILD_PYPI_URL"
 DEFAULT_INDEX = "https://pypi.org"

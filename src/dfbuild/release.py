@@ -46,22 +46,11 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from dfbuild import (
-    backends,
-    build,
-    carry,
-    fixtures,
-    manifest,
-    owned,
-    paths,
-    prove,
-    series,
-    smoke,
-    source,
-    ui,
-)
+from dfbuild import backends, build, carry, fixtures, prove, series, smoke, source
+from dfbuild.core import manifest, owned, paths, ui
+from dfbuild.core.errors import ReleaseError, SmokeFailedError, StillBrokenError
+from dfbuild.core.state import fault_point  # (package()'s `state` is the release's record, not this module)
 from dfbuild.cudart import CUDA_NOTICE, cuda_runtime_libraries, cuda_toolkit_root, cudart_bundle, cudart_linux
-from dfbuild.errors import ReleaseError, SmokeFailedError, StillBrokenError
 from dfbuild.release_package import archive_layout, collect_payload, package, runtime_requirements, source_date_epoch
 from dfbuild.release_record import (
     MANIFEST_NAME,
@@ -85,7 +74,6 @@ from dfbuild.release_record import (
     write_sha256sums,
 )
 from dfbuild.request import BuildRequest
-from dfbuild.state import fault_point  # (package()'s `state` is the release's record, not this module)
 from dfbuild.wheel_build import (
     build_wheel,
     builder_dir,

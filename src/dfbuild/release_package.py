@@ -10,19 +10,13 @@ import os
 import sys
 from pathlib import Path, PurePosixPath
 
-from dfbuild import (
-    backends,
-    elf,
-    gitrun,
-    manifest,
-    matrix,
-    owned,
-    ui,
-)
-from dfbuild.archive import Entry, write_archive
+from dfbuild import backends, matrix
+from dfbuild.core import elf, gitrun, manifest, owned, ui
+from dfbuild.core.archive import Entry, write_archive
+from dfbuild.core.errors import ReleaseError
+from dfbuild.core.paths import sha256_file
+from dfbuild.core.state import fault_point  # (package()'s `state` is the release's record, not this module)
 from dfbuild.cudart import cuda_runtime_libraries, cuda_toolkit_root, cudart_bundle, cudart_linux
-from dfbuild.errors import ReleaseError
-from dfbuild.paths import sha256_file
 from dfbuild.release_record import (
     MANIFEST_NAME,
     OWN_FILES,
@@ -41,7 +35,6 @@ from dfbuild.release_record import (
     wheel_version,
     write_sha256sums,
 )
-from dfbuild.state import fault_point  # (package()'s `state` is the release's record, not this module)
 from dfbuild.wheel_build import build_wheel, builder_dir, bundle_system_libraries, stage_wheel_bin
 
 

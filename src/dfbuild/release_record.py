@@ -11,15 +11,10 @@ import json
 import re
 from pathlib import Path
 
-from dfbuild import (
-    manifest,
-    owned,
-    readers,
-    state,
-)
-from dfbuild.archive import Entry
-from dfbuild.errors import ReleaseError, VerifyError
-from dfbuild.paths import sha256_file
+from dfbuild.core import manifest, owned, readers, state
+from dfbuild.core.archive import Entry
+from dfbuild.core.errors import ReleaseError, VerifyError
+from dfbuild.core.paths import sha256_file
 
 SUMS_NAME = "SHA256SUMS"
 

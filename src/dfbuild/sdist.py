@@ -23,9 +23,10 @@ import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from dfbuild import pypi, state, ui
-from dfbuild.errors import SourceError
-from dfbuild.paths import cache_dir, sha256_file
+from dfbuild import pypi
+from dfbuild.core import state, ui
+from dfbuild.core.errors import SourceError
+from dfbuild.core.paths import cache_dir, sha256_file
 
 RECORD_SUFFIX = ".sha256"
 

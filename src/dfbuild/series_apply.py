@@ -14,8 +14,15 @@ from pathlib import Path
 
 import git
 
-from dfbuild import carry, gitrun, journal, manifest, source, state, ui
-from dfbuild.errors import DirtyTreeError, NotApplicableError, NotLlamaTreeError, NoVariantError, PatchConflictError
+from dfbuild import carry, source
+from dfbuild.core import gitrun, journal, manifest, state, ui
+from dfbuild.core.errors import (
+    DirtyTreeError,
+    NotApplicableError,
+    NotLlamaTreeError,
+    NoVariantError,
+    PatchConflictError,
+)
 from dfbuild.series_check import (
     CARRIED,
     Step,

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from dfbuild import gitrun, proc, source, state
-from dfbuild.errors import PatchConflictError, UsageError
+from dfbuild import source
+from dfbuild.core import gitrun, proc, state
+from dfbuild.core.errors import PatchConflictError, UsageError
 from dfbuild.series_model import CONCERN_TRAILER, SPECULATIVE, Concern, Series, Variant
 from dfbuild.series_patch import describe_failure, verify_patch
 

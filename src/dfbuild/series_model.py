@@ -17,8 +17,8 @@ from pathlib import Path
 
 import tomlkit
 
-from dfbuild import paths
-from dfbuild.errors import SeriesFileError
+from dfbuild.core import paths
+from dfbuild.core.errors import SeriesFileError
 from dfbuild.gitfetch import release_build
 
 SPECULATIVE = "common/speculative.cpp"

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from dfbuild.errors import PatchIntegrityError, SeriesFileError
-from dfbuild.paths import sha256_file
+from dfbuild.core.errors import PatchIntegrityError, SeriesFileError
+from dfbuild.core.paths import sha256_file
 from dfbuild.series_model import Concern, Series, Variant
 
 # --- patch files ------------------------------------------------------------------------

@@ -27,11 +27,26 @@ from pathlib import Path
 
 import git
 
-from dfbuild import gitrun, journal, paths, state, ui
-from dfbuild.errors import (
+from dfbuild.core import gitrun, journal, paths, state, ui
+from dfbuild.core.errors import (
     DirtyTreeError,
     NotLlamaTreeError,
     SourceError,
+)
+from dfbuild.core.paths import cache_dir, locked
+from dfbuild.core.staging import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
+    _clear_debris,
+    _move_into_place,
+    _staged,
+    staging_dir,
+)
+from dfbuild.core.unpack import (  # noqa: F401 - re-exported
+    LIMIT_FLAG,
+    Limits,
+    _check_links_stay_in,
+    check_limits,
+    extract,
+    parse_size,
 )
 from dfbuild.gitfetch import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
     MAX_TAG_DEPTH,
@@ -75,15 +90,8 @@ from dfbuild.known_bases import (  # noqa: F401 - re-exported: callers and tests
     offline_hint,
     unknown_base,
 )
-from dfbuild.paths import cache_dir, locked
 from dfbuild.sdist import cached as cached_sdist  # noqa: F401 - re-exported
 from dfbuild.sdist import fetch_sdist  # noqa: F401 - re-exported
-from dfbuild.staging import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
-    _clear_debris,
-    _move_into_place,
-    _staged,
-    staging_dir,
-)
 from dfbuild.tree_commits import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
     FIXED_DATE,
     FIXED_IDENTITY,
@@ -105,14 +113,6 @@ from dfbuild.tree_import import (  # noqa: F401 - re-exported: callers and tests
     find_llama_root,
     import_archive,
     known_base_blob,
-)
-from dfbuild.unpack import (  # noqa: F401 - re-exported
-    LIMIT_FLAG,
-    Limits,
-    _check_links_stay_in,
-    check_limits,
-    extract,
-    parse_size,
 )
 
 

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from dfbuild.errors import ExportError
+from dfbuild.core.errors import ExportError
 
 # a line nobody writes in C++, Python or CMake: the sparse file's unknown lines
 PLACEHOLDER = "@@ dfbuild: line {} of the base is not known here @@"

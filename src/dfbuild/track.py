@@ -36,8 +36,9 @@ from pathlib import Path
 
 import tomlkit
 
-from dfbuild import gitrun, manifest, paths, proc, pypi, series, source, state, ui
-from dfbuild.errors import DfbuildError, PatchConflictError, SourceError, StillBrokenError, UsageError
+from dfbuild import pypi, series, source
+from dfbuild.core import gitrun, manifest, paths, proc, state, ui
+from dfbuild.core.errors import DfbuildError, PatchConflictError, SourceError, StillBrokenError, UsageError
 from dfbuild.request import BuildRequest
 
 DFLASH_PR = 27342                           # "spec : add DFlash2 support", in GITHUB_LLAMA

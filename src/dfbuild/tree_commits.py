@@ -11,7 +11,7 @@ from pathlib import Path
 
 import git
 
-from dfbuild import gitrun
+from dfbuild.core import gitrun
 
 # Commits dfbuild writes itself when it imports a tree use one identity and one
 # date, so the same input always gives the same commit id.

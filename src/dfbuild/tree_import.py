@@ -12,11 +12,19 @@ from typing import cast
 
 import git
 
-from dfbuild import gitrun, manifest, pypi, state
-from dfbuild.errors import (
+from dfbuild import pypi
+from dfbuild.core import gitrun, manifest, state
+from dfbuild.core.errors import (
     ArchiveError,
     DfbuildError,
     NotLlamaTreeError,
+)
+from dfbuild.core.paths import cache_dir, locked
+from dfbuild.core.staging import _clear_debris, _move_into_place, _staged
+from dfbuild.core.unpack import (
+    Limits,
+    _check_links_stay_in,
+    extract,
 )
 from dfbuild.gitfetch import (
     _cache_path,
@@ -26,16 +34,9 @@ from dfbuild.gitfetch import (
     valid_ref_name,
 )
 from dfbuild.known_bases import KNOWN_BASES, MAX_NAME_BYTES, KnownBase, _absolute_if_local, branch_for, known_base
-from dfbuild.paths import cache_dir, locked
 from dfbuild.sdist import cached as cached_sdist
 from dfbuild.sdist import fetch_sdist
-from dfbuild.staging import _clear_debris, _move_into_place, _staged
 from dfbuild.tree_commits import FIXED_DATE, KEEP_BYTES, commit_fixed, is_llama_tree, speculative_blob
-from dfbuild.unpack import (
-    Limits,
-    _check_links_stay_in,
-    extract,
-)
 
 
 def _offline_cache_repo(base: KnownBase) -> git.Repo:

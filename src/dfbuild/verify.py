@@ -25,15 +25,16 @@ from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from dfbuild import backends, elf, locks, owned, readers, source, wheelcheck
-from dfbuild.archive import (
+from dfbuild import backends, source, wheelcheck
+from dfbuild.core import elf, locks, owned, readers
+from dfbuild.core.archive import (
     ARCHIVE_SUFFIXES,
     payload_prefix,
     read_members,
     unsafe_member,
 )
-from dfbuild.errors import VerifyError
-from dfbuild.paths import sha256_file
+from dfbuild.core.errors import VerifyError
+from dfbuild.core.paths import sha256_file
 from dfbuild.release_record import MANIFEST_NAME, SUMS_NAME
 from dfbuild.verify_members import (
     _NO_ROOT,

@@ -11,7 +11,7 @@ import stat
 from collections.abc import Collection
 from pathlib import PurePosixPath
 
-from dfbuild.archive import (
+from dfbuild.core.archive import (
     Member,
     archive_root,
     unsafe_member,

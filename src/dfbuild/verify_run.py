@@ -10,8 +10,9 @@ import re
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
-from dfbuild import backends, elf, proc, state
-from dfbuild.archive import (
+from dfbuild import backends
+from dfbuild.core import elf, proc, state
+from dfbuild.core.archive import (
     Member,
     extract_members,
 )

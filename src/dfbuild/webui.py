@@ -39,8 +39,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dfbuild import gitrun, paths, proc, state, ui
-from dfbuild.errors import ToolchainMissingError, WebUIError
+from dfbuild.core import gitrun, paths, proc, state, ui
+from dfbuild.core.errors import ToolchainMissingError, WebUIError
 
 RECORD_NAME = "dfbuild-webui.json"  # written last in a cache entry: an entry without it is not a build
 PLACED_NAME = "webui.json"          # in TREE's git dir: what dfbuild put into tools/ui/dist
@@ -494,7 +494,7 @@ def check_embedded(section: dict, log_text: str) -> None:
         return
     took = _CMAKE_TOOK.search(log_text)
     if took is None and _CMAKE_NONE.search(log_text):
-        from dfbuild.errors import BuildError
+        from dfbuild.core.errors import BuildError
 
         raise BuildError(f"CMake embedded no web UI although dfbuild put one in {UI_DIR}/{DIST}",
                          "the tree's scripts/ui-assets.cmake did not take it; rebuild with --no-ui, or report it")

@@ -18,8 +18,8 @@ import re
 from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
 
-from dfbuild import elf, readers
-from dfbuild.archive import payload_prefix
+from dfbuild.core import elf, readers
+from dfbuild.core.archive import payload_prefix
 from dfbuild.release_record import MANIFEST_NAME, WHEEL_DIST, parse_wheel_name
 from dfbuild.wheel_build import builder_dir
 

@@ -8,7 +8,7 @@ import os
 
 import click
 
-from dfbuild import ui
+from dfbuild.core import ui
 
 
 def _show_version(ctx, param, value):
@@ -23,7 +23,7 @@ def _show_version(ctx, param, value):
 def _use_cache_dir(ctx, param, value):
     """--cache-dir: the same as $DFBUILD_CACHE_DIR for this command (and what it runs), which it overrides."""
     if value is not None:
-        from dfbuild import paths
+        from dfbuild.core import paths
 
         os.environ[paths.CACHE_ENV] = os.fspath(os.path.abspath(value))
     return value

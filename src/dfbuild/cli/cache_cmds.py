@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from dfbuild import ui
 from dfbuild.cli.app import main
 from dfbuild.cli.exits import handle_errors
 from dfbuild.cli.options import patches_option
+from dfbuild.core import ui
 
 
 def _table(rows: list[list[str]], header: list[str]) -> None:
@@ -75,7 +75,7 @@ def cache_group(ctx, as_json):
 @handle_errors
 def cache_dir_cmd():
     """Print the cache dir alone (for scripts: du -sh "$(dfbuild cache dir)")."""
-    from dfbuild import paths
+    from dfbuild.core import paths
 
     click.echo(paths.cache_dir())
 

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import click
 
-from dfbuild import ui
 from dfbuild.cli.app import main
 from dfbuild.cli.common import (
     _default_dir_here,
@@ -18,6 +17,7 @@ from dfbuild.cli.common import (
 )
 from dfbuild.cli.exits import handle_errors
 from dfbuild.cli.options import _utf8_path, json_option_for, no_wait_option, patches_option, source_options
+from dfbuild.core import ui
 
 
 @main.command()
@@ -27,7 +27,8 @@ from dfbuild.cli.options import _utf8_path, json_option_for, no_wait_option, pat
 @handle_errors
 def checkout(base, pr, repo, dest, force, no_wait, as_json):
     """Check out llama.cpp at a PR head or commit."""
-    from dfbuild import curate, manifest, source
+    from dfbuild import curate, source
+    from dfbuild.core import manifest
 
     source.check_known(base, repo)
     dest = dest or default_tree_here(base)
@@ -78,7 +79,8 @@ def import_(archive, tag, dest, max_unpacked, no_wait, as_json):
 @handle_errors
 def apply(base, pr, repo, dest, force, patches_dir, skip, no_wait, as_json):
     """Check out BASE, then apply the curated DFlash patch series."""
-    from dfbuild import curate, manifest, series, source, state
+    from dfbuild import curate, series, source
+    from dfbuild.core import manifest, state
 
     curated = series.load_series(patches_dir)
     series.check_skip(curated, tuple(skip))

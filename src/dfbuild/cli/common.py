@@ -9,14 +9,14 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
-from dfbuild import errors, ui
+from dfbuild.core import errors, ui
 
 
 def _locks(*held: tuple[str, Path], no_wait: bool):
     """Hold the locks of the work tree / build dir / output dir for the whole command, always in this order."""
     from contextlib import ExitStack
 
-    from dfbuild import state
+    from dfbuild.core import state
 
     stack = ExitStack()
     try:
@@ -49,7 +49,8 @@ def default_tree_here(base: str) -> Path:
 
     A ./llama.cpp-BASE an older dfbuild made is not used by default any more: it is named, with the --dir
     that keeps using it."""
-    from dfbuild import paths, source
+    from dfbuild import source
+    from dfbuild.core import paths
 
     tree = paths.default_work_dir(base) / "src"
     old = source.default_dir(base)

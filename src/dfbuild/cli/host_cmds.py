@@ -6,10 +6,10 @@ import sys
 
 import click
 
-from dfbuild import errors, ui
 from dfbuild.cli.app import main
 from dfbuild.cli.exits import handle_errors
 from dfbuild.cli.options import arch_option, backend_option, json_option_for, os_option
+from dfbuild.core import errors, ui
 
 
 @main.command()

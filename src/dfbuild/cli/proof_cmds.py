@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from dfbuild import errors, ui
 from dfbuild.cli.app import main
 from dfbuild.cli.common import (
     _dir_label,
@@ -33,6 +32,7 @@ from dfbuild.cli.options import (
     toolchain_options,
     usable_path,
 )
+from dfbuild.core import errors, ui
 
 # --- fixtures & smoke ---------------------------------------------------------
 
@@ -77,8 +77,9 @@ def fixtures(out, seed, as_json):
 def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, backend, server_args, no_compare, start_timeout,
           smoke_table, allow_cpu_fallback, as_json):
     """Run the smoke scenarios on llama-server; exit non-zero if any fails."""
-    from dfbuild import backends, paths
+    from dfbuild import backends
     from dfbuild import smoke as smoke_stage
+    from dfbuild.core import paths
     from dfbuild.request import SmokeOptions
 
     how = backends.get(backend.lower())

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import click
 
-from dfbuild import errors, ui
 from dfbuild.cli.app import main
 from dfbuild.cli.common import (
     _dir_label,
@@ -30,6 +29,7 @@ from dfbuild.cli.options import (
     toolchain_options,
     usable_path,
 )
+from dfbuild.core import errors, ui
 
 # --- build --------------------------------------------------------------------
 
@@ -65,7 +65,7 @@ def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_target
           jobs, reconfigure, fresh, no_ccache, no_ui, target_os, target_arch, no_wait, as_json):
     """Configure and build a llama.cpp tree for one backend (checks the toolchain first)."""
     from dfbuild import build as build_stage
-    from dfbuild import journal, manifest, paths
+    from dfbuild.core import journal, manifest, paths
     from dfbuild.request import BuildRequest
 
     # the request, made once (backend and --os/--arch checked: this host, or a cross target)

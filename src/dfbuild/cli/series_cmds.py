@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from dfbuild import errors, ui
 from dfbuild.cli.app import main
 from dfbuild.cli.common import _locks, _render_concerns
 from dfbuild.cli.exits import handle_errors
@@ -20,6 +19,7 @@ from dfbuild.cli.options import (
     json_option_for,
     patches_option,
 )
+from dfbuild.core import errors, ui
 
 
 @main.group("series")
@@ -251,7 +251,8 @@ def series_start(base, repo, tree, abort, patches_dir, as_json):
     Stops at the first concern that does not carry (exit 21) and says what to do: write it by
     hand, commit it with its Dfbuild-Concern trailer, then `dfbuild series continue`.
     """
-    from dfbuild import curate, manifest, series, source
+    from dfbuild import curate, series, source
+    from dfbuild.core import manifest
 
     if abort:
         return _abort_curation(tree, as_json)

@@ -18,7 +18,7 @@ from typing import cast
 
 from dfbuild import backends
 from dfbuild.backends import Host
-from dfbuild.errors import UnsupportedBackendError
+from dfbuild.core.errors import UnsupportedBackendError
 
 # the shared facts and helpers live in targets.py (the platform modules import them from there);
 # the package keeps offering them as before

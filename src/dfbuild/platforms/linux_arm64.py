@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 
 from dfbuild.backends import Host
-from dfbuild.errors import ToolchainMissingError
+from dfbuild.core.errors import ToolchainMissingError
 from dfbuild.platforms.targets import compiler_facts, cross_entry, write_if_changed
 
 TOOLCHAIN_NAME = "dfbuild-toolchain-linux-arm64.cmake"

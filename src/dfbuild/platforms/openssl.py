@@ -26,8 +26,8 @@ import os
 import shutil
 from pathlib import Path
 
-from dfbuild import fetch, paths, proc, ui, unpack
-from dfbuild.errors import BuildError, SourceError, ToolchainMissingError
+from dfbuild.core import fetch, paths, proc, ui, unpack
+from dfbuild.core.errors import BuildError, SourceError, ToolchainMissingError
 
 BUILT_NAME = "dfbuild-openssl.json"  # written last: a folder without it is not a usable build
 

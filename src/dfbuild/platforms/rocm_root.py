@@ -35,8 +35,9 @@ import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
-from dfbuild import backends, paths, proc, ui
-from dfbuild.errors import BuildError, SourceError, ToolchainMissingError, UsageError
+from dfbuild import backends
+from dfbuild.core import paths, proc, ui
+from dfbuild.core.errors import BuildError, SourceError, ToolchainMissingError, UsageError
 
 RECORD_NAME = "dfbuild-root.json"   # written last: a root without it is not a usable root
 RECIPE_FILE = "rocm_root.toml"

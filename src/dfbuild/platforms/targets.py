@@ -8,8 +8,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from dfbuild import backends, proc
+from dfbuild import backends
 from dfbuild.backends import Host
+from dfbuild.core import proc
 
 
 @functools.cache

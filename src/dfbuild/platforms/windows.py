@@ -33,9 +33,9 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from dfbuild import paths, proc
 from dfbuild.backends import Host
-from dfbuild.errors import BuildError, ToolchainMissingError
+from dfbuild.core import paths, proc
+from dfbuild.core.errors import BuildError, ToolchainMissingError
 from dfbuild.platforms import openssl
 from dfbuild.platforms.targets import compiler_facts, cross_entry, write_if_changed
 

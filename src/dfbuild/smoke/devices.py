@@ -6,7 +6,7 @@ import os
 import re
 from pathlib import Path
 
-from dfbuild import errors, proc
+from dfbuild.core import errors, proc
 from dfbuild.smoke.server import _cross_runner, launcher_for
 
 LIST_DEVICES_TIMEOUT = 120.0

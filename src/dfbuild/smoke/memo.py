@@ -6,7 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from dfbuild import paths, state
+from dfbuild.core import paths, state
 from dfbuild.smoke.scenarios import DEFAULT_SCENARIOS, DEFAULT_SETS
 
 # What a smoke section holds, in the key of a remembered pass: a release that reuses a pass recorded in an

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dfbuild import errors, paths, proc
+from dfbuild.core import errors, paths, proc
 from dfbuild.request import SmokeOptions
 from dfbuild.smoke import devices, memo
 from dfbuild.smoke.judge import EXACT, IDENTITY_RULES

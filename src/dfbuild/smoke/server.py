@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import BinaryIO
 
-from dfbuild import errors, proc
+from dfbuild.core import errors, proc
 from dfbuild.smoke.client import Response, parse_sse
 from dfbuild.smoke.logscan import tail
 
@@ -65,7 +65,8 @@ def launcher_for(binary: Path) -> tuple[list[str], dict[str, str]]:
 
 def _cross_runner(binary: Path):
     """(platform module, cross Host) whose runner starts BINARY here, or (None, None) for a native program."""
-    from dfbuild import elf, platforms
+    from dfbuild import platforms
+    from dfbuild.core import elf
 
     if Path(binary).suffix.lower() == ".exe":
         if sys.platform == "win32":

@@ -9,8 +9,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from dfbuild import ui
-from dfbuild.errors import SourceError
+from dfbuild.core import ui
+from dfbuild.core.errors import SourceError
 
 TIMEOUT_S = 120
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dfbuild import paths, state
-from dfbuild.ui import dumps
+from dfbuild.core import paths, state
+from dfbuild.core.ui import dumps
 
 SECTIONS = ("source", "series", "build", "smoke", "proof", "release", "request")
 

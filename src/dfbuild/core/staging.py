@@ -9,7 +9,7 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
-from dfbuild import journal, paths, state, ui
+from dfbuild.core import journal, paths, state, ui
 
 # --- materialising DIR -------------------------------------------------------------
 

@@ -25,9 +25,9 @@ import shutil
 import time
 from pathlib import Path, PurePosixPath
 
-from dfbuild import gitrun, readers, state, ui
-from dfbuild.errors import ForeignStateError, LockedError
-from dfbuild.paths import git_dir
+from dfbuild.core import gitrun, readers, state, ui
+from dfbuild.core.errors import ForeignStateError, LockedError
+from dfbuild.core.paths import git_dir
 
 JOURNAL_NAME = "journal.json"
 KEPT_DIR = "kept"

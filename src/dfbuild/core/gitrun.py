@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from git.exc import GitCommandError
 
-from dfbuild import proc
+from dfbuild.core import proc
 
 
 class GitError(GitCommandError):

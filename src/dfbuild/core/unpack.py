@@ -18,12 +18,12 @@ import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-from dfbuild import readers
-from dfbuild.errors import ArchiveError, UsageError, from_os_error
+from dfbuild.core import readers
+from dfbuild.core.errors import ArchiveError, UsageError, from_os_error
 
 # the caps live with the strict readers, which apply them while they read; imported (not assigned), so
 # Limits stays a type for the modules that annotate with it (tree_import, source)
-from dfbuild.readers import LIMIT_FLAG, Limits, check_limits  # noqa: F401 - re-exported
+from dfbuild.core.readers import LIMIT_FLAG, Limits, check_limits  # noqa: F401 - re-exported
 
 # --- archives ---------------------------------------------------------------------
 

@@ -18,8 +18,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from dfbuild import readers
-from dfbuild.errors import ReleaseError, VerifyError
+from dfbuild.core import readers
+from dfbuild.core.errors import ReleaseError, VerifyError
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".zip")
 ZIP_EPOCH_MIN = 315532800            # 1980-01-01: the earliest date a zip entry can hold

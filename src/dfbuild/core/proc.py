@@ -25,7 +25,7 @@ import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any, NoReturn
 
-from dfbuild.errors import DfbuildError
+from dfbuild.core.errors import DfbuildError
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL

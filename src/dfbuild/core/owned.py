@@ -17,9 +17,9 @@ import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from dfbuild import state
-from dfbuild.errors import DfbuildError
-from dfbuild.paths import cache_dir, sha256_file
+from dfbuild.core import state
+from dfbuild.core.errors import DfbuildError
+from dfbuild.core.paths import cache_dir, sha256_file
 
 MARKER_NAME = ".dfbuild-owned.json"
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dfbuild import proc
+from dfbuild.core import proc
 
 ELF_MAGIC = b"\x7fELF"
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from dfbuild import readers, ui
-from dfbuild.errors import LockedError, StateFileError
+from dfbuild.core import readers, ui
+from dfbuild.core.errors import LockedError, StateFileError
 
 # the platform test, not a try/except ImportError, so mypy knows which of the two fcntl is (as typeshed does)
 if sys.platform == "win32":  # no flock: locks fall back to filelock, and a dir's lock to a file in the cache

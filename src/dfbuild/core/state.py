@@ -28,9 +28,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 # the lowest floor: errors, ui, locks, readers and paths only (never manifest, source or anything above)
-from dfbuild import readers, ui
-from dfbuild.locks import adopt, folder_ready, hold, hold_dir, read_state_bytes
-from dfbuild.paths import cache_dir, git_dir, is_git_tree
+from dfbuild.core import readers, ui
+from dfbuild.core.locks import adopt, folder_ready, hold, hold_dir, read_state_bytes
+from dfbuild.core.paths import cache_dir, git_dir, is_git_tree
 
 # --- atomic files -----------------------------------------------------------------------
 
