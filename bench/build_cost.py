@@ -58,7 +58,7 @@ from pathlib import Path
 import benchlib
 from benchlib import log
 
-from dfbuild import doctor
+from dfbuild.host import doctor
 
 PARTS = ("apply", "cold", "rebuild", "release", "fetch", "unseen")
 # `--cpu-variants` for every build and release the bench runs (set by main; empty: dfbuild's default, all)

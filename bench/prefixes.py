@@ -26,8 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from dfbuild import backends as backend_table
 from dfbuild import build, carry, series, smoke
+from dfbuild.host import backends as backend_table
 from dfbuild.request import BuildRequest
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "dfbuild", "GIT_AUTHOR_EMAIL": "dfbuild@localhost",

@@ -84,7 +84,7 @@ def isolate_probes(monkeypatch, tmp_path: Path) -> tuple[dict, Path]:
     """A PATH and a backend probe table that see only what a test puts in the returned bin dir."""
     import copy
 
-    from dfbuild import backends
+    from dfbuild.host import backends
 
     table = copy.deepcopy(backends.table())
     for spec in table["probes"].values():

@@ -13,7 +13,8 @@ import functools
 import os
 from pathlib import Path
 
-from dfbuild import backends, build, doctor, series, source
+from dfbuild import build, series, source
+from dfbuild.host import backends, doctor
 from dfbuild.request import BuildRequest
 
 CACHE = Path(os.environ.get("DFBUILD_TEST_CACHE", Path.home() / ".cache" / "dfbuild-tests"))

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import backends, build, doctor, matrix, platforms, release, release_package, smoke, verify
-from dfbuild.backends import Host
+from dfbuild import build, release, release_package, smoke, verify
 from dfbuild.core import elf
 from dfbuild.core.errors import BuildError, ToolchainMissingError, UnsupportedBackendError
-from dfbuild.platforms import linux_arm64
+from dfbuild.host import backends, doctor, matrix, platforms
+from dfbuild.host.backends import Host
+from dfbuild.host.platforms import linux_arm64
 
 LINUX = Host("linux", "x64", "debian", "12")
 ARM64_ON_LINUX = Host("linux", "arm64", "debian", "12", build_os="linux", build_arch="x64")

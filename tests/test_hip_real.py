@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 from realtrees import CACHE
 
-from dfbuild.platforms import rocm_root
+from dfbuild.host.platforms import rocm_root
 
 pytestmark = [
     pytest.mark.integration,

@@ -239,11 +239,11 @@ def test_record_proof_says_where_it_looked(tmp_path):
 
 
 def test_a_hint_of_commands_puts_each_on_its_own_line():
-    from dfbuild import doctor
+    from dfbuild.host import doctor
 
     entry = {"can_build": False, "toolchain": [{"x": 1}], "reason": "missing: a; b", "install": ["apt-get install a",
                                                                                                 "pip install b"]}
-    from dfbuild import doctor as d
+    from dfbuild.host import doctor as d
 
     original = d.check_backend
     d.check_backend = lambda *a, **k: entry

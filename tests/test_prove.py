@@ -368,7 +368,7 @@ def test_prove_takes_the_toolchain_options_a_release_takes(tmp_path, monkeypatch
         return {"base": base, "outcome": "fixed", "json": True}
 
     monkeypatch.setattr(prove, "prove", fake_prove)
-    from dfbuild import doctor
+    from dfbuild.host import doctor
 
     checked = []  # the toolchain is checked before any work, with the same headers (stood in for here)
     monkeypatch.setattr(doctor, "require", lambda backend, host=None, **kw: checked.append((backend, kw)) or {})

@@ -25,11 +25,12 @@ import pytest
 from click.testing import CliRunner
 from helpers import private_cache
 
-from dfbuild import backends, build, fixtures, release, release_package, series, source, verify, verify_run
+from dfbuild import build, fixtures, release, release_package, series, source, verify, verify_run
 from dfbuild.cli import main
 from dfbuild.core import archive, elf
 from dfbuild.core.errors import ReleaseError, SmokeFailedError
 from dfbuild.core.paths import sha256_file
+from dfbuild.host import backends
 from dfbuild.request import BuildRequest, SmokeOptions
 
 posix_only = pytest.mark.skipif(os.name == "nt", reason="the fake llama-server is a shell script")
@@ -219,7 +220,7 @@ def test_tag_and_wheel_version_name_base_and_series():
 
 def test_artifact_name_comes_from_the_matrix_naming_rule(released):
     rel = released["rel"]
-    from dfbuild import matrix
+    from dfbuild.host import matrix
 
     assert rel["archive"] == matrix.artifact_name(rel["tag"], HOST.os, "cpu", HOST.arch)
     label = {"linux": "ubuntu", "windows": "win-cpu", "macos": "macos-cpu"}[HOST.os]  # llama.cpp's names

@@ -13,9 +13,10 @@ import pytest
 from click.testing import CliRunner
 from test_release_unit import fake_wheel, inputs, stub_stages  # noqa: F401  (fixtures)
 
-from dfbuild import backends, build, prove, release
+from dfbuild import build, prove, release
 from dfbuild.cli import main
 from dfbuild.core.errors import UnsupportedBackendError
+from dfbuild.host import backends
 from dfbuild.request import BuildRequest, SmokeOptions
 
 posix_only = pytest.mark.skipif(sys.platform.startswith("win"), reason="the release fixtures are POSIX")

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import backends
-from dfbuild.backends import Host
 from dfbuild.core.errors import BuildError, SourceError, ToolchainMissingError, UsageError
-from dfbuild.platforms import rocm_root
+from dfbuild.host import backends
+from dfbuild.host.backends import Host
+from dfbuild.host.platforms import rocm_root
 
 FAKE_MMDEBSTRAP = r'''#!/usr/bin/env python3
 # a fake mmdebstrap: lays out what the real one leaves in the target folder
@@ -247,7 +247,7 @@ def test_a_rocblas_that_differs_from_the_recipes_list_is_refused(fake, archive, 
 
 
 def _ensure_in_child(mirror: str, env: dict) -> subprocess.Popen:
-    code = ("import sys, json; from dfbuild.platforms import rocm_root; "
+    code = ("import sys, json; from dfbuild.host.platforms import rocm_root; "
             "print(rocm_root.ensure({**rocm_root.recipe(), 'mirror': sys.argv[1]}))")
     return subprocess.Popen([sys.executable, "-c", code, mirror], start_new_session=True, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -339,7 +339,7 @@ def test_a_build_dir_made_in_the_root_runs_its_binaries_there(tmp_path):
     (build / "bin").mkdir(parents=True)
     assert rocm_root.launcher(build) is None
     rocm_root.mark_build_dir(build, root)
-    assert rocm_root.launcher(build) == [sys.executable, "-m", "dfbuild.platforms.rocm_root", str(root)]
+    assert rocm_root.launcher(build) == [sys.executable, "-m", "dfbuild.host.platforms.rocm_root", str(root)]
     from dfbuild import smoke
 
     assert smoke.launcher_for(build / "bin" / "llama-server") == (rocm_root.launcher(build), {})
@@ -422,7 +422,7 @@ def test_verify_runs_the_archive_in_the_root_the_manifest_names_when_made_in_ano
 def test_doctor_says_hip_builds_in_the_root_here_or_which_apt_line_makes_it_possible(monkeypatch, tmp_path):
     from helpers import isolate_probes
 
-    from dfbuild import doctor
+    from dfbuild.host import doctor
 
     _, bin_dir = isolate_probes(monkeypatch, tmp_path)
     monkeypatch.setenv("DFBUILD_CACHE_DIR", str(tmp_path / "cache"))

@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import backends, fixtures, smoke
+from dfbuild import fixtures, smoke
 from dfbuild.cli import main
 from dfbuild.core import errors, paths
+from dfbuild.host import backends
 from dfbuild.request import SmokeOptions
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import backends, prove, smoke
+from dfbuild import prove, smoke
 from dfbuild.cli import main
 from dfbuild.core import errors, paths
+from dfbuild.host import backends
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dfbuild import build, upstream_release
-from dfbuild.backends import Host
+from dfbuild.host.backends import Host
 
 WORKFLOW = """\
 name: Release

@@ -30,8 +30,9 @@ from pathlib import Path
 import pytest
 import realtrees
 
-from dfbuild import backends, doctor, smoke
+from dfbuild import smoke
 from dfbuild.core.errors import DfbuildError
+from dfbuild.host import backends, doctor
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vulkan]
 

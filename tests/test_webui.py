@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 from helpers import dfbuild, private_cache, said
 
-from dfbuild import build, webui
+from dfbuild import build
 from dfbuild.core import paths
 from dfbuild.core.errors import ToolchainMissingError, WebUIError
+from dfbuild.host import webui
 from dfbuild.request import BuildRequest
 
 posix_only = pytest.mark.skipif(sys.platform.startswith("win"), reason="the fake npm is a POSIX script")
@@ -469,7 +470,7 @@ def test_the_release_notes_say_what_each_archive_serves_at_get_root(tmp_path):
 
 
 def test_doctor_names_node_and_npm_and_what_to_do_without_them(tmp_path, monkeypatch):
-    from dfbuild import doctor
+    from dfbuild.host import doctor
 
     bin_dir = tmp_path / "old-node"
     bin_dir.mkdir()

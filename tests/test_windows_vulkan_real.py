@@ -37,7 +37,8 @@ from pathlib import Path
 import pytest
 from realtrees import CACHE, REAL_BASE, vulkan_include_dir
 
-from dfbuild import pe, smoke
+from dfbuild import smoke
+from dfbuild.host import pe
 
 pytestmark = [
     pytest.mark.integration,

@@ -35,8 +35,6 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from dfbuild import backends, doctor, platforms, probes, webui
-from dfbuild.backends import Host
 from dfbuild.build_config import (
     _VARIANTS_CMAKE,
     VARIANTS_INCLUDE,
@@ -72,7 +70,9 @@ from dfbuild.build_version import (
 from dfbuild.core import ui
 from dfbuild.core.errors import BuildError, ToolchainMissingError
 from dfbuild.core.paths import cache_dir, sha256_file
-from dfbuild.platforms import rocm_root
+from dfbuild.host import backends, doctor, platforms, probes, webui
+from dfbuild.host.backends import Host
+from dfbuild.host.platforms import rocm_root
 from dfbuild.request import ALL_TARGETS, DEFAULT_TARGETS, BuildRequest, parse_targets
 
 

@@ -13,10 +13,11 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from dfbuild import backends, platforms, probes, upstream_release
-from dfbuild.backends import Host
+from dfbuild import upstream_release
 from dfbuild.core import proc, ui
 from dfbuild.core.errors import BuildError, ToolchainMissingError
+from dfbuild.host import backends, platforms, probes
+from dfbuild.host.backends import Host
 from dfbuild.request import ALL_TARGETS
 
 VARIANTS_INCLUDE = "dfbuild-cpu-variants.cmake"

@@ -10,9 +10,9 @@ import re
 import shutil
 from pathlib import Path
 
-from dfbuild.backends import Host
 from dfbuild.core import ui
 from dfbuild.core.errors import BuildDirMismatchError
+from dfbuild.host.backends import Host
 
 STAMP_NAME = "dfbuild-stamp.json"
 

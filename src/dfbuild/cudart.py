@@ -9,10 +9,10 @@ import os
 import shutil
 from pathlib import Path
 
-from dfbuild import backends, matrix
 from dfbuild.core import owned
 from dfbuild.core.archive import ZIP_EPOCH_MIN, Entry, archive_root, write_archive
 from dfbuild.core.errors import ReleaseError
+from dfbuild.host import backends, matrix
 from dfbuild.release_record import payload_records, release_files
 
 

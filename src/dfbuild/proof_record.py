@@ -12,9 +12,9 @@ from typing import Any
 import tomlkit
 
 from dfbuild import source
-from dfbuild.backends import machine_facts
 from dfbuild.core import state
 from dfbuild.core.errors import UsageError
+from dfbuild.host.backends import machine_facts
 from dfbuild.series_model import Series
 
 # --- the record of what was proved: series.toml's epochs ----------------------------------------------

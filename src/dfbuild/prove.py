@@ -47,11 +47,11 @@ from pathlib import Path
 from typing import Any
 
 from dfbuild import build, carry, fixtures, series, smoke, source
-from dfbuild.backends import machine_facts
 from dfbuild.core import gitrun, manifest, state, ui
 from dfbuild.core.errors import BuildDirMismatchError, BuildError, FixtureError, NotApplicableError, PatchConflictError
 from dfbuild.core.paths import sha256_file
-from dfbuild.platforms import rocm_root
+from dfbuild.host.backends import machine_facts
+from dfbuild.host.platforms import rocm_root
 from dfbuild.request import BuildRequest
 
 OUTCOMES = ("fixed", "fixed-upstream", "still-broken", "not-applicable", "conflict")

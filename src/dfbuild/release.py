@@ -46,11 +46,12 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from dfbuild import backends, build, carry, fixtures, prove, series, smoke, source
+from dfbuild import build, carry, fixtures, prove, series, smoke, source
 from dfbuild.core import manifest, owned, paths, ui
 from dfbuild.core.errors import ReleaseError, SmokeFailedError, StillBrokenError
 from dfbuild.core.state import fault_point  # (package()'s `state` is the release's record, not this module)
 from dfbuild.cudart import CUDA_NOTICE, cuda_runtime_libraries, cuda_toolkit_root, cudart_bundle, cudart_linux
+from dfbuild.host import backends
 from dfbuild.release_package import archive_layout, collect_payload, package, runtime_requirements, source_date_epoch
 from dfbuild.release_record import (
     MANIFEST_NAME,

@@ -10,13 +10,13 @@ import os
 import sys
 from pathlib import Path, PurePosixPath
 
-from dfbuild import backends, matrix
 from dfbuild.core import elf, gitrun, manifest, owned, ui
 from dfbuild.core.archive import Entry, write_archive
 from dfbuild.core.errors import ReleaseError
 from dfbuild.core.paths import sha256_file
 from dfbuild.core.state import fault_point  # (package()'s `state` is the release's record, not this module)
 from dfbuild.cudart import cuda_runtime_libraries, cuda_toolkit_root, cudart_bundle, cudart_linux
+from dfbuild.host import backends, matrix
 from dfbuild.release_record import (
     MANIFEST_NAME,
     OWN_FILES,
@@ -171,7 +171,7 @@ def package(sections: dict, *, tree: Path, patches_root: Path, out_dir: Path, wo
     cross_host = _cross_host(build_section)
     extra_licenses = {}
     if cross_host is not None:
-        from dfbuild import platforms  # the shipped runtime DLLs' licenses (Windows); none for arm64
+        from dfbuild.host import platforms  # the shipped runtime DLLs' licenses (Windows); none for arm64
 
         extra_licenses = platforms.cross(cross_host).license_files(cross_host)
     entries = collect_payload(build_section, tree, patches_root, sections["series"], extra_licenses)

@@ -19,8 +19,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from dfbuild import backends
-from dfbuild.backends import Host
+from dfbuild.host import backends
+from dfbuild.host.backends import Host
 
 DEFAULT_TARGETS = ("llama-server",)
 ALL_TARGETS = "all"              # --target all: every tool the tree builds, all shipped
@@ -102,7 +102,7 @@ class BuildRequest:
         """The request a command's options make (the names are the CLI's parameters): the backend
         checked against the table (exit 33 for an unknown one), --os/--arch resolved (exit 33 for a
         target this machine cannot build), this machine's own OS and arch recorded as None."""
-        from dfbuild import platforms  # the cross targets' table: read when a command runs, not at import
+        from dfbuild.host import platforms  # the cross targets' table: read when a command runs, not at import
 
         name = backends.get(backend.lower()).name
         host = platforms.target_host(target_os, arch=target_arch)
@@ -124,7 +124,7 @@ class BuildRequest:
     @cached_property
     def host(self) -> Host:
         """The Host the binaries are for: this machine, or the cross target --os/--arch named."""
-        from dfbuild import platforms
+        from dfbuild.host import platforms
 
         return platforms.target_host(self.os, arch=self.arch)
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import yaml
 
-from dfbuild import backends
+from dfbuild.host import backends
 
 WORKFLOW = ".github/workflows/release.yml"
 MAX_BYTES = 2 * 1024 * 1024          # release.yml is about 80 KB; anything far larger is not one

@@ -25,7 +25,7 @@ from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from dfbuild import backends, source, wheelcheck
+from dfbuild import source, wheelcheck
 from dfbuild.core import elf, locks, owned, readers
 from dfbuild.core.archive import (
     ARCHIVE_SUFFIXES,
@@ -35,6 +35,7 @@ from dfbuild.core.archive import (
 )
 from dfbuild.core.errors import VerifyError
 from dfbuild.core.paths import sha256_file
+from dfbuild.host import backends
 from dfbuild.release_record import MANIFEST_NAME, SUMS_NAME
 from dfbuild.verify_members import (
     _NO_ROOT,
@@ -478,7 +479,7 @@ def release_notes(directory: Path, base: str | None = None) -> str:
     if found:
         raise VerifyError(found[0], "give the directory `dfbuild release` wrote (or the merged dir CI's publish "
                           "job makes), and run `dfbuild verify` on it first")
-    from dfbuild import webui
+    from dfbuild.host import webui
 
     where, served, fallback, laid_out, runtimes = [], [], False, False, []
     for top in tops:

@@ -127,7 +127,7 @@ def smoke_statement(embedded: dict) -> str:
 
 
 def _driver_dll(packed: dict) -> str | None:
-    from dfbuild import pe
+    from dfbuild.host import pe
 
     return pe.backend_driver_dll(packed.get("backend")) if packed.get("os") == "windows" else None
 
@@ -146,7 +146,7 @@ def _pe_problems(label: str, actual: dict[str, Member], arch: str | None, proble
     for a Vulkan build) must be imported by some PE file: else the build never talks to the GPU.
     The files that import it go into DRIVER_USERS.
     """
-    from dfbuild import pe
+    from dfbuild.host import pe
 
     files = {n: m.data for n, m in actual.items() if m.kind == "file" and m.data}
     shipped = {PurePosixPath(n).name for n in files}

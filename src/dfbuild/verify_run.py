@@ -10,12 +10,12 @@ import re
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
-from dfbuild import backends
 from dfbuild.core import elf, proc, state
 from dfbuild.core.archive import (
     Member,
     extract_members,
 )
+from dfbuild.host import backends
 from dfbuild.wheelcheck import manylinux_glibc, wheel_platform  # noqa: F401 - verify's API before the split
 
 # "version: 0.2.0-dev (build 10359, commit <sha>)" or, in other releases, "version: 10355 (<sha>)"
@@ -48,7 +48,7 @@ def _runs_here(packed: dict, host: backends.Host) -> bool:
     (targets.toml: the cross entry's runner). No runner installed: the stamp is checked instead."""
     import shutil
 
-    from dfbuild import platforms
+    from dfbuild.host import platforms
 
     if host.os != "linux":
         return False
@@ -79,7 +79,7 @@ def _root_launcher(in_root: dict) -> list[str] | None:
     """The prefix that runs an archive built in the ROCm root inside that root, when it is on this machine:
     the root of this cache, or the one the manifest names (made by dfbuild in another cache, e.g. another
     DFBUILD_CACHE_DIR) when it is a made root of today's recipe."""
-    from dfbuild.platforms import rocm_root
+    from dfbuild.host.platforms import rocm_root
 
     try:
         made = rocm_root.root_path()

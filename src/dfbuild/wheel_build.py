@@ -11,11 +11,11 @@ import shutil
 import sys
 from pathlib import Path, PurePosixPath
 
-from dfbuild import backends
 from dfbuild.core import elf, owned, paths, proc
 from dfbuild.core.archive import Entry
 from dfbuild.core.errors import ReleaseError
 from dfbuild.core.paths import sha256_file
+from dfbuild.host import backends
 from dfbuild.release_record import MANIFEST_NAME, OWN_FILES, REQUIRES_NAME, WHEEL_DIST, release_files, wheel_package
 
 

@@ -87,7 +87,7 @@ def removed_if_left_empty_handed(path: Path, kept):
 
 def check_can_build(backend: str, target_os, vulkan_include_dir=None, target_arch=None) -> None:
     """Backend, OS, architecture and toolchain: refused at once (33, 30), before any checkout."""
-    from dfbuild import doctor, platforms
+    from dfbuild.host import doctor, platforms
 
     host = platforms.target_host(target_os, arch=target_arch)
     doctor.require(backend, host, extra_include_dirs=[Path(vulkan_include_dir)] if vulkan_include_dir else [])

@@ -126,7 +126,7 @@ usable_path = _utf8_path
 
 
 def _backend_names() -> list[str]:
-    from dfbuild import backends
+    from dfbuild.host import backends
 
     return backends.names()
 

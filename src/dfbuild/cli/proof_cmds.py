@@ -77,9 +77,9 @@ def fixtures(out, seed, as_json):
 def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, backend, server_args, no_compare, start_timeout,
           smoke_table, allow_cpu_fallback, as_json):
     """Run the smoke scenarios on llama-server; exit non-zero if any fails."""
-    from dfbuild import backends
     from dfbuild import smoke as smoke_stage
     from dfbuild.core import paths
+    from dfbuild.host import backends
     from dfbuild.request import SmokeOptions
 
     how = backends.get(backend.lower())

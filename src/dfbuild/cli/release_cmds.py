@@ -115,7 +115,7 @@ def webui_cmd(tree, no_wait, as_json):
     cache entry to the jobs whose machines have no Node.js (ci/release.yml's webui job).
     """
     from dfbuild import build as build_stage
-    from dfbuild import webui
+    from dfbuild.host import webui
 
     tree = Path(tree).resolve()
     build_stage.check_llama_tree(tree)

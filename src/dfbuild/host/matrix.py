@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from typing import cast
 
-from dfbuild import backends
 from dfbuild.core.errors import DfbuildError
+from dfbuild.host import backends
 
 TAG_PLACEHOLDER = "<tag>"
 _TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
@@ -149,7 +149,7 @@ def release_matrix(tag: str = TAG_PLACEHOLDER) -> list[dict]:
         flags = backends.cmake_flags(backend, os_name, nvcc_version=nvcc, arch=arch)
         build_os = row.get("build_os", "")
         if build_os and build_os != os_name:  # a cross build (--os): the target's flags on top (targets.toml)
-            from dfbuild import platforms
+            from dfbuild.host import platforms
 
             cross = platforms.table()["targets"][os_name].get("cross", {}).get(build_os)
             if cross is None:

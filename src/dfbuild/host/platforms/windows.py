@@ -33,11 +33,11 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from dfbuild.backends import Host
 from dfbuild.core import paths, proc
 from dfbuild.core.errors import BuildError, ToolchainMissingError
-from dfbuild.platforms import openssl
-from dfbuild.platforms.targets import compiler_facts, cross_entry, write_if_changed
+from dfbuild.host.backends import Host
+from dfbuild.host.platforms import openssl
+from dfbuild.host.platforms.targets import compiler_facts, cross_entry, write_if_changed
 
 TOOLCHAIN_NAME = "dfbuild-toolchain-windows.cmake"
 RULES_NAME = "dfbuild-rules-windows.cmake"
@@ -438,7 +438,7 @@ def vulkan_setup(host: Host, build_dir: Path, doctor_entry: dict) -> dict:
             raise BuildError(f"dlltool could not make {library.name}: {result.stderr.strip()[-300:]}",
                              install_line(host))
         os.replace(tmp, library)
-    from dfbuild.probes import vulkan_header_version
+    from dfbuild.host.probes import vulkan_header_version
 
     version = vulkan_header_version(headers / "vulkan" / "vulkan_core.h")
     return {"flags": {"Vulkan_INCLUDE_DIR": str(include), "Vulkan_LIBRARY": str(library),

@@ -14,14 +14,14 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from dfbuild import backends
-from dfbuild.backends import Host
 from dfbuild.core import proc
 from dfbuild.core.errors import ToolchainMissingError, UnsupportedBackendError
+from dfbuild.host import backends
+from dfbuild.host.backends import Host
 
 # The probes, through doctor as before the split (build.py and the tests call them here; phase 2 of
 # issue 38 moves build.py to probes itself). check_backend's own calls go through these names too.
-from dfbuild.probes import (  # noqa: F401
+from dfbuild.host.probes import (  # noqa: F401
     MSVC_HINT,
     Probe,
     find_msvc,
@@ -52,7 +52,7 @@ def check_backend(backend: str, host: Host | None = None, *, extra_include_dirs:
     if host.cross:
         # a cross build (--os windows on Linux): the target's cross compilers instead of the native
         # ones, no host TLS library (targets.toml says why), and what runs the binaries here
-        from dfbuild import platforms
+        from dfbuild.host import platforms
 
         target = platforms.cross_entry(host)
         entry["target"] = {"os": host.os, "arch": host.arch, "build_os": host.build_os,
@@ -92,7 +92,7 @@ def check_backend(backend: str, host: Host | None = None, *, extra_include_dirs:
     if not host.cross:
         entry["install"] = _dedupe(p["install"] for p in blocking)
     else:
-        from dfbuild import platforms
+        from dfbuild.host import platforms
 
         unrunnable = [p for p in entry["runtime"] if p["name"] in run_probes and not p["ok"]]
         entry["missing_to_run"] = [p["name"] for p in unrunnable]
@@ -113,7 +113,7 @@ def check_backend(backend: str, host: Host | None = None, *, extra_include_dirs:
 
 def _hip_in_root(entry: dict, host: Host) -> None:
     """No ROCm here: a Linux x64 host builds hip in dfbuild's Debian forky root (platforms/rocm_root.py)."""
-    from dfbuild.platforms import rocm_root
+    from dfbuild.host.platforms import rocm_root
 
     if host.os != "linux" or host.arch != "x64" or host.cross or not rocm_root.runs_here() \
             or os.environ.get(rocm_root.ROOT_ENV, "").strip().lower() == "host":
@@ -165,7 +165,7 @@ def check_webui() -> dict:
     """The web UI's toolchain (Node.js and npm, on the machine that builds: this one), for every backend alike.
 
     Needed once per set of UI sources (dfbuild caches the built UI); never blocking: --no-ui builds without it."""
-    from dfbuild import webui
+    from dfbuild.host import webui
 
     here = backends.current_host()
     found = [probe(name, here, spec=spec).as_dict() for name, spec in webui.table()["probes"].items()]

@@ -35,9 +35,9 @@ import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
-from dfbuild import backends
 from dfbuild.core import paths, proc, ui
 from dfbuild.core.errors import BuildError, SourceError, ToolchainMissingError, UsageError
+from dfbuild.host import backends
 
 RECORD_NAME = "dfbuild-root.json"   # written last: a root without it is not a usable root
 RECIPE_FILE = "rocm_root.toml"
@@ -384,7 +384,7 @@ def wanted(backend: str, host) -> bool:
         return False
     if choice == "forky":
         return True
-    from dfbuild import probes
+    from dfbuild.host import probes
 
     return not probes.probe("hip-clang", host).found
 
@@ -434,7 +434,7 @@ def launcher(build_dir: Path) -> list[str] | None:
 
 def launcher_for_root(root: Path) -> list[str]:
     """A prefix: `PREFIX + [binary, args...]` runs the binary inside ROOT, binding the folders named."""
-    return [sys.executable, "-m", "dfbuild.platforms.rocm_root", str(root)]
+    return [sys.executable, "-m", "dfbuild.host.platforms.rocm_root", str(root)]
 
 
 def glibc_floor(root: Path) -> str | None:
@@ -445,10 +445,10 @@ def glibc_floor(root: Path) -> str | None:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m dfbuild.platforms.rocm_root ROOT PROGRAM ARGS...`: PROGRAM inside ROOT, in this folder
+    """`python -m dfbuild.host.platforms.rocm_root ROOT PROGRAM ARGS...`: PROGRAM inside ROOT, in this folder
     (the smoke's launcher: the folders the arguments name are bound in when they are known)."""
     if len(argv) < 2:
-        print("usage: python -m dfbuild.platforms.rocm_root ROOT PROGRAM [ARGS...]", file=sys.stderr)
+        print("usage: python -m dfbuild.host.platforms.rocm_root ROOT PROGRAM [ARGS...]", file=sys.stderr)
         return 2
     root, args = Path(argv[0]), argv[1:]
     full = command(root, args, cwd=os.getcwd())

@@ -8,9 +8,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from dfbuild import backends
-from dfbuild.backends import Host
 from dfbuild.core import proc
+from dfbuild.host import backends
+from dfbuild.host.backends import Host
 
 
 @functools.cache

@@ -21,9 +21,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from dfbuild.backends import Host
 from dfbuild.core.errors import ToolchainMissingError
-from dfbuild.platforms.targets import compiler_facts, cross_entry, write_if_changed
+from dfbuild.host.backends import Host
+from dfbuild.host.platforms.targets import compiler_facts, cross_entry, write_if_changed
 
 TOOLCHAIN_NAME = "dfbuild-toolchain-linux-arm64.cmake"
 

@@ -62,7 +62,7 @@ _ENGINE = re.compile(r"\bEBADENGINE\b|Unsupported engine|requires Node\.?js|Node
 
 @functools.cache
 def table() -> dict:
-    from dfbuild.backends import data_table
+    from dfbuild.host.backends import data_table
 
     return data_table("webui.toml")
 
@@ -230,7 +230,7 @@ def _version(program: str) -> str | None:
 
 def _tools() -> dict[str, str]:
     """{node, npm}: their paths, or ToolchainMissingError naming what to install (or --no-ui)."""
-    from dfbuild import backends, probes
+    from dfbuild.host import backends, probes
 
     host = backends.current_host()
     found: dict[str, str] = {}

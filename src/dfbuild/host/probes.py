@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dfbuild import backends
-from dfbuild.backends import Host
 from dfbuild.core import proc
 from dfbuild.core.errors import ToolchainMissingError
+from dfbuild.host import backends
+from dfbuild.host.backends import Host
 
 
 @dataclass

@@ -59,7 +59,7 @@ def read(data: bytes) -> PeInfo:
 
 def system_dlls() -> tuple[set[str], list[str], set[str]]:
     """(names, patterns, driver DLLs) from targets.toml, lower case: what a Windows system provides."""
-    from dfbuild import platforms
+    from dfbuild.host import platforms
 
     table = platforms.table().get("windows_system_dlls", {})
     return ({n.lower() for n in table.get("names", ())}, [p.lower() for p in table.get("patterns", ())],
@@ -68,7 +68,7 @@ def system_dlls() -> tuple[set[str], list[str], set[str]]:
 
 def backend_driver_dll(backend: str | None) -> str | None:
     """The GPU driver's DLL a backend's Windows build must import (targets.toml: vulkan-1.dll for vulkan)."""
-    from dfbuild import platforms
+    from dfbuild.host import platforms
 
     return platforms.table().get("windows_system_dlls", {}).get("backend_driver_dlls", {}).get(backend or "")
 

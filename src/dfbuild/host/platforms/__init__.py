@@ -16,13 +16,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import cast
 
-from dfbuild import backends
-from dfbuild.backends import Host
 from dfbuild.core.errors import UnsupportedBackendError
+from dfbuild.host import backends
+from dfbuild.host.backends import Host
 
 # the shared facts and helpers live in targets.py (the platform modules import them from there);
 # the package keeps offering them as before
-from dfbuild.platforms.targets import compiler_facts, cross_entry, table, write_if_changed  # noqa: F401
+from dfbuild.host.platforms.targets import compiler_facts, cross_entry, table, write_if_changed  # noqa: F401
 
 
 def names() -> list[str]:
@@ -74,11 +74,11 @@ def cross(host: Host):
     if not host.cross:
         return None
     if host.os == "windows":
-        from dfbuild.platforms import windows
+        from dfbuild.host.platforms import windows
 
         return windows
     if host.os == "linux" and host.build_os == "linux" and host.arch == "arm64":
-        from dfbuild.platforms import linux_arm64
+        from dfbuild.host.platforms import linux_arm64
 
         return linux_arm64
     raise UnsupportedBackendError(  # pragma: no cover
