@@ -463,7 +463,7 @@ def measure_fetch(runner: Runner, work: Path, junk_kib: int, branches: int, reps
     which reads an existing full clone the old way) against the shallow fetch. The order alternates per
     repetition; the mirror is a local file:// repo, so the network costs nothing and the server's work
     (packing what is sent) runs on this machine."""
-    from dfbuild import source  # the cache path of a URL
+    from dfbuild.source import checkout as source  # the cache path of a URL
 
     mirror = work / "fetch-mirror.git"
     started = time.monotonic()

@@ -20,7 +20,7 @@ from helpers import dfbuild, private_cache, run_git, said, write_fake_llama, zer
 from test_crash_safety import run_forked, wait
 from test_series import SPEC, bare_upstream, head, snapshot, syn, template, tree  # noqa: F401
 
-from dfbuild import series, source
+from dfbuild import series
 from dfbuild.core import gitrun, journal, locks, manifest, paths, state
 from dfbuild.core.errors import (
     ArchiveError,
@@ -32,6 +32,7 @@ from dfbuild.core.errors import (
     SourceError,
     UsageError,
 )
+from dfbuild.source import checkout as source
 
 
 @pytest.fixture(autouse=True)

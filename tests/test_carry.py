@@ -32,8 +32,9 @@ from test_series import (  # noqa: F401  (fixtures)
     write_series,
 )
 
-from dfbuild import series, source
+from dfbuild import series
 from dfbuild.core.errors import PatchConflictError
+from dfbuild.source import checkout as source
 
 
 def upstream_edit(tree, old: str, new: str, message: str = "upstream : a change near a concern") -> str:

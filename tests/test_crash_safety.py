@@ -24,8 +24,9 @@ import pytest
 from helpers import private_cache, run_git
 from test_series import IDS, Synthetic, bare_upstream, head, template  # noqa: F401  (template: the module fixture syn copies)
 
-from dfbuild import cli, source
+from dfbuild import cli
 from dfbuild.core import journal, paths, state
+from dfbuild.source import checkout as source
 
 # a new DIR: cloned beside DIR, checked out there, renamed into place (then the apply steps)
 NEW_DIR_STEPS = 3

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from dfbuild import series, source
+from dfbuild import series
+from dfbuild.source import checkout as source
 
 CURATED = series.load_series()
 # Applied-Upstream is there only where upstream has the change (DEP-3: a field to omit otherwise)

@@ -16,7 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import TEST_CACHE
 
-from dfbuild import epochs, pypi, sdist, series
+from dfbuild import epochs, series
+from dfbuild.source import pypi, sdist
 
 pytestmark = pytest.mark.integration
 SPECULATIVE_MEMBER = "llama.cpp/common/speculative.cpp"

@@ -501,7 +501,7 @@ def test_every_shipped_patch_reads_as_an_upstream_message():
 
 def a_pr_head(syn, tmp_path, monkeypatch) -> None:
     """base1 as a PR head is to dfbuild: a known base whose tree only a git host has (here: one that is gone)."""
-    from dfbuild import source
+    from dfbuild.source import checkout as source
 
     monkeypatch.setitem(source.KNOWN_BASES, "base1", source.KnownBase(
         name="base1", commit=syn.base_commit, repo=str(tmp_path / "gone"), note="a PR head"))

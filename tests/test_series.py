@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from helpers import dfbuild, private_cache, run_git, said, write_fake_llama
 
-from dfbuild import series, source
+from dfbuild import series
 from dfbuild.core import gitrun, journal, paths, ui
 from dfbuild.core.errors import (
     DirtyTreeError,
@@ -36,6 +36,7 @@ from dfbuild.core.errors import (
     SeriesFileError,
 )
 from dfbuild.core.manifest import tree_manifest_path
+from dfbuild.source import checkout as source
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPEC = "common/speculative.cpp"

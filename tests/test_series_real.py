@@ -111,7 +111,7 @@ def test_speculative_cpp_compiles_after_each_patch(base):
     curated = series.load_series()
     patched_ids = [c.id for c in curated.concerns if c.variants.get(base) and c.variants[base].status == "patch"]
     tree = CACHE / "trees" / f"{base}-stepwise" / "src"
-    from dfbuild import source
+    from dfbuild.source import checkout as source
 
     source.checkout(base, dest=tree, force=True)  # back to the bare base every run
     obj = "common/CMakeFiles/llama-common.dir/speculative.cpp.o"

@@ -18,7 +18,9 @@ from types import SimpleNamespace
 import pytest
 from helpers import dfbuild, private_cache, run_git, said
 
-from dfbuild import build, gitfetch, series, source
+from dfbuild import build, series
+from dfbuild.source import checkout as source
+from dfbuild.source import gitfetch
 
 PR = 7
 MAIN_COMMITS = 10

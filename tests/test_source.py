@@ -24,10 +24,11 @@ import pytest
 from filelock import FileLock
 from helpers import dfbuild, private_cache, run_git, said, write_fake_llama
 
-from dfbuild import gitfetch, pypi, source, tree_import
 from dfbuild.core import paths, ui
 from dfbuild.core.errors import DirtyTreeError, NotLlamaTreeError, SourceError, UnknownBaseError
 from dfbuild.core.manifest import tree_manifest_path
+from dfbuild.source import checkout as source
+from dfbuild.source import gitfetch, pypi, tree_import
 
 PR = 27342
 

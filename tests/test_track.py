@@ -39,11 +39,13 @@ from test_series import (  # noqa: F401  (fixtures)
     write_series,
 )
 
-from dfbuild import build, pypi, smoke, source
+from dfbuild import build, smoke
 from dfbuild import prove as prove_stage
 from dfbuild import track as track_stage
 from dfbuild.core import paths
 from dfbuild.core.errors import BuildError
+from dfbuild.source import checkout as source
+from dfbuild.source import pypi
 
 FAKE = Path(__file__).resolve().parent / "fake_llama_server.py"
 FIX_LINES = ("if (b.embd) {", "fill_hole(st, b);", "st.pos_max + 1;", "LOG_DBG(")

@@ -16,7 +16,7 @@ import pytest
 from helpers import dfbuild, said
 from realtrees import CACHE, SLOW_BASES, TEST_CPU_VARIANTS
 
-from dfbuild import pypi
+from dfbuild.source import pypi
 
 pytestmark = pytest.mark.integration
 

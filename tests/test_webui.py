@@ -506,7 +506,7 @@ def test_the_webui_command_builds_the_cache_entry_that_build_then_uses_offline(t
 @posix_only
 def test_a_tree_whose_ui_is_in_place_builds_again_after_the_cache_was_cleaned(tree, npm, own_cache, tmp_path,
                                                                               monkeypatch):
-    from dfbuild import cache
+    from dfbuild.source import cache
 
     first = webui.provide(tree, 4242)
     cache.clean()  # the UI entry and npm's cache gone

@@ -17,7 +17,6 @@ from typing import Any
 import git
 import tomlkit
 
-from dfbuild import source
 from dfbuild.core import gitrun, manifest, state
 from dfbuild.core.errors import NoProofError, PatchConflictError, SeriesFileError
 from dfbuild.core.paths import sha256_file
@@ -25,6 +24,7 @@ from dfbuild.proof_record import record_proofs
 from dfbuild.series_check import _try_apply
 from dfbuild.series_model import CONCERN_TRAILER, SPECULATIVE, Concern, Series, load_series
 from dfbuild.series_patch import describe_failure
+from dfbuild.source import checkout as source
 
 
 def refresh(series: Series, tree: Path, onto: str, *, name: str | None = None, base_info: dict | None = None,

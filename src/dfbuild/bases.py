@@ -12,8 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from dfbuild import pypi, sdist, series, source
+from dfbuild import series
 from dfbuild.core import paths
+from dfbuild.source import checkout as source
+from dfbuild.source import pypi, sdist
 
 OTHER_RELEASES = (f"any other llama.cpp release: --base bNNNN (the sdist of {pypi.RELEASES_PROJECT}==NNNN.0.0 "
                   "on PyPI, cached after the first use; `dfbuild track` lists the releases newer than the series)")

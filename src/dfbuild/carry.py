@@ -17,11 +17,11 @@ import re
 import shutil
 from pathlib import Path
 
-from dfbuild import source
 from dfbuild.core import gitrun, state
 from dfbuild.series_check import _OFFSETS, CARRIED, Step, _index_blob, _try_apply, series_start
 from dfbuild.series_model import SPECULATIVE, Concern, Series, Variant, base_build
 from dfbuild.series_patch import describe_failure, verify_patch
+from dfbuild.source import checkout as source
 
 
 def has_dflash(tree: Path, rev: str) -> bool:

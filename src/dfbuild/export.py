@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from dfbuild import series as series_mod
-from dfbuild import source, squash
+from dfbuild import squash
 from dfbuild.core import gitrun, proc, state, ui
 from dfbuild.core.errors import DfbuildError, ExportError, ExportIdentityError, UsageError
 from dfbuild.core.paths import sha256_file
@@ -50,6 +50,7 @@ from dfbuild.export_text import (
     test_source,
     upstream_message,
 )
+from dfbuild.source import checkout as source
 
 MARKER_NAME = ".dfbuild-export.json"
 EXPORT_SCHEMA = 2

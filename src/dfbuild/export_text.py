@@ -16,8 +16,8 @@ import textwrap
 from importlib import resources
 from pathlib import Path
 
-from dfbuild import gitfetch
 from dfbuild import series as series_mod
+from dfbuild.source import gitfetch
 
 FIX_SUBJECT = "spec : fix DFlash draft KV positions after multimodal chunks"
 TEST_SUBJECT = "server : test DFlash with a plain-rope draft after an M-RoPE image"

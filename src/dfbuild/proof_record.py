@@ -11,11 +11,11 @@ from typing import Any
 
 import tomlkit
 
-from dfbuild import source
 from dfbuild.core import state
 from dfbuild.core.errors import UsageError
 from dfbuild.host.backends import machine_facts
 from dfbuild.series_model import Series
+from dfbuild.source import checkout as source
 
 # --- the record of what was proved: series.toml's epochs ----------------------------------------------
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import git
 
-from dfbuild import carry, source
+from dfbuild import carry
 from dfbuild.core import gitrun, journal, manifest, state, ui
 from dfbuild.core.errors import (
     DirtyTreeError,
@@ -42,6 +42,7 @@ from dfbuild.series_patch import (
     patch_paths,
     patch_post_images,
 )
+from dfbuild.source import checkout as source
 
 
 def plan(series: Series, tree: Path, base: str | None = None, *,

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from dfbuild import source
 from dfbuild.core import gitrun, proc, state
 from dfbuild.core.errors import PatchConflictError, UsageError
 from dfbuild.series_model import CONCERN_TRAILER, SPECULATIVE, Concern, Series, Variant
 from dfbuild.series_patch import describe_failure, verify_patch
+from dfbuild.source import checkout as source
 
 # How many concern commits `series_start` looks through to find the commit the series went on.
 MAX_HISTORY = 64

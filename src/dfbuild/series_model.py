@@ -19,7 +19,7 @@ import tomlkit
 
 from dfbuild.core import paths
 from dfbuild.core.errors import SeriesFileError
-from dfbuild.gitfetch import release_build
+from dfbuild.source.gitfetch import release_build
 
 SPECULATIVE = "common/speculative.cpp"
 SERIES_ENV = "DFBUILD_PATCHES_DIR"

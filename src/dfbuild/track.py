@@ -36,10 +36,12 @@ from pathlib import Path
 
 import tomlkit
 
-from dfbuild import pypi, series, source
+from dfbuild import series
 from dfbuild.core import gitrun, manifest, paths, proc, state, ui
 from dfbuild.core.errors import DfbuildError, PatchConflictError, SourceError, StillBrokenError, UsageError
 from dfbuild.request import BuildRequest
+from dfbuild.source import checkout as source
+from dfbuild.source import pypi
 
 DFLASH_PR = 27342                           # "spec : add DFlash2 support", in GITHUB_LLAMA
 RELEASABLE = ("fixed", "fixed-upstream")    # the outcomes a release ships

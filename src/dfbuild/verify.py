@@ -25,7 +25,7 @@ from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from dfbuild import source, wheelcheck
+from dfbuild import wheelcheck
 from dfbuild.core import elf, locks, owned, readers
 from dfbuild.core.archive import (
     ARCHIVE_SUFFIXES,
@@ -37,6 +37,7 @@ from dfbuild.core.errors import VerifyError
 from dfbuild.core.paths import sha256_file
 from dfbuild.host import backends
 from dfbuild.release_record import MANIFEST_NAME, SUMS_NAME
+from dfbuild.source import checkout as source
 from dfbuild.verify_members import (
     _NO_ROOT,
     _SPECIAL_BITS,

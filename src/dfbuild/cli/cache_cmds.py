@@ -58,7 +58,7 @@ def cache_group(ctx, as_json):
     """Show the cache dir and its size by kind (clean: `cache clean`)."""
     if ctx.invoked_subcommand is not None:
         return
-    from dfbuild import cache
+    from dfbuild.source import cache
 
     data = cache.show()
     if as_json:
@@ -96,7 +96,7 @@ def cache_clean(older_than, base, dry_run, as_json):
     Entries a running dfbuild holds are skipped and named; lock files stay; anything in the
     cache dir that dfbuild did not make is left alone. A later checkout fetches again what it needs.
     """
-    from dfbuild import cache
+    from dfbuild.source import cache
 
     report = cache.clean(older_than_days=older_than, base=base, dry_run=dry_run)
     if as_json:

@@ -27,8 +27,9 @@ from dfbuild.core import ui
 @handle_errors
 def checkout(base, pr, repo, dest, force, no_wait, as_json):
     """Check out llama.cpp at a PR head or commit."""
-    from dfbuild import curate, source
+    from dfbuild import curate
     from dfbuild.core import manifest
+    from dfbuild.source import checkout as source
 
     source.check_known(base, repo)
     dest = dest or default_tree_here(base)
@@ -56,7 +57,7 @@ def checkout(base, pr, repo, dest, force, no_wait, as_json):
 @handle_errors
 def import_(archive, tag, dest, max_unpacked, no_wait, as_json):
     """Import a llama.cpp tree from a .tar.gz/.zip or a PyPI sdist that vendors one."""
-    from dfbuild import source
+    from dfbuild.source import checkout as source
 
     source.check_tag_name(tag)  # before the name makes a path: '..' may not leave the current dir
     limits = source.Limits.raised_to(source.parse_size(max_unpacked) if max_unpacked else None)
@@ -79,8 +80,9 @@ def import_(archive, tag, dest, max_unpacked, no_wait, as_json):
 @handle_errors
 def apply(base, pr, repo, dest, force, patches_dir, skip, no_wait, as_json):
     """Check out BASE, then apply the curated DFlash patch series."""
-    from dfbuild import curate, series, source
+    from dfbuild import curate, series
     from dfbuild.core import manifest, state
+    from dfbuild.source import checkout as source
 
     curated = series.load_series(patches_dir)
     series.check_skip(curated, tuple(skip))

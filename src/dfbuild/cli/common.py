@@ -30,7 +30,7 @@ def _locks(*held: tuple[str, Path], no_wait: bool):
 
 def _default_dir_here(name: str) -> Path:
     """./llama.cpp-NAME (import's default), refused (exit 16) when the current dir cannot be written."""
-    from dfbuild import source
+    from dfbuild.source import checkout as source
 
     return _writable_here(source.default_dir(name))
 
@@ -49,8 +49,8 @@ def default_tree_here(base: str) -> Path:
 
     A ./llama.cpp-BASE an older dfbuild made is not used by default any more: it is named, with the --dir
     that keeps using it."""
-    from dfbuild import source
     from dfbuild.core import paths
+    from dfbuild.source import checkout as source
 
     tree = paths.default_work_dir(base) / "src"
     old = source.default_dir(base)

@@ -145,8 +145,8 @@ def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, cu
     """
     from dfbuild import prove as prove_stage
     from dfbuild import release as release_stage
-    from dfbuild import source
     from dfbuild.request import BuildRequest
+    from dfbuild.source import checkout as source
 
     source.check_known(base, repo)
     backend = backend.lower()

@@ -180,8 +180,8 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, reprove, targets
                 allow_cpu_fallback, no_wait, as_json):
     """Checkout, apply, build, smoke and package BASE: archive, wheel, SHA256SUMS, manifest.json."""
     from dfbuild import release as release_stage
-    from dfbuild import source
     from dfbuild.request import BuildRequest
+    from dfbuild.source import checkout as source
 
     # the request, made once, for every stage (backend and --os/--arch checked); every tool unless --target
     request = BuildRequest.from_options(
@@ -240,8 +240,8 @@ def verify(directory, no_run, run_any, max_unpacked, as_json):
     llama-server --version is run only from archives that passed every check, and by default
     only from archives this dfbuild packaged; --run opts in for others, --no-run runs nothing.
     """
-    from dfbuild import source
     from dfbuild import verify as verify_stage
+    from dfbuild.source import checkout as source
 
     if no_run and run_any:
         raise click.UsageError("--run and --no-run contradict each other")

@@ -251,8 +251,9 @@ def series_start(base, repo, tree, abort, patches_dir, as_json):
     Stops at the first concern that does not carry (exit 21) and says what to do: write it by
     hand, commit it with its Dfbuild-Concern trailer, then `dfbuild series continue`.
     """
-    from dfbuild import curate, series, source
+    from dfbuild import curate, series
     from dfbuild.core import manifest
+    from dfbuild.source import checkout as source
 
     if abort:
         return _abort_curation(tree, as_json)
@@ -446,7 +447,8 @@ def series_export(upstream, base, repo, out, author, measured_file, patches_dir,
     whole or not at all. A non-empty OUT that is not an earlier export is refused
     (exit 26).
     """
-    from dfbuild import export, series, source
+    from dfbuild import export, series
+    from dfbuild.source import checkout as source
 
     if not upstream:
         raise errors.UsageError("series export knows one form: --upstream", "pass --upstream")

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dfbuild import pypi, series_model
+from dfbuild import series_model
 from dfbuild.core import ui
 from dfbuild.core.errors import (
     DfbuildError,
@@ -18,11 +18,12 @@ from dfbuild.core.errors import (
     UsageError,
 )
 from dfbuild.core.paths import cache_dir
-from dfbuild.gitfetch import (
+from dfbuild.source import pypi
+from dfbuild.source.gitfetch import (
     release_build,
     valid_ref_name,
 )
-from dfbuild.tree_commits import FIXED_DATE
+from dfbuild.source.tree_commits import FIXED_DATE
 
 GITHUB_LLAMA = "https://github.com/ggml-org/llama.cpp"
 
@@ -113,7 +114,7 @@ def known_base(name: str, *, repo: str | None = None) -> KnownBase | None:
 
 def offline_bases() -> list[str]:
     """The bases whose source (an sdist) is in the cache: they check out without the network."""
-    from dfbuild.sdist import sdist_path
+    from dfbuild.source.sdist import sdist_path
 
     folder = cache_dir() / "sdists"
     if not folder.is_dir():

@@ -34,7 +34,7 @@ from dfbuild.core.errors import (
     SourceError,
 )
 from dfbuild.core.paths import cache_dir, locked
-from dfbuild.core.staging import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
+from dfbuild.core.staging import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source.checkout
     _clear_debris,
     _move_into_place,
     _staged,
@@ -48,7 +48,7 @@ from dfbuild.core.unpack import (  # noqa: F401 - re-exported
     extract,
     parse_size,
 )
-from dfbuild.gitfetch import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
+from dfbuild.source.gitfetch import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source.checkout
     MAX_TAG_DEPTH,
     NETWORK_HINT,
     NO_PROMPT,
@@ -69,7 +69,7 @@ from dfbuild.gitfetch import (  # noqa: F401 - re-exported: callers and tests us
     resolve_commit,
     valid_ref_name,
 )
-from dfbuild.known_bases import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
+from dfbuild.source.known_bases import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source.checkout
     _RELEASE_SPELLING,
     BASE_ALIASES,
     GITHUB_LLAMA,
@@ -90,9 +90,9 @@ from dfbuild.known_bases import (  # noqa: F401 - re-exported: callers and tests
     offline_hint,
     unknown_base,
 )
-from dfbuild.sdist import cached as cached_sdist  # noqa: F401 - re-exported
-from dfbuild.sdist import fetch_sdist  # noqa: F401 - re-exported
-from dfbuild.tree_commits import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
+from dfbuild.source.sdist import cached as cached_sdist  # noqa: F401 - re-exported
+from dfbuild.source.sdist import fetch_sdist  # noqa: F401 - re-exported
+from dfbuild.source.tree_commits import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source.checkout
     FIXED_DATE,
     FIXED_IDENTITY,
     KEEP_BYTES,
@@ -107,7 +107,7 @@ from dfbuild.tree_commits import (  # noqa: F401 - re-exported: callers and test
     patch_identity,
     speculative_blob,
 )
-from dfbuild.tree_import import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source
+from dfbuild.source.tree_import import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source.checkout
     _offline_cache_repo,
     check_tag_name,
     find_llama_root,

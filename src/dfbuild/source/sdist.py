@@ -23,10 +23,10 @@ import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from dfbuild import pypi
 from dfbuild.core import state, ui
 from dfbuild.core.errors import SourceError
 from dfbuild.core.paths import cache_dir, sha256_file
+from dfbuild.source import pypi
 
 RECORD_SUFFIX = ".sha256"
 

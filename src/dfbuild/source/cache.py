@@ -127,7 +127,8 @@ def show(root: Path | None = None) -> dict:
 
 def _sdist_base(name: str) -> str | None:
     """The base whose sdist (or its .sha256 record) NAME is: a run imports it under that base's lock."""
-    from dfbuild import pypi, sdist, source
+    from dfbuild.source import checkout as source
+    from dfbuild.source import pypi, sdist
 
     name = name[:-len(sdist.RECORD_SUFFIX)] if name.endswith(sdist.RECORD_SUFFIX) else name
     match = re.fullmatch(re.escape(pypi.normalise(pypi.RELEASES_PROJECT)) + r"-(\d+)\.0\.0\.tar\.gz", name)
@@ -167,7 +168,8 @@ def _remove(path: Path) -> None:
 def base_entries(base: str, root: Path) -> list[tuple[str, Path]]:
     """What the cache holds for BASE: its imported tree, its sdist with the sdist's record, or (a git base)
     the cache repo of its URL."""
-    from dfbuild import sdist, source
+    from dfbuild.source import checkout as source
+    from dfbuild.source import sdist
 
     name = source.canonical_base(base, quiet=True)
     known = source.known_base(name)

@@ -12,7 +12,6 @@ from typing import cast
 
 import git
 
-from dfbuild import pypi
 from dfbuild.core import gitrun, manifest, state
 from dfbuild.core.errors import (
     ArchiveError,
@@ -26,17 +25,25 @@ from dfbuild.core.unpack import (
     _check_links_stay_in,
     extract,
 )
-from dfbuild.gitfetch import (
+from dfbuild.source import pypi
+from dfbuild.source.gitfetch import (
     _cache_path,
     _has_blob,
     ensure_commit,
     release_build,
     valid_ref_name,
 )
-from dfbuild.known_bases import KNOWN_BASES, MAX_NAME_BYTES, KnownBase, _absolute_if_local, branch_for, known_base
-from dfbuild.sdist import cached as cached_sdist
-from dfbuild.sdist import fetch_sdist
-from dfbuild.tree_commits import FIXED_DATE, KEEP_BYTES, commit_fixed, is_llama_tree, speculative_blob
+from dfbuild.source.known_bases import (
+    KNOWN_BASES,
+    MAX_NAME_BYTES,
+    KnownBase,
+    _absolute_if_local,
+    branch_for,
+    known_base,
+)
+from dfbuild.source.sdist import cached as cached_sdist
+from dfbuild.source.sdist import fetch_sdist
+from dfbuild.source.tree_commits import FIXED_DATE, KEEP_BYTES, commit_fixed, is_llama_tree, speculative_blob
 
 
 def _offline_cache_repo(base: KnownBase) -> git.Repo:
