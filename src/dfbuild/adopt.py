@@ -20,10 +20,10 @@ import tomlkit
 from dfbuild.core import gitrun, manifest, state
 from dfbuild.core.errors import NoProofError, PatchConflictError, SeriesFileError
 from dfbuild.core.paths import sha256_file
+from dfbuild.model.patchfile import describe_failure
+from dfbuild.model.series import CONCERN_TRAILER, SPECULATIVE, Concern, Series, load_series
 from dfbuild.proof_record import record_proofs
 from dfbuild.series_check import _try_apply
-from dfbuild.series_model import CONCERN_TRAILER, SPECULATIVE, Concern, Series, load_series
-from dfbuild.series_patch import describe_failure
 from dfbuild.source import checkout as source
 
 

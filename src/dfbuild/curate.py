@@ -20,9 +20,9 @@ from dfbuild import carry as carrying
 from dfbuild.adopt import refresh
 from dfbuild.core import gitrun, journal, manifest, state, ui
 from dfbuild.core.errors import DirtyTreeError, NotLlamaTreeError, UsageError
+from dfbuild.model.patchfile import commit_message, patch_author, patch_path, verify_patch
+from dfbuild.model.series import CONCERN_TRAILER, Series
 from dfbuild.series_check import CARRIED, _try_apply
-from dfbuild.series_model import CONCERN_TRAILER, Series
-from dfbuild.series_patch import commit_message, patch_author, patch_path, verify_patch
 from dfbuild.source import checkout as source
 
 # --- the curator's loop: a variant for a new epoch, by command ----------------------------------------

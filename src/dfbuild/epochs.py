@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dfbuild.core import gitrun
-from dfbuild.series_model import SPECULATIVE, Series
-from dfbuild.series_patch import verify_patch
+from dfbuild.model.patchfile import verify_patch
+from dfbuild.model.series import SPECULATIVE, Series
 
 _OFFSET = re.compile(r"Hunk #\d+ succeeded at \d+ \(offset (-?\d+) lines?\)")
 DFLASH_STRUCT = "struct common_speculative_impl_draft_dflash"

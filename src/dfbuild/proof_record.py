@@ -14,7 +14,7 @@ import tomlkit
 from dfbuild.core import state
 from dfbuild.core.errors import UsageError
 from dfbuild.host.backends import machine_facts
-from dfbuild.series_model import Series
+from dfbuild.model.series import Series
 from dfbuild.source import checkout as source
 
 # --- the record of what was proved: series.toml's epochs ----------------------------------------------

@@ -20,9 +20,18 @@ from __future__ import annotations
 
 from dfbuild.adopt import adopt, refresh
 from dfbuild.carry import carry, has_dflash, history_distance, nearest_bases, tree_build
-from dfbuild.series_apply import apply_series, plan, released_form
-from dfbuild.series_check import CARRIED, CONCERN_COMMITTERS, MAX_HISTORY, Step, check_skip, identify_base, series_start
-from dfbuild.series_model import (
+from dfbuild.model.patchfile import (
+    Hunk,
+    commit_message,
+    describe_failure,
+    hunks,
+    patch_author,
+    patch_path,
+    patch_paths,
+    patch_post_images,
+    verify_patch,
+)
+from dfbuild.model.series import (
     CONCERN_TRAILER,
     DECISIONS,
     SERIES_ENV,
@@ -39,17 +48,8 @@ from dfbuild.series_model import (
     digest_without_proofs,
     load_series,
 )
-from dfbuild.series_patch import (
-    Hunk,
-    commit_message,
-    describe_failure,
-    hunks,
-    patch_author,
-    patch_path,
-    patch_paths,
-    patch_post_images,
-    verify_patch,
-)
+from dfbuild.series_apply import apply_series, plan, released_form
+from dfbuild.series_check import CARRIED, CONCERN_COMMITTERS, MAX_HISTORY, Step, check_skip, identify_base, series_start
 
 __all__ = [
     "CARRIED", "CONCERN_COMMITTERS", "CONCERN_TRAILER", "DECISIONS", "MAX_HISTORY", "SERIES_ENV", "SPECULATIVE",

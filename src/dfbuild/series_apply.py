@@ -23,6 +23,15 @@ from dfbuild.core.errors import (
     NoVariantError,
     PatchConflictError,
 )
+from dfbuild.model.patchfile import (
+    commit_message,
+    describe_failure,
+    patch_author,
+    patch_path,
+    patch_paths,
+    patch_post_images,
+)
+from dfbuild.model.series import CONCERN_TRAILER, Series, Variant, base_build
 from dfbuild.series_check import (
     CARRIED,
     Step,
@@ -32,15 +41,6 @@ from dfbuild.series_check import (
     check_skip,
     identify_base,
     series_start,
-)
-from dfbuild.series_model import CONCERN_TRAILER, Series, Variant, base_build
-from dfbuild.series_patch import (
-    commit_message,
-    describe_failure,
-    patch_author,
-    patch_path,
-    patch_paths,
-    patch_post_images,
 )
 from dfbuild.source import checkout as source
 

@@ -12,8 +12,8 @@ from typing import cast
 
 from dfbuild.core import gitrun, proc, state
 from dfbuild.core.errors import PatchConflictError, UsageError
-from dfbuild.series_model import CONCERN_TRAILER, SPECULATIVE, Concern, Series, Variant
-from dfbuild.series_patch import describe_failure, verify_patch
+from dfbuild.model.patchfile import describe_failure, verify_patch
+from dfbuild.model.series import CONCERN_TRAILER, SPECULATIVE, Concern, Series, Variant
 from dfbuild.source import checkout as source
 
 # How many concern commits `series_start` looks through to find the commit the series went on.

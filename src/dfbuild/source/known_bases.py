@@ -9,7 +9,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dfbuild import series_model
 from dfbuild.core import ui
 from dfbuild.core.errors import (
     DfbuildError,
@@ -18,6 +17,7 @@ from dfbuild.core.errors import (
     UsageError,
 )
 from dfbuild.core.paths import cache_dir
+from dfbuild.model import series as series_model
 from dfbuild.source import pypi
 from dfbuild.source.gitfetch import (
     release_build,

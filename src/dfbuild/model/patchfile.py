@@ -14,7 +14,7 @@ from typing import cast
 
 from dfbuild.core.errors import PatchIntegrityError, SeriesFileError
 from dfbuild.core.paths import sha256_file
-from dfbuild.series_model import Concern, Series, Variant
+from dfbuild.model.series import Concern, Series, Variant
 
 # --- patch files ------------------------------------------------------------------------
 

