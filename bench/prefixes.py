@@ -26,9 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-from dfbuild import build, carry, series, smoke
+from dfbuild import build, series, smoke
 from dfbuild.host import backends as backend_table
 from dfbuild.request import BuildRequest
+from dfbuild.series import carry
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "dfbuild", "GIT_AUTHOR_EMAIL": "dfbuild@localhost",
            "GIT_COMMITTER_NAME": "dfbuild", "GIT_COMMITTER_EMAIL": "dfbuild@localhost",

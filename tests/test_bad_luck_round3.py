@@ -985,7 +985,7 @@ def test_item1_abort_never_overwrites_an_untracked_file_in_the_way(syn, new_epoc
 
 
 def test_item1_two_aborts_in_one_second_keep_two_saves(syn, new_epoch, tmp_path, monkeypatch):
-    from dfbuild import curate
+    from dfbuild.series import curate
 
     monkeypatch.setattr(curate.time, "strftime", lambda fmt, *args: "20261202-120000")  # one and the same second
     tree = tmp_path / "curate"

@@ -666,7 +666,7 @@ def test_a_saved_changes_record_with_a_crafted_name_is_ignored(tmp_path, field):
     """series continue --restore hands a save's branch and stash to git: only names dfbuild writes get there."""
     from helpers import run_git
 
-    from dfbuild import curate
+    from dfbuild.series import curate
 
     tree = tmp_path / "tree"
     tree.mkdir()

@@ -577,7 +577,7 @@ def test_a_variant_that_shows_too_little_of_the_base_is_refused_without_a_tree(s
     assert not out.exists() and list(tmp_path.glob(".export.export-*")) == []
 
 
-# --- dfbuild.squash: the sparse base a variant's chained patches show -----------------------
+# --- dfbuild.series.squash: the sparse base a variant's chained patches show -----------------------
 
 
 def _patch(old_blob: str, new_blob: str, hunk: str) -> str:
@@ -588,7 +588,7 @@ def _patch(old_blob: str, new_blob: str, hunk: str) -> str:
 def test_the_sparse_base_holds_the_lines_the_chain_shows_and_the_hunk_headers_function_above_them():
     """Two chained patches of one file: the lines their hunks show, at their places; a placeholder for every
     other line, except the one nearest above a hunk, which gets the function its header names."""
-    from dfbuild import squash
+    from dfbuild.series import squash
 
     a, b, c = "a" * 40, "b" * 40, "c" * 40
     hunk = "@@ -11,3 +11,4 @@ int main() {\n   b11\n   b12\n+  y = 3;\n   b13"

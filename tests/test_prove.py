@@ -37,6 +37,7 @@ from dfbuild import build, prove, series, smoke
 from dfbuild.core.errors import BuildError, FixtureError, SeriesFileError
 from dfbuild.core.manifest import tree_manifest_path
 from dfbuild.request import BuildRequest, SmokeOptions
+from dfbuild.series import adopt
 
 FIX_LINE = "fill_hole(st, b);"  # zero-fill's line: without it the (fake) server fails image requests
 
@@ -186,7 +187,7 @@ def test_adopt_refuses_what_was_not_proven(syn, tmp_path, fakes):
     run_git(tmp_path, "clone", "-q", "--branch", tag, str(syn.upstream), str(tree))
     series.apply_series(syn.load(), tree)
     with pytest.raises(SeriesFileError):
-        series.adopt(syn.load(), tree)  # carried, but no proof ran on it
+        adopt.adopt(syn.load(), tree)  # carried, but no proof ran on it
 
 
 # --- one compile: the patched build is an incremental rebuild of the unpatched one ------------------

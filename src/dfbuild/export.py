@@ -29,7 +29,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from dfbuild import series as series_mod
-from dfbuild import squash
 from dfbuild.core import gitrun, proc, state, ui
 from dfbuild.core.errors import DfbuildError, ExportError, ExportIdentityError, UsageError
 from dfbuild.core.paths import sha256_file
@@ -50,6 +49,7 @@ from dfbuild.export_text import (
     test_source,
     upstream_message,
 )
+from dfbuild.series import squash
 from dfbuild.source import checkout as source
 
 MARKER_NAME = ".dfbuild-export.json"
@@ -251,7 +251,7 @@ def without_tree(curated, base: str, repo: str | None) -> bool:
 def build_commits_without_tree(curated, base: str, tree: Path, *, author: tuple[str, str], date: str) -> dict:
     """In TREE (a new scratch repo), the fix and test commits made from BASE's variants alone.
 
-    The files the variants change are rebuilt sparsely from the patches' own lines (dfbuild.squash), the
+    The files the variants change are rebuilt sparsely from the patches' own lines (dfbuild.series.squash), the
     patches are applied to them as `apply` would (zero fuzz, in order), and the result is squashed into
     one commit; `sparse` holds the real blob ids that format-patch's index lines must name."""
     applied, decided = [], []

@@ -46,7 +46,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from dfbuild import build, carry, fixtures, prove, series, smoke
+from dfbuild import build, fixtures, prove, series, smoke
 from dfbuild.core import manifest, owned, paths, ui
 from dfbuild.core.errors import ReleaseError, SmokeFailedError, StillBrokenError
 from dfbuild.core.state import fault_point  # (package()'s `state` is the release's record, not this module)
@@ -75,6 +75,7 @@ from dfbuild.release_record import (
     write_sha256sums,
 )
 from dfbuild.request import BuildRequest
+from dfbuild.series import carry
 from dfbuild.source import checkout as source
 from dfbuild.wheel_build import (
     build_wheel,

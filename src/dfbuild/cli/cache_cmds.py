@@ -30,8 +30,8 @@ def bases(patches_dir, as_json):
 
     Any other llama.cpp release works too, as --base bNNNN: the series is carried to it.
     """
-    from dfbuild import bases as bases_stage
     from dfbuild import series
+    from dfbuild.series import bases as bases_stage
 
     curated = series.load_series(patches_dir)
     data = bases_stage.listing(curated)

@@ -27,8 +27,8 @@ from dfbuild.core import ui
 @handle_errors
 def checkout(base, pr, repo, dest, force, no_wait, as_json):
     """Check out llama.cpp at a PR head or commit."""
-    from dfbuild import curate
     from dfbuild.core import manifest
+    from dfbuild.series import curate
     from dfbuild.source import checkout as source
 
     source.check_known(base, repo)
@@ -80,8 +80,9 @@ def import_(archive, tag, dest, max_unpacked, no_wait, as_json):
 @handle_errors
 def apply(base, pr, repo, dest, force, patches_dir, skip, no_wait, as_json):
     """Check out BASE, then apply the curated DFlash patch series."""
-    from dfbuild import curate, series
+    from dfbuild import series
     from dfbuild.core import manifest, state
+    from dfbuild.series import curate
     from dfbuild.source import checkout as source
 
     curated = series.load_series(patches_dir)

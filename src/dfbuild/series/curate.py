@@ -16,13 +16,13 @@ from typing import Any, cast
 
 import git
 
-from dfbuild import carry as carrying
-from dfbuild.adopt import refresh
 from dfbuild.core import gitrun, journal, manifest, state, ui
 from dfbuild.core.errors import DirtyTreeError, NotLlamaTreeError, UsageError
 from dfbuild.model.patchfile import commit_message, patch_author, patch_path, verify_patch
 from dfbuild.model.series import CONCERN_TRAILER, Series
-from dfbuild.series_check import CARRIED, _try_apply
+from dfbuild.series import carry as carrying
+from dfbuild.series.adopt import refresh
+from dfbuild.series.check import CARRIED, _try_apply
 from dfbuild.source import checkout as source
 
 # --- the curator's loop: a variant for a new epoch, by command ----------------------------------------

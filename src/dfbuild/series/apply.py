@@ -14,7 +14,6 @@ from pathlib import Path
 
 import git
 
-from dfbuild import carry
 from dfbuild.core import gitrun, journal, manifest, state, ui
 from dfbuild.core.errors import (
     DirtyTreeError,
@@ -32,7 +31,8 @@ from dfbuild.model.patchfile import (
     patch_post_images,
 )
 from dfbuild.model.series import CONCERN_TRAILER, Series, Variant, base_build
-from dfbuild.series_check import (
+from dfbuild.series import carry
+from dfbuild.series.check import (
     CARRIED,
     Step,
     _conflict_error,

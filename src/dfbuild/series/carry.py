@@ -20,7 +20,7 @@ from pathlib import Path
 from dfbuild.core import gitrun, state
 from dfbuild.model.patchfile import describe_failure, verify_patch
 from dfbuild.model.series import SPECULATIVE, Concern, Series, Variant, base_build
-from dfbuild.series_check import _OFFSETS, CARRIED, Step, _index_blob, _try_apply, series_start
+from dfbuild.series.check import _OFFSETS, CARRIED, Step, _index_blob, _try_apply, series_start
 from dfbuild.source import checkout as source
 
 

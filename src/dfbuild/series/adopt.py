@@ -22,8 +22,8 @@ from dfbuild.core.errors import NoProofError, PatchConflictError, SeriesFileErro
 from dfbuild.core.paths import sha256_file
 from dfbuild.model.patchfile import describe_failure
 from dfbuild.model.series import CONCERN_TRAILER, SPECULATIVE, Concern, Series, load_series
-from dfbuild.proof_record import record_proofs
-from dfbuild.series_check import _try_apply
+from dfbuild.series.check import _try_apply
+from dfbuild.series.proof_record import record_proofs
 from dfbuild.source import checkout as source
 
 
