@@ -146,7 +146,8 @@ def series_record(patched_build: Path) -> dict:
     `current` is False for a build of another series (an older series.toml, or a tree patched
     by hand: the tree's HEAD is not the series' head) and None when it cannot be told.
     """
-    from dfbuild import build, release
+    from dfbuild import release
+    from dfbuild.build import tree as build
     from dfbuild.core import manifest
 
     source_dir = build.read_cmake_cache(Path(patched_build)).get("CMAKE_HOME_DIRECTORY")

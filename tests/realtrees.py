@@ -13,9 +13,10 @@ import functools
 import os
 from pathlib import Path
 
-from dfbuild import build, series
+from dfbuild import series
+from dfbuild.build import tree as build
+from dfbuild.build.request import BuildRequest
 from dfbuild.host import backends, doctor
-from dfbuild.request import BuildRequest
 from dfbuild.source import checkout as source
 
 CACHE = Path(os.environ.get("DFBUILD_TEST_CACHE", Path.home() / ".cache" / "dfbuild-tests"))

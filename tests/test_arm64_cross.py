@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import build, release, release_package, smoke, verify
+from dfbuild import release, release_package, smoke, verify
+from dfbuild.build import tree as build
 from dfbuild.core import elf
 from dfbuild.core.errors import BuildError, ToolchainMissingError, UnsupportedBackendError
 from dfbuild.host import backends, doctor, matrix, platforms

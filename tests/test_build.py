@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import build
+from dfbuild.build import tree as build
+from dfbuild.build.request import BuildRequest
 from dfbuild.cli import main
 from dfbuild.core.errors import BuildDirMismatchError, BuildError, SourceError, ToolchainMissingError
 from dfbuild.host import doctor, probes
 from dfbuild.host.backends import Host
-from dfbuild.request import BuildRequest
 
 posix_only = pytest.mark.skipif(sys.platform.startswith("win"), reason="POSIX signals and shared-library layout")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import build
+from dfbuild.build import tree as build
 from dfbuild.cli import main
 from dfbuild.core.errors import DfbuildError
 from dfbuild.host import backends, matrix

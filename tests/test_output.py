@@ -16,9 +16,9 @@ from helpers import dfbuild, private_cache, run_git
 from test_series import bare_upstream, syn, template  # noqa: F401
 
 from dfbuild import track
+from dfbuild.build.request import BuildRequest
 from dfbuild.cli import build, prove, release_cmd
 from dfbuild.core import errors, ui
-from dfbuild.request import BuildRequest
 from dfbuild.source import checkout as source
 
 ANSI = re.compile(r"\x1b\[")

@@ -375,7 +375,7 @@ def test_a_program_in_the_root_sees_sysfs_where_rocm_finds_the_gpus(tmp_path):
 
 
 def test_build_runs_each_step_through_the_roots_command_when_given(tmp_path):
-    from dfbuild import build_run
+    from dfbuild.build import run as build_run
 
     log = tmp_path / "log.txt"
     with open(log, "w") as handle:

@@ -9,9 +9,10 @@ import pytest
 from click.testing import CliRunner
 from realtrees import CACHE, SLOW_BASES, TEST_CPU_VARIANTS, built_tree, checkout_tree, server_binary
 
-from dfbuild import build, series
+from dfbuild import series
+from dfbuild.build import tree as build
+from dfbuild.build.request import BuildRequest
 from dfbuild.cli import main
-from dfbuild.request import BuildRequest
 
 pytestmark = pytest.mark.integration
 

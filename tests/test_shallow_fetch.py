@@ -18,7 +18,8 @@ from types import SimpleNamespace
 import pytest
 from helpers import dfbuild, private_cache, run_git, said
 
-from dfbuild import build, series
+from dfbuild import series
+from dfbuild.build import tree as build
 from dfbuild.source import checkout as source
 from dfbuild.source import gitfetch
 

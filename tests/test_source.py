@@ -536,7 +536,7 @@ def test_a_tree_is_named_by_evidence_not_by_its_label(tmp_path, monkeypatch):
     data = json.loads(result.stdout)
     assert data["base"] == "pydist-0.94.0" and data["branch"] == "dfbuild/pydist-0.94.0"
     assert Path(data["dir"]) == tmp_path / "dfbuild-pydist-0.94.0" / "src"  # the tree `release` uses
-    from dfbuild import build
+    from dfbuild.build import tree as build
     from dfbuild.core import manifest
     manifest.update_tree_manifest(Path(data["dir"]), "source", data)
     assert build.build_number(Path(data["dir"])) == 0  # unknown, never 10359 (nor 1, the import's commit count)

@@ -39,9 +39,10 @@ from test_series import (  # noqa: F401  (fixtures)
     write_series,
 )
 
-from dfbuild import build, smoke
 from dfbuild import prove as prove_stage
+from dfbuild import smoke
 from dfbuild import track as track_stage
+from dfbuild.build import tree as build
 from dfbuild.core import paths
 from dfbuild.core.errors import BuildError
 from dfbuild.source import checkout as source

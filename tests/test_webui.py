@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 from helpers import dfbuild, private_cache, said
 
-from dfbuild import build
+from dfbuild.build import tree as build
+from dfbuild.build.request import BuildRequest
 from dfbuild.core import paths
 from dfbuild.core.errors import ToolchainMissingError, WebUIError
 from dfbuild.host import webui
-from dfbuild.request import BuildRequest
 
 posix_only = pytest.mark.skipif(sys.platform.startswith("win"), reason="the fake npm is a POSIX script")
 

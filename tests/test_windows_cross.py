@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import build, release, verify
+from dfbuild import release, verify
+from dfbuild.build import tree as build
 from dfbuild.core.errors import ToolchainMissingError, UnsupportedBackendError
 from dfbuild.host import backends, doctor, pe, platforms
 from dfbuild.host.backends import Host

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import build, smoke, verify
+from dfbuild import smoke, verify
+from dfbuild.build import tree as build
 from dfbuild.core.errors import BuildError, ToolchainMissingError
 from dfbuild.host import doctor, pe, platforms
 from dfbuild.host.backends import Host

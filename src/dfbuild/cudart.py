@@ -108,7 +108,7 @@ def cuda_runtime_libraries(tree: Path, os_name: str, arch: str, toolkit: str | N
     """The CUDA runtime libraries llama.cpp's release workflow of this base packs beside a Linux CUDA
     archive (libcudart, libcublas, libcublasLt), else backends.toml's list (a base before b11063
     has no ubuntu-cuda job)."""
-    from dfbuild import upstream_release
+    from dfbuild.build import upstream_release
 
     reading = upstream_release.read(Path(tree), os_name, "cuda", arch, toolkit) if os_name == "linux" else None
     if reading is not None and reading.found and reading.cudart:

@@ -46,13 +46,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from dfbuild import build, fixtures, series, smoke
+from dfbuild import fixtures, series, smoke
+from dfbuild.build import tree as build
+from dfbuild.build.request import BuildRequest
 from dfbuild.core import gitrun, manifest, state, ui
 from dfbuild.core.errors import BuildDirMismatchError, BuildError, FixtureError, NotApplicableError, PatchConflictError
 from dfbuild.core.paths import sha256_file
 from dfbuild.host.backends import machine_facts
 from dfbuild.host.platforms import rocm_root
-from dfbuild.request import BuildRequest
 from dfbuild.series import carry
 from dfbuild.source import checkout as source
 

@@ -46,7 +46,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from dfbuild import build, fixtures, prove, series, smoke
+from dfbuild import fixtures, prove, series, smoke
+from dfbuild.build import tree as build
+from dfbuild.build.request import BuildRequest
 from dfbuild.core import manifest, owned, paths, ui
 from dfbuild.core.errors import ReleaseError, SmokeFailedError, StillBrokenError
 from dfbuild.core.state import fault_point  # (package()'s `state` is the release's record, not this module)
@@ -74,7 +76,6 @@ from dfbuild.release_record import (
     wheel_version,
     write_sha256sums,
 )
-from dfbuild.request import BuildRequest
 from dfbuild.series import carry
 from dfbuild.source import checkout as source
 from dfbuild.wheel_build import (

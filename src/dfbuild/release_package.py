@@ -265,7 +265,7 @@ def archive_layout(tree: Path, os_name: str, backend: str, arch: str, toolkit: s
     .github/workflows/release.yml), else as backends.toml [upstream_release.layout] says llama.cpp
     packs that OS: "top" (a tarball rooted at llama-<tag>/ with the binaries at its top) or "flat"
     (a zip of the binaries, no folder)."""
-    from dfbuild import upstream_release
+    from dfbuild.build import upstream_release
 
     reading = upstream_release.read(Path(tree), os_name, backend, arch, toolkit)
     fallback = backends.table()["upstream_release"]["layout"][os_name]

@@ -37,9 +37,9 @@ from pathlib import Path
 import tomlkit
 
 from dfbuild import series
+from dfbuild.build.request import BuildRequest
 from dfbuild.core import gitrun, manifest, paths, proc, state, ui
 from dfbuild.core.errors import DfbuildError, PatchConflictError, SourceError, StillBrokenError, UsageError
-from dfbuild.request import BuildRequest
 from dfbuild.source import checkout as source
 from dfbuild.source import pypi
 

@@ -115,7 +115,7 @@ def say_request(request, *, smoke: bool = True) -> None:
 
 
 def _dir_label(backend: str, host) -> str:
-    from dfbuild import build as build_stage
+    from dfbuild.build import tree as build_stage
 
     return build_stage.dir_label(backend, host)
 

@@ -78,9 +78,9 @@ def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, backend, server_arg
           smoke_table, allow_cpu_fallback, as_json):
     """Run the smoke scenarios on llama-server; exit non-zero if any fails."""
     from dfbuild import smoke as smoke_stage
+    from dfbuild.build.request import SmokeOptions
     from dfbuild.core import paths
     from dfbuild.host import backends
-    from dfbuild.request import SmokeOptions
 
     how = backends.get(backend.lower())
 
@@ -145,7 +145,7 @@ def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, cu
     """
     from dfbuild import prove as prove_stage
     from dfbuild import release as release_stage
-    from dfbuild.request import BuildRequest
+    from dfbuild.build.request import BuildRequest
     from dfbuild.source import checkout as source
 
     source.check_known(base, repo)
@@ -231,7 +231,7 @@ def track(repo, pr, since, do_prove, limit, backend, work_root, state_file, sets
     applicable (or still unproven), else the worst: an error's own code, 43 still broken, 21 conflict.
     """
     from dfbuild import track as track_stage
-    from dfbuild.request import BuildRequest
+    from dfbuild.build.request import BuildRequest
 
     if limit is not None and not do_prove:
         raise click.UsageError("--limit caps how many candidates --prove proves; without --prove nothing is proven",

@@ -64,9 +64,9 @@ from dfbuild.core import errors, ui
 def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_targets, vulkan_include_dir, cmake_args,
           jobs, reconfigure, fresh, no_ccache, no_ui, target_os, target_arch, no_wait, as_json):
     """Configure and build a llama.cpp tree for one backend (checks the toolchain first)."""
-    from dfbuild import build as build_stage
+    from dfbuild.build import tree as build_stage
+    from dfbuild.build.request import BuildRequest
     from dfbuild.core import journal, manifest, paths
-    from dfbuild.request import BuildRequest
 
     # the request, made once (backend and --os/--arch checked: this host, or a cross target)
     request = BuildRequest.from_options(
@@ -114,7 +114,7 @@ def webui_cmd(tree, no_wait, as_json):
     What `build` then embeds without Node.js or the network: CI builds it once and hands the
     cache entry to the jobs whose machines have no Node.js (ci/release.yml's webui job).
     """
-    from dfbuild import build as build_stage
+    from dfbuild.build import tree as build_stage
     from dfbuild.host import webui
 
     tree = Path(tree).resolve()
@@ -180,7 +180,7 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, reprove, targets
                 allow_cpu_fallback, no_wait, as_json):
     """Checkout, apply, build, smoke and package BASE: archive, wheel, SHA256SUMS, manifest.json."""
     from dfbuild import release as release_stage
-    from dfbuild.request import BuildRequest
+    from dfbuild.build.request import BuildRequest
     from dfbuild.source import checkout as source
 
     # the request, made once, for every stage (backend and --os/--arch checked); every tool unless --target

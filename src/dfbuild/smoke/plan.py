@@ -7,8 +7,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from dfbuild.build.request import SmokeOptions
 from dfbuild.core import errors, paths, proc
-from dfbuild.request import SmokeOptions
 from dfbuild.smoke import devices, memo
 from dfbuild.smoke.judge import EXACT, IDENTITY_RULES
 from dfbuild.smoke.scenarios import DEFAULT_SCENARIOS, DEFAULT_SETS, SCENARIOS

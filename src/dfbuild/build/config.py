@@ -13,12 +13,12 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from dfbuild import upstream_release
+from dfbuild.build import upstream_release
+from dfbuild.build.request import ALL_TARGETS
 from dfbuild.core import proc, ui
 from dfbuild.core.errors import BuildError, ToolchainMissingError
 from dfbuild.host import backends, platforms, probes
 from dfbuild.host.backends import Host
-from dfbuild.request import ALL_TARGETS
 
 VARIANTS_INCLUDE = "dfbuild-cpu-variants.cmake"
 

@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from dfbuild.build_config import (
+from dfbuild.build.config import (
     _VARIANTS_CMAKE,
     VARIANTS_INCLUDE,
     _variant_compiler,
@@ -47,7 +47,7 @@ from dfbuild.build_config import (
     unbuildable_variants,
     upstream_options,
 )
-from dfbuild.build_dir import (
+from dfbuild.build.directory import (
     STAMP_NAME,
     build_dir_owner,
     claim_build_dir,
@@ -57,8 +57,9 @@ from dfbuild.build_dir import (
     read_stamp,
     write_stamp,
 )
-from dfbuild.build_run import LOG_NAME, _fail, _run_logged, first_error
-from dfbuild.build_version import (
+from dfbuild.build.request import ALL_TARGETS, DEFAULT_TARGETS, BuildRequest, parse_targets
+from dfbuild.build.run import LOG_NAME, _fail, _run_logged, first_error
+from dfbuild.build.version import (
     BUILD_INFO_TEMPLATE,
     _stamps_build_info,
     build_number,
@@ -73,7 +74,6 @@ from dfbuild.core.paths import cache_dir, sha256_file
 from dfbuild.host import backends, doctor, platforms, probes, webui
 from dfbuild.host.backends import Host
 from dfbuild.host.platforms import rocm_root
-from dfbuild.request import ALL_TARGETS, DEFAULT_TARGETS, BuildRequest, parse_targets
 
 
 def _is_program(path: Path, host: Host) -> bool:
