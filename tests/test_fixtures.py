@@ -12,9 +12,10 @@ import pytest
 from click.testing import CliRunner
 from realtrees import REAL_BASE, SLOW_BASES, server_for
 
-from dfbuild import fixtures, smoke
+from dfbuild import smoke
 from dfbuild.cli import main
 from dfbuild.core import paths
+from dfbuild.smoke import fixtures
 
 gguf = pytest.importorskip("gguf")
 

@@ -32,8 +32,9 @@ from pathlib import Path
 import pytest
 from realtrees import CACHE, REAL_BASE, RELEASE_CPU_VARIANTS
 
-from dfbuild import fixtures, release, series, smoke, verify, verify_run
+from dfbuild import release, series, smoke, verify, verify_run
 from dfbuild.core import archive, elf
+from dfbuild.smoke import fixtures
 
 pytestmark = [
     pytest.mark.integration,

@@ -248,7 +248,7 @@ def test_judge_fails_when_the_baseline_fails():
 
 @pytest.fixture(scope="module")
 def fixtures_dir(tmp_path_factory) -> Path:
-    from dfbuild import fixtures
+    from dfbuild.smoke import fixtures
 
     out = tmp_path_factory.mktemp("fixtures")
     fixtures.write_fixtures(out)

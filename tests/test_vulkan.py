@@ -81,7 +81,7 @@ def vulkan_builds(vulkan_toolchain) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def fixture_section(tmp_path_factory) -> dict:
-    from dfbuild import fixtures
+    from dfbuild.smoke import fixtures
 
     return fixtures.ensure_fixtures(tmp_path_factory.mktemp("vulkan-fixtures"))
 

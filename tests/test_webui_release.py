@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 from realtrees import CACHE, REAL_BASE, RELEASE_CPU_VARIANTS
 
-from dfbuild import fixtures, smoke, verify
+from dfbuild import smoke, verify
 from dfbuild.core import unpack
+from dfbuild.smoke import fixtures
 
 pytestmark = [
     pytest.mark.integration,

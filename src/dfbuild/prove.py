@@ -46,7 +46,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from dfbuild import fixtures, series, smoke
+from dfbuild import series, smoke
 from dfbuild.build import tree as build
 from dfbuild.build.request import BuildRequest
 from dfbuild.core import gitrun, manifest, state, ui
@@ -55,6 +55,7 @@ from dfbuild.core.paths import sha256_file
 from dfbuild.host.backends import machine_facts
 from dfbuild.host.platforms import rocm_root
 from dfbuild.series import carry
+from dfbuild.smoke import fixtures
 from dfbuild.source import checkout as source
 
 OUTCOMES = ("fixed", "fixed-upstream", "still-broken", "not-applicable", "conflict")

@@ -46,7 +46,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from dfbuild import fixtures, prove, series, smoke
+from dfbuild import prove, series, smoke
 from dfbuild.build import tree as build
 from dfbuild.build.request import BuildRequest
 from dfbuild.core import manifest, owned, paths, ui
@@ -77,6 +77,7 @@ from dfbuild.release_record import (
     write_sha256sums,
 )
 from dfbuild.series import carry
+from dfbuild.smoke import fixtures
 from dfbuild.source import checkout as source
 from dfbuild.wheel_build import (
     build_wheel,

@@ -45,7 +45,7 @@ from dfbuild.core import errors, ui
 @handle_errors
 def fixtures(out, seed, as_json):
     """Write tiny seeded GGUF fixtures (targets, mmprojs, DFlash drafts) and test images."""
-    from dfbuild import fixtures as fixtures_stage
+    from dfbuild.smoke import fixtures as fixtures_stage
 
     with _locks(("out", out), no_wait=False):
         section = fixtures_stage.write_fixtures(out, seed)

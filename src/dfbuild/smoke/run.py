@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dfbuild import fixtures
 from dfbuild.core import errors
+from dfbuild.smoke import fixtures
 from dfbuild.smoke.client import prometheus_counters
 from dfbuild.smoke.judge import EXACT, N_PROBS, _excerpt, judge, upstream_symptom
 from dfbuild.smoke.logscan import begin_warnings, draft_trace, scan_log, warned_fill_spans, zero_filled_spans
