@@ -24,7 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from dfbuild import prove, smoke
+from dfbuild import smoke
+from dfbuild.release import prove
 from dfbuild.smoke import fixtures
 
 HERE = Path(__file__).resolve().parent

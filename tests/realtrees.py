@@ -93,7 +93,7 @@ def built_tree(base: str, *, patched: bool, skip: tuple[str, ...] = (), backend:
     build of it: the proof's copy, or the base rebuilt in the proof's build dir).
     """
     if base == REAL_BASE and not skip and not patched:
-        from dfbuild import prove
+        from dfbuild.release import prove
 
         src = checkout_tree(base, patched=True)
         request = BuildRequest(backend, cpu_variants=TEST_CPU_VARIANTS,

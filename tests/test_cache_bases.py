@@ -14,8 +14,9 @@ from helpers import dfbuild, private_cache, said
 from test_crash_safety import apply_args, bare_upstream  # noqa: F401
 from test_series import Synthetic, head, syn, template  # noqa: F401  (syn, template: fixtures)
 
-from dfbuild import about, series, track
+from dfbuild import about, series
 from dfbuild.core import paths
+from dfbuild.release import track
 from dfbuild.series import bases
 from dfbuild.source import cache
 from dfbuild.source import checkout as source

@@ -15,10 +15,10 @@ import pytest
 from helpers import dfbuild, private_cache, run_git
 from test_series import bare_upstream, syn, template  # noqa: F401
 
-from dfbuild import track
 from dfbuild.build.request import BuildRequest
 from dfbuild.cli import build, prove, release_cmd
 from dfbuild.core import errors, ui
+from dfbuild.release import track
 from dfbuild.source import checkout as source
 
 ANSI = re.compile(r"\x1b\[")
@@ -164,7 +164,7 @@ def test_release_reuses_a_recorded_proof_unless_reprove():
     assert "reprove" in names
     import inspect
 
-    from dfbuild import release
+    from dfbuild.release import pipeline as release
 
     assert "reprove" in inspect.signature(release.release).parameters
 
@@ -310,8 +310,9 @@ from test_release_unit import fake_wheel, inputs, stub_stages  # noqa: E402, F40
 
 def test_release_reuses_the_recorded_proof_and_reproves_on_request(inputs, stub_stages, monkeypatch,  # noqa: F811
                                                                     tmp_path):
-    from dfbuild import prove as prove_stage
-    from dfbuild import release, series
+    from dfbuild import series
+    from dfbuild.release import pipeline as release
+    from dfbuild.release import prove as prove_stage
 
     recorded = {"release": "b11434", "outcome": "fixed", "when": "2026-11-30", "recorded_in": "patches/series.toml"}
     carried = {**inputs["sections"]["series"], "derived": True, "proven": True, "outcome": "fixed",
@@ -337,7 +338,7 @@ def test_apply_and_release_share_one_default_tree_and_an_old_dir_is_named(syn, t
     (tmp_path / f"llama.cpp-{syn.base_commit}" / ".git").mkdir(parents=True)  # an older dfbuild's default
     result = dfbuild("apply", "--base", syn.base_commit, "--repo", bare, "--patches", syn.patches)
     assert result.exit_code == 0, result.stderr
-    from dfbuild import release
+    from dfbuild.release import pipeline as release
 
     tree = release.default_work_dir(syn.base_commit) / "src"
     assert (tree / ".git").is_dir()

@@ -33,11 +33,12 @@ from test_series import (  # noqa: F401  (fixtures)
     with_concerns,
 )
 
-from dfbuild import prove, series, smoke
+from dfbuild import series, smoke
 from dfbuild.build import tree as build
 from dfbuild.build.request import BuildRequest, SmokeOptions
 from dfbuild.core.errors import BuildError, FixtureError, SeriesFileError
 from dfbuild.core.manifest import tree_manifest_path
+from dfbuild.release import prove
 from dfbuild.series import adopt
 
 FIX_LINE = "fill_hole(st, b);"  # zero-fill's line: without it the (fake) server fails image requests

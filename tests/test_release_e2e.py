@@ -32,8 +32,9 @@ from pathlib import Path
 import pytest
 from realtrees import CACHE, REAL_BASE, RELEASE_CPU_VARIANTS
 
-from dfbuild import release, series, smoke, verify, verify_run
+from dfbuild import series, smoke, verify, verify_run
 from dfbuild.core import archive, elf
+from dfbuild.release import pipeline as release
 from dfbuild.smoke import fixtures
 
 pytestmark = [

@@ -25,7 +25,7 @@ import pytest
 from click.testing import CliRunner
 from helpers import private_cache
 
-from dfbuild import release, release_package, series, verify, verify_run
+from dfbuild import series, verify, verify_run
 from dfbuild.build import tree as build
 from dfbuild.build.request import BuildRequest, SmokeOptions
 from dfbuild.cli import main
@@ -33,6 +33,8 @@ from dfbuild.core import archive, elf
 from dfbuild.core.errors import ReleaseError, SmokeFailedError
 from dfbuild.core.paths import sha256_file
 from dfbuild.host import backends
+from dfbuild.release import package as release_package
+from dfbuild.release import pipeline as release
 from dfbuild.smoke import fixtures
 from dfbuild.source import checkout as source
 

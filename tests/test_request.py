@@ -13,12 +13,13 @@ import pytest
 from click.testing import CliRunner
 from test_release_unit import fake_wheel, inputs, stub_stages  # noqa: F401  (fixtures)
 
-from dfbuild import prove, release
 from dfbuild.build import tree as build
 from dfbuild.build.request import BuildRequest, SmokeOptions
 from dfbuild.cli import main
 from dfbuild.core.errors import UnsupportedBackendError
 from dfbuild.host import backends
+from dfbuild.release import pipeline as release
+from dfbuild.release import prove
 
 posix_only = pytest.mark.skipif(sys.platform.startswith("win"), reason="the release fixtures are POSIX")
 

@@ -345,7 +345,7 @@ def test_a_build_dir_made_in_the_root_runs_its_binaries_there(tmp_path):
     assert smoke.launcher_for(build / "bin" / "llama-server") == (rocm_root.launcher(build), {})
     # and so do the unpatched binaries a proof keeps (WORK/unpatched): on the host they would not load
     # (forky's glibc 2.43; seen on b11393: every fixture set "exited with code 1 before it was healthy")
-    from dfbuild import prove
+    from dfbuild.release import prove
 
     (build / "bin" / "llama-server").write_text("")
     kept = tmp_path / "work" / "unpatched" / "build-hip"

@@ -395,7 +395,7 @@ def test_concern_recorded_not_needed_is_a_decision_with_its_reason(syn, tree, ca
     assert decision["status"] == "not-needed" and decision["detail"] == "measured: the warning never fired"
     assert "commit" not in decision
     assert len(run_git(tree, "rev-list", f"{syn.base_commit}..HEAD").split()) == 3
-    from dfbuild import release
+    from dfbuild.release import pipeline as release
 
     assert release.series_hash(section) != release.series_hash(
         {"concerns": section["concerns"][:3] + [{**decision, "status": "upstream"}]})

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import prove, smoke
+from dfbuild import smoke
 from dfbuild.cli import main
 from dfbuild.core import errors, paths
 from dfbuild.host import backends
+from dfbuild.release import prove
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
 

@@ -39,12 +39,12 @@ from test_series import (  # noqa: F401  (fixtures)
     write_series,
 )
 
-from dfbuild import prove as prove_stage
 from dfbuild import smoke
-from dfbuild import track as track_stage
 from dfbuild.build import tree as build
 from dfbuild.core import paths
 from dfbuild.core.errors import BuildError
+from dfbuild.release import prove as prove_stage
+from dfbuild.release import track as track_stage
 from dfbuild.source import checkout as source
 from dfbuild.source import pypi
 

@@ -445,7 +445,7 @@ def test_a_ui_cmake_did_not_take_fails_the_build(tree, npm):
 
 def test_binaries_with_and_without_the_ui_are_different_requests_for_the_proof():
     """The proof keeps unpatched binaries by what was asked for: with the UI (the default) or --no-ui."""
-    from dfbuild import prove
+    from dfbuild.release import prove
 
     key = lambda **options: prove._request_key("c0ffee", BuildRequest("cpu", **options))  # noqa: E731
     assert key() == key(web_ui=True) != key(web_ui=False)

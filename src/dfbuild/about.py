@@ -11,8 +11,9 @@ from dfbuild.core import gitrun, paths, proc
 def series_hash(patches_dir: Path | None = None) -> str | None:
     """8 hex of the series as shipped: series.toml, which pins every patch file's sha256 and decision, without
     its proof records (the key `dfbuild track` keeps its outcomes by: recording a proof changes no patch)."""
-    from dfbuild import series, track
+    from dfbuild import series
     from dfbuild.core.errors import DfbuildError
+    from dfbuild.release import track
 
     try:
         return track.series_digest(series.load_series(patches_dir))[:8]

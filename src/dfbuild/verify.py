@@ -36,7 +36,7 @@ from dfbuild.core.archive import (
 from dfbuild.core.errors import VerifyError
 from dfbuild.core.paths import sha256_file
 from dfbuild.host import backends
-from dfbuild.release_record import MANIFEST_NAME, SUMS_NAME
+from dfbuild.release.record import MANIFEST_NAME, SUMS_NAME
 from dfbuild.source import checkout as source
 from dfbuild.verify_members import (
     _NO_ROOT,

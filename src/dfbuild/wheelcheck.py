@@ -20,8 +20,8 @@ from pathlib import Path, PurePosixPath
 
 from dfbuild.core import elf, readers
 from dfbuild.core.archive import payload_prefix
-from dfbuild.release_record import MANIFEST_NAME, WHEEL_DIST, parse_wheel_name
-from dfbuild.wheel_build import builder_dir
+from dfbuild.release.record import MANIFEST_NAME, WHEEL_DIST, parse_wheel_name
+from dfbuild.release.wheel import builder_dir
 
 _RECORD_HASHES = {"sha256", "sha384", "sha512"}  # PEP 376/427: no md5 or sha1
 # what the builder (scikit-build-core, then auditwheel) puts in the dist-info folder, besides RECORD

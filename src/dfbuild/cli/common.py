@@ -121,6 +121,6 @@ def _dir_label(backend: str, host) -> str:
 
 
 def _work_locks(work_dir: Path, backend: str) -> list[tuple[str, Path]]:
-    from dfbuild import prove as prove_stage
+    from dfbuild.release import prove as prove_stage
 
     return prove_stage.work_locks(work_dir, backend)

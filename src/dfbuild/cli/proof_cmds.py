@@ -143,9 +143,9 @@ def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, cu
 
     Exit codes: 0 fixed, 44 fixed upstream, 43 still broken, 24 not applicable, 21 conflict.
     """
-    from dfbuild import prove as prove_stage
-    from dfbuild import release as release_stage
     from dfbuild.build.request import BuildRequest
+    from dfbuild.release import pipeline as release_stage
+    from dfbuild.release import prove as prove_stage
     from dfbuild.source import checkout as source
 
     source.check_known(base, repo)
@@ -230,8 +230,8 @@ def track(repo, pr, since, do_prove, limit, backend, work_root, state_file, sets
     recomputes nothing. Exit codes with --prove: 0 when every outcome is fixed, fixed upstream or not
     applicable (or still unproven), else the worst: an error's own code, 43 still broken, 21 conflict.
     """
-    from dfbuild import track as track_stage
     from dfbuild.build.request import BuildRequest
+    from dfbuild.release import track as track_stage
 
     if limit is not None and not do_prove:
         raise click.UsageError("--limit caps how many candidates --prove proves; without --prove nothing is proven",

@@ -179,8 +179,8 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, reprove, targets
                 vulkan_include_dir, target_os, target_arch, cmake_args, jobs, no_ui, start_timeout, smoke_table,
                 allow_cpu_fallback, no_wait, as_json):
     """Checkout, apply, build, smoke and package BASE: archive, wheel, SHA256SUMS, manifest.json."""
-    from dfbuild import release as release_stage
     from dfbuild.build.request import BuildRequest
+    from dfbuild.release import pipeline as release_stage
     from dfbuild.source import checkout as source
 
     # the request, made once, for every stage (backend and --os/--arch checked); every tool unless --target

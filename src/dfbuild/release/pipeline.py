@@ -46,16 +46,17 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from dfbuild import prove, series, smoke
+from dfbuild import series, smoke
 from dfbuild.build import tree as build
 from dfbuild.build.request import BuildRequest
 from dfbuild.core import manifest, owned, paths, ui
 from dfbuild.core.errors import ReleaseError, SmokeFailedError, StillBrokenError
 from dfbuild.core.state import fault_point  # (package()'s `state` is the release's record, not this module)
-from dfbuild.cudart import CUDA_NOTICE, cuda_runtime_libraries, cuda_toolkit_root, cudart_bundle, cudart_linux
 from dfbuild.host import backends
-from dfbuild.release_package import archive_layout, collect_payload, package, runtime_requirements, source_date_epoch
-from dfbuild.release_record import (
+from dfbuild.release import prove
+from dfbuild.release.cudart import CUDA_NOTICE, cuda_runtime_libraries, cuda_toolkit_root, cudart_bundle, cudart_linux
+from dfbuild.release.package import archive_layout, collect_payload, package, runtime_requirements, source_date_epoch
+from dfbuild.release.record import (
     MANIFEST_NAME,
     OWN_FILES,
     REQUIRES_NAME,
@@ -76,10 +77,7 @@ from dfbuild.release_record import (
     wheel_version,
     write_sha256sums,
 )
-from dfbuild.series import carry
-from dfbuild.smoke import fixtures
-from dfbuild.source import checkout as source
-from dfbuild.wheel_build import (
+from dfbuild.release.wheel import (
     build_wheel,
     builder_dir,
     bundle_system_libraries,
@@ -87,6 +85,9 @@ from dfbuild.wheel_build import (
     repair_wheel,
     stage_wheel_bin,
 )
+from dfbuild.series import carry
+from dfbuild.smoke import fixtures
+from dfbuild.source import checkout as source
 
 STAGES = ("checkout", "apply", "build", "smoke", "package")
 

@@ -13,7 +13,7 @@ from dfbuild.core import owned
 from dfbuild.core.archive import ZIP_EPOCH_MIN, Entry, archive_root, write_archive
 from dfbuild.core.errors import ReleaseError
 from dfbuild.host import backends, matrix
-from dfbuild.release_record import payload_records, release_files
+from dfbuild.release.record import payload_records, release_files
 
 
 def cudart_bundle(out_dir: Path, toolkit: str, arch: str, cuda_path: Path | None = None) -> Path:

@@ -254,7 +254,7 @@ def first_failure(proof: dict) -> str | None:
 
 def prove_candidate(candidate: Candidate, work: Path, *, request: BuildRequest, patches_dir: Path | None, sets,
                     scenarios, wait: bool, prover=None) -> dict:
-    from dfbuild import prove as prove_stage
+    from dfbuild.release import prove as prove_stage
 
     prover = prover or prove_stage.prove
     with ExitStack() as stack:

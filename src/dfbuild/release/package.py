@@ -15,9 +15,9 @@ from dfbuild.core.archive import Entry, write_archive
 from dfbuild.core.errors import ReleaseError
 from dfbuild.core.paths import sha256_file
 from dfbuild.core.state import fault_point  # (package()'s `state` is the release's record, not this module)
-from dfbuild.cudart import cuda_runtime_libraries, cuda_toolkit_root, cudart_bundle, cudart_linux
 from dfbuild.host import backends, matrix
-from dfbuild.release_record import (
+from dfbuild.release.cudart import cuda_runtime_libraries, cuda_toolkit_root, cudart_bundle, cudart_linux
+from dfbuild.release.record import (
     MANIFEST_NAME,
     OWN_FILES,
     REQUIRES_NAME,
@@ -35,7 +35,7 @@ from dfbuild.release_record import (
     wheel_version,
     write_sha256sums,
 )
-from dfbuild.wheel_build import build_wheel, builder_dir, bundle_system_libraries, stage_wheel_bin
+from dfbuild.release.wheel import build_wheel, builder_dir, bundle_system_libraries, stage_wheel_bin
 
 
 def source_date_epoch(tree: Path, commit: str | None = None) -> int:

@@ -16,7 +16,7 @@ from dfbuild.core.archive import Entry
 from dfbuild.core.errors import ReleaseError
 from dfbuild.core.paths import sha256_file
 from dfbuild.host import backends
-from dfbuild.release_record import MANIFEST_NAME, OWN_FILES, REQUIRES_NAME, WHEEL_DIST, release_files, wheel_package
+from dfbuild.release.record import MANIFEST_NAME, OWN_FILES, REQUIRES_NAME, WHEEL_DIST, release_files, wheel_package
 
 
 def builder_dir() -> Path:
