@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import smoke, verify
+from dfbuild import smoke
 from dfbuild.build import tree as build
 from dfbuild.core import elf
 from dfbuild.core.errors import BuildError, ToolchainMissingError, UnsupportedBackendError
@@ -27,6 +27,7 @@ from dfbuild.host.backends import Host
 from dfbuild.host.platforms import linux_arm64
 from dfbuild.release import package as release_package
 from dfbuild.release import pipeline as release
+from dfbuild.verify import release_dir as verify
 
 LINUX = Host("linux", "x64", "debian", "12")
 ARM64_ON_LINUX = Host("linux", "arm64", "debian", "12", build_os="linux", build_arch="x64")

@@ -27,9 +27,9 @@ from test_release_unit import fake_wheel, inputs, posix_only, write_full_release
 from test_series import IDS, head, template  # noqa: F401
 
 import dfbuild as dfbuild_package
-from dfbuild import verify
 from dfbuild.core import journal, manifest, owned, state
 from dfbuild.core.errors import ArchiveError, FixtureError, LockedError, UsageError
+from dfbuild.verify import release_dir as verify
 
 SRC = Path(dfbuild_package.__file__).resolve().parent.parent  # the dfbuild under test (src/ of this checkout)
 CANNOT_WRITE = 16  # errors.CannotWriteError (literal, so that this file also runs against older code)

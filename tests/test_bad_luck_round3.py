@@ -455,7 +455,7 @@ import zipfile  # noqa: E402
 
 from test_release_unit import fake_wheel, inputs, write_full_release, write_wheel  # noqa: E402, F401
 
-from dfbuild import verify  # noqa: E402
+from dfbuild.verify import release_dir as verify  # noqa: E402
 
 
 def _sha(data: bytes) -> str:

@@ -135,7 +135,7 @@ import zipfile  # noqa: E402
 from test_bad_luck_round3 import _artifact, _edit_release, _resign, release_dir  # noqa: E402, F401
 from test_release_unit import fake_wheel, inputs, write_wheel  # noqa: E402, F401
 
-from dfbuild import verify  # noqa: E402
+from dfbuild.verify import release_dir as verify  # noqa: E402
 
 BAD = 51  # errors.VerifyError
 REPOSITORY = 17  # errors.RepositoryError

@@ -32,10 +32,12 @@ from pathlib import Path
 import pytest
 from realtrees import CACHE, REAL_BASE, RELEASE_CPU_VARIANTS
 
-from dfbuild import series, smoke, verify, verify_run
+from dfbuild import series, smoke
 from dfbuild.core import archive, elf
 from dfbuild.release import pipeline as release
 from dfbuild.smoke import fixtures
+from dfbuild.verify import programs as verify_run
+from dfbuild.verify import release_dir as verify
 
 pytestmark = [
     pytest.mark.integration,

@@ -25,7 +25,7 @@ import pytest
 from click.testing import CliRunner
 from helpers import private_cache
 
-from dfbuild import series, verify, verify_run
+from dfbuild import series
 from dfbuild.build import tree as build
 from dfbuild.build.request import BuildRequest, SmokeOptions
 from dfbuild.cli import main
@@ -37,6 +37,8 @@ from dfbuild.release import package as release_package
 from dfbuild.release import pipeline as release
 from dfbuild.smoke import fixtures
 from dfbuild.source import checkout as source
+from dfbuild.verify import programs as verify_run
+from dfbuild.verify import release_dir as verify
 
 posix_only = pytest.mark.skipif(os.name == "nt", reason="the fake llama-server is a shell script")
 

@@ -164,7 +164,7 @@ def test_release_prints_the_request_first_hands_it_to_the_build_and_records_it(i
     with tarfile.open(out / full["release"]["archive"]) as tar:
         embedded = json.load(tar.extractfile(f"{full['release']['root']}/manifest.json"))
     assert set(embedded) == {"source", "series", "build", "smoke", "release"}
-    from dfbuild import verify
+    from dfbuild.verify import release_dir as verify
 
     report = verify.verify(out)
     assert report["ok"], report["problems"]

@@ -385,7 +385,7 @@ def test_build_runs_each_step_through_the_roots_command_when_given(tmp_path):
 
 
 def test_verify_states_that_a_root_builds_glibc_floor_is_forkys():
-    from dfbuild import verify
+    from dfbuild.verify import release_dir as verify
 
     note = verify._root_note("x.tar.gz", {"suite": "forky", "rocm": {"hipcc": "7.0.2"}, "glibc": "2.43",
                                           "path": "debian-forky-rocm-6.4-000000000000"}, {"a": (2, 38)})
@@ -397,7 +397,7 @@ def test_verify_states_that_a_root_builds_glibc_floor_is_forkys():
 
 
 def test_verify_runs_the_archive_in_the_root_the_manifest_names_when_made_in_another_cache(monkeypatch, tmp_path):
-    from dfbuild import verify
+    from dfbuild.verify import release_dir as verify
 
     monkeypatch.setenv("DFBUILD_CACHE_DIR", str(tmp_path / "this-cache"))   # no root made in this one
     name = rocm_root.root_path().name

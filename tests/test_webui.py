@@ -452,7 +452,7 @@ def test_binaries_with_and_without_the_ui_are_different_requests_for_the_proof()
 
 
 def test_the_release_notes_say_what_each_archive_serves_at_get_root(tmp_path):
-    from dfbuild import verify
+    from dfbuild.verify import release_dir as verify
 
     base = {"release": {"archive": "llama-b1-dflash-bin-ubuntu-x64.tar.gz"}, "smoke": {"passed": True},
             "build": {"ui": {"embedded": True, "source": "built", "recipe": "ui-build-job",

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import verify
 from dfbuild.build import tree as build
 from dfbuild.core.errors import ToolchainMissingError, UnsupportedBackendError
 from dfbuild.host import backends, doctor, pe, platforms
 from dfbuild.host.backends import Host
 from dfbuild.host.platforms import windows
 from dfbuild.release import pipeline as release
+from dfbuild.verify import release_dir as verify
 
 LINUX = Host("linux", "x64", "debian", "12")
 WINDOWS_ON_LINUX = Host("windows", "x64", "debian", "12", build_os="linux")

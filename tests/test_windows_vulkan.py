@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import smoke, verify
+from dfbuild import smoke
 from dfbuild.build import tree as build
 from dfbuild.core.errors import BuildError, ToolchainMissingError
 from dfbuild.host import doctor, pe, platforms
 from dfbuild.host.backends import Host
 from dfbuild.host.platforms import windows
+from dfbuild.verify import release_dir as verify
 
 WINDOWS_ON_LINUX = Host("windows", "x64", "debian", "12", build_os="linux")
 MINGW = shutil.which("x86_64-w64-mingw32-gcc-posix")

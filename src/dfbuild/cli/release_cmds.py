@@ -240,8 +240,8 @@ def verify(directory, no_run, run_any, max_unpacked, as_json):
     llama-server --version is run only from archives that passed every check, and by default
     only from archives this dfbuild packaged; --run opts in for others, --no-run runs nothing.
     """
-    from dfbuild import verify as verify_stage
     from dfbuild.source import checkout as source
+    from dfbuild.verify import release_dir as verify_stage
 
     if no_run and run_any:
         raise click.UsageError("--run and --no-run contradict each other")
@@ -274,6 +274,6 @@ def release_notes(directory, base):
 
     CI's publish job passes them to the draft release; run `dfbuild verify` on the directory first.
     """
-    from dfbuild import verify as verify_stage
+    from dfbuild.verify import release_dir as verify_stage
 
     click.echo(verify_stage.release_notes(directory, base), nl=False)

@@ -25,7 +25,6 @@ from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from dfbuild import wheelcheck
 from dfbuild.core import elf, locks, owned, readers
 from dfbuild.core.archive import (
     ARCHIVE_SUFFIXES,
@@ -38,7 +37,8 @@ from dfbuild.core.paths import sha256_file
 from dfbuild.host import backends
 from dfbuild.release.record import MANIFEST_NAME, SUMS_NAME
 from dfbuild.source import checkout as source
-from dfbuild.verify_members import (
+from dfbuild.verify import wheel as wheelcheck
+from dfbuild.verify.members import (
     _NO_ROOT,
     _SPECIAL_BITS,
     _driver_dll,
@@ -52,13 +52,13 @@ from dfbuild.verify_members import (
     member_problem,
     smoke_statement,
 )
-from dfbuild.verify_run import (
+from dfbuild.verify.programs import (
     _root_launcher,
     _root_note,
     _run_version,
     _runs_here,
 )
-from dfbuild.wheelcheck import manylinux_glibc, wheel_platform  # noqa: F401 - verify's API before the split
+from dfbuild.verify.wheel import manylinux_glibc, wheel_platform  # noqa: F401 - verify's API before the split
 
 _elf_problems = elf.check_file  # the name tests and older callers use
 

@@ -16,7 +16,7 @@ from dfbuild.core.archive import (
     archive_root,
     unsafe_member,
 )
-from dfbuild.wheelcheck import manylinux_glibc, wheel_platform  # noqa: F401 - verify's API before the split
+from dfbuild.verify.wheel import manylinux_glibc, wheel_platform  # noqa: F401 - verify's API before the split
 
 # what dfbuild writes into an archive: files and folders owned by root (uid 0, no names), no special bits
 _SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX

@@ -16,7 +16,7 @@ from dfbuild.core.archive import (
     extract_members,
 )
 from dfbuild.host import backends
-from dfbuild.wheelcheck import manylinux_glibc, wheel_platform  # noqa: F401 - verify's API before the split
+from dfbuild.verify.wheel import manylinux_glibc, wheel_platform  # noqa: F401 - verify's API before the split
 
 # "version: 0.2.0-dev (build 10359, commit <sha>)" or, in other releases, "version: 10355 (<sha>)"
 _COMMIT_IN_VERSION = (re.compile(r"commit ([0-9A-Za-z]+(?:-dirty)?)"),
