@@ -35,7 +35,8 @@ from test_series import (  # noqa: F401
     with_concerns,
 )
 
-from dfbuild import export, export_text
+from dfbuild.export import text as export_text
+from dfbuild.export import upstream as export
 
 SUBMITTER = "Ada Submitter <ada@example.org>"
 

@@ -29,9 +29,9 @@ import pytest
 from helpers import dfbuild, run_git, said
 from realtrees import CACHE, REAL_BASE, TEST_CPU_VARIANTS, server_binary, server_for
 
-from dfbuild import export
 from dfbuild.build import tree as build
 from dfbuild.build.request import BuildRequest
+from dfbuild.export import upstream as export
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="built and run on Linux"),

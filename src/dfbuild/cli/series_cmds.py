@@ -455,7 +455,8 @@ def series_export(upstream, base, repo, out, author, measured_file, patches_dir,
     whole or not at all. A non-empty OUT that is not an earlier export is refused
     (exit 26).
     """
-    from dfbuild import export, series
+    from dfbuild import series
+    from dfbuild.export import upstream as export
     from dfbuild.source import checkout as source
 
     if not upstream:

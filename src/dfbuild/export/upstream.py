@@ -32,7 +32,7 @@ from dfbuild import series as series_mod
 from dfbuild.core import gitrun, proc, state, ui
 from dfbuild.core.errors import DfbuildError, ExportError, ExportIdentityError, UsageError
 from dfbuild.core.paths import sha256_file
-from dfbuild.export_text import (
+from dfbuild.export.text import (
     FIX_SUBJECT,
     REQUIREMENTS,
     SUBMITTER_NOTE,
