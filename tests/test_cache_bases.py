@@ -14,7 +14,8 @@ from helpers import dfbuild, private_cache, said
 from test_crash_safety import apply_args, bare_upstream  # noqa: F401
 from test_series import Synthetic, head, syn, template  # noqa: F401  (syn, template: fixtures)
 
-from dfbuild import about, series
+from dfbuild import series
+from dfbuild.cli import about
 from dfbuild.core import paths
 from dfbuild.release import track
 from dfbuild.series import bases

@@ -14,7 +14,7 @@ from dfbuild.core import ui
 def _show_version(ctx, param, value):
     if not value or ctx.resilient_parsing:
         return
-    from dfbuild import about
+    from dfbuild.cli import about
 
     click.echo(about.version_text())
     ctx.exit()
