@@ -26,6 +26,10 @@ from dfbuild.core.errors import ExportProofError
 from dfbuild.export import proof as export_proof
 from dfbuild.export.text import TEST_NAME
 
+from dfbuild.build import tree as build
+from dfbuild.build.request import BuildRequest
+from dfbuild.export import upstream as export
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="built and run on Linux"),
               pytest.mark.skipif(os.environ.get("DFBUILD_TEST_EXPORT_REAL") != "1",
