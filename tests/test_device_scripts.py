@@ -87,8 +87,10 @@ def test_the_releases_prove_epochs_proves_by_default_are_every_epoch_end():
 def test_the_bases_prove_exports_proves_by_default_are_the_epochs_last_releases_and_three_drawn():
     """Issue 44: every epoch's last release, and three releases >= b9837 drawn with random.Random(44)."""
     body = re.search(r"^default_bases\(\) \{.*?^\}", (SCRIPTS / "prove-exports.sh").read_text(), re.S | re.M).group(0)
-    listed = subprocess.run(["bash", "-c", f"here={ROOT}\n{body}\ndefault_bases"], capture_output=True, text=True,
-                            check=True).stdout.split()
+    # the device has dfbuild on PYTHONPATH (device-lib's install_carry); here the tests' own Python stands in
+    shim = f'python3() {{ PYTHONPATH="{ROOT / "src"}" "{sys.executable}" "$@"; }}\n'
+    listed = subprocess.run(["bash", "-c", f"here={ROOT}\n{shim}{body}\ndefault_bases"], capture_output=True,
+                            text=True, check=True).stdout.split()
     lasts = [f"b{epoch.last}" for epoch in series.load_series().epochs]
     assert listed[:-3] == lasts and len(lasts) == 8
     drawn = listed[-3:]
