@@ -34,6 +34,7 @@ import pytest
 from dfbuild import archive, elf, fixtures, release, series, smoke, verify, verify_run
 
 from realtrees import CACHE, REAL_BASE, RELEASE_CPU_VARIANTS
+from test_cross_fs import tmpfs  # noqa: F401 (a fixture)
 
 pytestmark = [
     pytest.mark.integration,
@@ -195,6 +196,18 @@ def test_a_rerun_resumes_and_gives_byte_identical_artifacts(released):
     assert {k: again[k] for k in ("source", "series", "build", "smoke")} == \
            {k: released["manifest"][k] for k in ("source", "series", "build", "smoke")}
 
+
+
+def test_a_release_to_another_filesystem_verifies(released, tmpfs):
+    # issue 47: --out on a tmpfs (another filesystem than the work dir) failed in auditwheel's move
+    # (EXDEV) and left only the archive there. The same work dir again: only the package step runs
+    out = tmpfs / "out"
+    again = release_into(out, released["work"])
+    names = {a["name"] for a in again["release"]["artifacts"]}
+    assert {p.name for p in out.iterdir()} >= names | {"SHA256SUMS", "manifest.json"}
+    assert any(name.endswith(".whl") for name in names)
+    result = dfbuild("verify", str(out))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
 
 # --- release-grade: portable, complete, safe --------------------------------------------------
 

@@ -18,7 +18,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from . import readers
+from . import readers, state
 from .errors import ReleaseError, VerifyError
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".zip")
@@ -128,7 +128,7 @@ def write_tar_gz(path: Path, root: str | None, entries: list[Entry], mtime: int)
                 data = entry.read()
                 info.mode, info.size = entry.mode, len(data)
                 tar.addfile(info, io.BytesIO(data))
-    os.replace(tmp, path)
+    state.move(tmp, path)
 
 
 def write_zip(path: Path, root: str | None, entries: list[Entry], mtime: int) -> None:
@@ -152,7 +152,7 @@ def write_zip(path: Path, root: str | None, entries: list[Entry], mtime: int) ->
             info.external_attr = (stat.S_IFREG | real.mode) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(info, real.read(), compresslevel=9)
-    os.replace(tmp, path)
+    state.move(tmp, path)
 
 
 def write_archive(path: Path, root: str | None, entries: list[Entry], mtime: int) -> Path:

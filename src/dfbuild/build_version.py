@@ -4,11 +4,10 @@ commit stamped into the generated common/build-info.cpp (the build stage: build.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
-from . import gitrun
+from . import gitrun, state
 from .errors import BuildError, NotLlamaTreeError, SourceError
 
 
@@ -93,7 +92,7 @@ def stamp_build_info(build_dir: Path, configured: str, label: str) -> None:
     if stamped != text:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(stamped, encoding="utf-8")
-        os.replace(tmp, path)
+        state.move(tmp, path)
 
 
 def check_llama_tree(source_dir: Path) -> None:

@@ -7,7 +7,6 @@ needs (see SHALLOW_KEY). source.py turns what is fetched here into the user's DI
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
 import tempfile
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import git
 
-from . import gitrun, proc, ui
+from . import gitrun, proc, state, ui
 from .errors import SourceError
 from .paths import cache_dir, locked
 
@@ -184,7 +183,7 @@ def _drop_redundant_shallow(git_dir) -> None:
     if keep:
         tmp = path.with_name("shallow.dfbuild-tmp")
         tmp.write_text("".join(f"{sha}\n" for sha in keep))
-        os.replace(tmp, path)
+        state.move(tmp, path)
     else:
         path.unlink()
 
@@ -232,7 +231,7 @@ def _init_cache(path: Path) -> git.Repo:
     path.parent.mkdir(parents=True, exist_ok=True)
     gitrun.run(None, "init", "--quiet", "--bare", str(tmp))
     _git_in(tmp, "config", SHALLOW_KEY, "shallow")
-    tmp.rename(path)
+    state.move(tmp, path)
     return git.Repo(path)
 
 

@@ -199,5 +199,5 @@ def download_sdist(requirement: str, dest: Path) -> str:
         if not got.is_file():
             raise SourceError(f"cannot download {requirement}: PyPI has no sdist of it", "check the name and version")
         digest = sha256_file(got)
-        os.replace(got, dest)
+        state.move(got, dest)
     return digest

@@ -2,6 +2,10 @@
 
 - `atomic_write_*`: temp file in the same directory, fsync, rename. A reader
   sees the old file or the new one, never half of one, whatever kills us.
+- `move`: os.replace that also works across filesystems (a `--out` on a tmpfs,
+  a cache on another volume): a rename where one is possible, else a copy to a
+  temp name beside the target, fsync, rename, then the source removed. Every
+  move dfbuild makes goes through it.
 - `read_json`: a record that is missing *or unreadable* is treated as absent,
   with a warning, never as a crash.
 - `hold`: an inter-process lock (filelock) held for a whole command. A second
@@ -17,9 +21,11 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
+import secrets
 import shutil
 import signal
 import tempfile
@@ -48,6 +54,20 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def _create_beside(path: Path, mode: int = 0o666) -> tuple[int, Path]:
+    """A new, empty temp file beside PATH, opened for writing: (fd, its path).
+
+    Made with os.open's MODE, so the umask applies as it does to any file the user's
+    programs make (tempfile.mkstemp's 0600 would hide SHA256SUMS from a web server).
+    """
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), mode), tmp
+        except FileExistsError:
+            continue
+
+
 def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> Path:
     """Write DATA to PATH so that PATH is always either the old file or the new one.
 
@@ -72,6 +92,73 @@ def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> Path
     if durable:
         _fsync_dir(path.parent)
     return path
+
+
+def _copy_file_durably(source: str, target: str) -> str:
+    """shutil.copy2, then fsync: the copy is on disk before it is renamed into place."""
+    shutil.copy2(source, target, follow_symlinks=False)
+    if not os.path.islink(target):
+        with open(target, "rb+") as handle:
+            os.fsync(handle.fileno())
+    return target
+
+
+def _copy_beside(source: Path, target: Path) -> Path:
+    """A complete, fsync'd copy of SOURCE (a file, a link or a tree) under a temp name beside TARGET."""
+    if source.is_dir() and not source.is_symlink():
+        tmp = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
+        shutil.copytree(source, tmp, symlinks=True, copy_function=_copy_file_durably)
+        return tmp
+    fd, tmp = _create_beside(target)
+    os.close(fd)
+    try:
+        if source.is_symlink():
+            tmp.unlink()
+            os.symlink(os.readlink(source), tmp)
+        else:
+            _copy_file_durably(str(source), str(tmp))
+    except BaseException:
+        _remove(tmp)
+        raise
+    return tmp
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
+def move(source: Path, target: Path) -> Path:
+    """Move SOURCE (a file, a link or a directory) to TARGET as os.replace does, across filesystems too.
+
+    A rename where SOURCE and TARGET share a filesystem (atomic, and all it costs).
+    Across filesystems (EXDEV: a `--out` on a tmpfs or a mounted volume, a cache on
+    another disk) SOURCE is copied to a temp name beside TARGET, fsync'd, and renamed
+    into place, so TARGET is the old one or the whole new one, never half of it;
+    SOURCE is removed only then. A directory TARGET must be absent or empty, as for
+    os.replace.
+    """
+    source, target = Path(source), Path(target)
+    try:
+        os.replace(source, target)
+        return target
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+    tmp = _copy_beside(source, target)
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        _remove(tmp)
+        raise
+    _fsync_dir(target.parent)
+    _remove(source)
+    return target
 
 
 def atomic_write_text(path: Path, text: str, *, durable: bool = True) -> Path:

@@ -268,7 +268,7 @@ def _build(tree: Path, lay: Layout, key: dict, entry: Path, tools: dict[str, str
     partial.mkdir(parents=True)
     try:
         record = _build_in(tree, lay, key, entry, partial, tools)
-        os.replace(partial, entry)
+        state.move(partial, entry)
         return record
     finally:
         shutil.rmtree(partial, ignore_errors=True)  # gone when renamed into place; else what failed
@@ -317,7 +317,7 @@ def _build_in(tree: Path, lay: Layout, key: dict, entry: Path, partial: Path, to
     if not (dist / "index.html").is_file():
         raise WebUIError(f"the web UI's build finished but wrote no {DIST}/index.html",
                          f"full log: {log_path}; or pass --no-ui")
-    shutil.move(str(dist), str(partial / DIST))
+    state.move(dist, partial / DIST)
     t0 = time.monotonic()
     shutil.rmtree(work)  # node_modules: hundreds of MB that no later build needs (npm's cache keeps the packages)
     timings["remove node_modules"] = round(time.monotonic() - t0, 1)
@@ -405,7 +405,7 @@ def place(tree: Path, entry: Path, record: dict) -> None:
     _write_placed(tree, record, previous=placed.get("dist_sha256"))
     if dist.exists():
         shutil.rmtree(dist)
-    os.replace(staging, dist)
+    state.move(staging, dist)
 
 
 def _write_placed(tree: Path, record: dict, previous: str | None) -> None:

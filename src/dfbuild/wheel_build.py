@@ -16,6 +16,7 @@ from . import (
     elf,
     owned,
     proc,
+    state,
 )
 from .archive import Entry
 from .errors import ReleaseError
@@ -150,7 +151,7 @@ def repair_wheel(wheel: Path, out_dir: Path, work_dir: Path, env: dict) -> Path:
         raise ReleaseError(f"auditwheel could not make the wheel manylinux: {last[0].strip()}", f"full log: {log}")
     final = out_dir / wheels[0].name
     owned.claim(out_dir, [final.name], ReleaseError, legacy=release_files)
-    os.replace(wheels[0], final)
+    state.move(wheels[0], final)
     return final
 
 
@@ -167,7 +168,7 @@ def build_wheel(*, bin_dir: Path, version: str, manifest_bytes: bytes, license_p
     shutil.copytree(builder_dir(), project, ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__"))
     package_name = wheel_package(backend)
     package = project / "src" / package_name
-    (project / "src" / WHEEL_DIST).rename(package)
+    state.move(project / "src" / WHEEL_DIST, package)
     pyproject = project / "pyproject.toml"
     text = pyproject.read_text(encoding="utf-8")
     text = (text.replace('name = "llama-dflash"', f'name = "{package_name.replace("_", "-")}"')
@@ -200,5 +201,5 @@ def build_wheel(*, bin_dir: Path, version: str, manifest_bytes: bytes, license_p
         return repair_wheel(wheels[0], out_dir, work_dir, env)
     final = out_dir / wheels[0].name
     owned.claim(out_dir, [final.name], ReleaseError, legacy=release_files)
-    os.replace(wheels[0], final)
+    state.move(wheels[0], final)
     return final
