@@ -202,10 +202,17 @@ def test_a_release_to_another_filesystem_verifies(released, tmpfs):
     # issue 47: --out on a tmpfs (another filesystem than the work dir) failed in auditwheel's move
     # (EXDEV) and left only the archive there. The same work dir again: only the package step runs
     out = tmpfs / "out"
-    again = release_into(out, released["work"])
+    umask = os.umask(0o022)
+    try:
+        again = release_into(out, released["work"])
+    finally:
+        os.umask(umask)
     names = {a["name"] for a in again["release"]["artifacts"]}
     assert {p.name for p in out.iterdir()} >= names | {"SHA256SUMS", "manifest.json"}
     assert any(name.endswith(".whl") for name in names)
+    # readable by all, as the archives are (SHA256SUMS and manifest.json were 0600 under umask 022)
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == \
+           {p.name: "0o644" for p in out.iterdir()}
     result = dfbuild("verify", str(out))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
 

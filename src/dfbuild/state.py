@@ -1,7 +1,8 @@
 """State that survives bad luck: atomic files, locks that say who holds them, owned temp dirs.
 
 - `atomic_write_*`: temp file in the same directory, fsync, rename. A reader
-  sees the old file or the new one, never half of one, whatever kills us.
+  sees the old file or the new one, never half of one, whatever kills us. The
+  file's mode follows the umask, as open()'s does (0644 under 022).
 - `move`: os.replace that also works across filesystems (a `--out` on a tmpfs,
   a cache on another volume): a rename where one is possible, else a copy to a
   temp name beside the target, fsync, rename, then the source removed. Every
@@ -75,7 +76,7 @@ def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> Path
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_beside(path)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
