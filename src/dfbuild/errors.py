@@ -221,3 +221,12 @@ class VerifyError(DfbuildError):
 # Ctrl-C (SIGINT), as shells report it: 128 + 2. Not an exception class: cli.handle_errors
 # maps KeyboardInterrupt to it.
 INTERRUPTED_EXIT_CODE = 130
+# SIGTERM (what `timeout`, systemd and a supervisor send): 128 + 15
+TERMINATED_EXIT_CODE = 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised by the handler cli.handle_errors sets: a KeyboardInterrupt, so everything that
+    rolls back on Ctrl-C rolls back on it too, and it exits 143 where Ctrl-C exits 130."""
+
+    signal_name = "SIGTERM"
