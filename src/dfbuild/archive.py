@@ -158,12 +158,15 @@ def write_zip(path: Path, root: str | None, entries: list[Entry], mtime: int) ->
 def write_archive(path: Path, root: str | None, entries: list[Entry], mtime: int) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.name.endswith(".zip"):
-        write_zip(path, root, entries, mtime)
-    elif path.name.endswith(".tar.gz"):
-        write_tar_gz(path, root, entries, mtime)
-    else:
+    writer = write_zip if path.name.endswith(".zip") else write_tar_gz if path.name.endswith(".tar.gz") else None
+    if writer is None:
         raise ReleaseError(f"{path.name}: unknown archive type", "name it .tar.gz or .zip")
+    try:
+        with state.naming(path):  # a full disk's ENOSPC comes from write(), which names no file
+            writer(path, root, entries, mtime)
+    except BaseException:
+        path.with_name(path.name + ".tmp").unlink(missing_ok=True)  # no half archive left in the output dir
+        raise
     return path
 
 

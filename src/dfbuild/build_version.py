@@ -4,6 +4,7 @@ commit stamped into the generated common/build-info.cpp (the build stage: build.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -96,6 +97,11 @@ def stamp_build_info(build_dir: Path, configured: str, label: str) -> None:
 
 
 def check_llama_tree(source_dir: Path) -> None:
+    if not os.path.lexists(source_dir):
+        raise NotLlamaTreeError(f"{source_dir} does not exist",
+                                "make it with `dfbuild apply --base REV --dir DIR` (or checkout), or check the path")
+    if not source_dir.is_dir():
+        raise NotLlamaTreeError(f"{source_dir} is not a directory", "point --dir at the checkout `dfbuild apply` made")
     if not (source_dir / "CMakeLists.txt").is_file() or not (source_dir / "tools" / "server").is_dir():
         raise NotLlamaTreeError(
             f"{source_dir} is not a llama.cpp tree (no CMakeLists.txt with tools/server)",

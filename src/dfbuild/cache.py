@@ -109,6 +109,11 @@ def _is_lock_file(name: str) -> bool:
     return name.endswith((".lock", ".lock.owner")) or (name.startswith(".") and ".lock.owner." in name)
 
 
+def _kind_lock(name: str) -> bool:
+    """NAME is the lock file (or its owner note) of a kind kept at the cache's top, e.g. produced.json.lock."""
+    return _is_lock_file(name) and name.lstrip(".").split(".lock")[0] in KINDS
+
+
 def show(root: Path | None = None) -> dict:
     """Where the cache is and its size by kind: {dir, bytes, kinds: [...], other: [names not dfbuild's]}."""
     root = Path(root or paths.cache_dir())
@@ -120,7 +125,7 @@ def show(root: Path | None = None) -> dict:
         info = _lstat(path)
         entries = len(os.listdir(path)) if info and stat.S_ISDIR(info.st_mode) else 1
         kinds.append(Kind(name, what, path, size_of(path), entries))
-    other = sorted(n for n in os.listdir(root) if n not in KINDS)
+    other = sorted(n for n in os.listdir(root) if n not in KINDS and not _kind_lock(n))
     return {"dir": str(root), "bytes": sum(k.bytes for k in kinds), "kinds": [k.to_dict() for k in kinds],
             "other": other}
 

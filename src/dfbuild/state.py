@@ -69,6 +69,18 @@ def _create_beside(path: Path, mode: int = 0o666) -> tuple[int, Path]:
             continue
 
 
+@contextmanager
+def naming(path: Path):
+    """An OSError inside the block that names no file names PATH: write() on a full disk (ENOSPC) names
+    none, and cli.exits would say "cannot write a file" where docs/exit-codes.md promises the file."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = str(path)
+        raise
+
+
 def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> Path:
     """Write DATA to PATH so that PATH is always either the old file or the new one.
 
@@ -78,7 +90,7 @@ def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> Path
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _create_beside(path)
     try:
-        with os.fdopen(fd, "wb") as handle:
+        with naming(path), os.fdopen(fd, "wb") as handle:
             handle.write(data)
             if durable:
                 handle.flush()
@@ -151,7 +163,8 @@ def move(source: Path, target: Path) -> Path:
     except OSError as exc:
         if exc.errno != errno.EXDEV:
             raise
-    tmp = _copy_beside(source, target)
+    with naming(target):
+        tmp = _copy_beside(source, target)
     try:
         os.replace(tmp, target)
     except BaseException:
