@@ -39,6 +39,7 @@ KINDS: dict[str, str] = {
     "tls": "OpenSSL built for the Windows cross build",
     "webui": "llama-server's web UI built from a tree's tools/ui, one entry per set of UI sources (what builds embed)",
     "npm": "npm's package cache for the web UI builds (another base with the same lockfile then builds offline)",
+    "node": "Node.js from PyPI, where the machine's is missing or too old for the web UI",
     "wine-prefix": "the Wine prefix Windows binaries run in",
     "mesa-shader-cache": "Mesa's shader cache for Vulkan smoke runs on lavapipe",
     "vulkan-headers": "Debian 13's Vulkan headers (doctor --fetch-vulkan-headers)",
@@ -50,7 +51,7 @@ KINDS: dict[str, str] = {
     "locks": "lock files (never removed)",
 }
 # kinds whose entries a run holds a cache lock on (paths.locked: ENTRY.lock, or SLUG.lock for repos/SLUG.git)
-LOCKED_KINDS = ("imports", "repos", "tls", "webui", "vulkan-headers")
+LOCKED_KINDS = ("imports", "repos", "tls", "webui", "vulkan-headers", "node")
 NEVER_REMOVED = ("locks",)
 
 

@@ -229,18 +229,23 @@ def _version(program: str) -> str | None:
 
 
 def _tools() -> dict[str, str]:
-    """{node, npm}: their paths, or ToolchainMissingError naming what to install (or --no-ui)."""
-    from . import backends, probes
+    """{node, npm}: the machine's when they are new enough, else Node.js from PyPI (webui_node, with its
+    bin_dir), or ToolchainMissingError naming what to install (or --no-ui) when that cannot be had either."""
+    from . import backends, probes, webui_node
 
     host = backends.current_host()
     found: dict[str, str] = {}
     for name in ("node", "npm"):
         probe = probes.probe(name, host, spec=table()["probes"][name])
         if not probe.ok:
-            raise ToolchainMissingError(
-                f"{probe.what}: {probe.problem or 'not found'}; it is needed once per set of UI sources "
-                "(nothing is cached for this tree's UI)",
-                f"{probe.install}; or pass --no-ui to build llama-server without its web UI")
+            why = f"the machine's {name} is {probe.problem or 'not found'}"
+            try:
+                return webui_node.ensure(table()["pip_node"], why)
+            except ToolchainMissingError as exc:
+                raise ToolchainMissingError(
+                    f"{probe.what}: {probe.problem or 'not found'}, and {exc.message}; it is needed once per set "
+                    "of UI sources (nothing is cached for this tree's UI)",
+                    f"{probe.install}; or pass --no-ui to build llama-server without its web UI") from None
         found[name] = probe.path or name
     return found
 
@@ -290,6 +295,8 @@ def _build_in(tree: Path, lay: Layout, key: dict, entry: Path, partial: Path, to
     env = {**os.environ, **key["env"], "npm_config_cache": str(npm_cache), "npm_config_update_notifier": "false",
            "CI": "true"}  # CI: no interactive prompts, no progress spinners in the log
     env.pop("LLAMA_UI_OUT_DIR", None)  # the build writes ./dist, where the recipe's own test reads it
+    if tools.get("bin_dir"):  # Node.js from PyPI: npm's `#!/usr/bin/env node` (and the UI's scripts) find it
+        env["PATH"] = os.pathsep.join([tools["bin_dir"], env.get("PATH", os.defpath)])
     versions = {"node": _version(tools["node"]), "npm": _version(tools["npm"])}
     ui.info(f"building the web UI from {tree / UI_DIR} once ({table()['recipes'][lay.recipe]['what']}; "
             f"Node.js {versions['node'] or '?'}, npm {versions['npm'] or '?'}; log: {log_path}); "
