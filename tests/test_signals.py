@@ -177,3 +177,15 @@ def test_a_signal_stops_a_real_build(tmp_path, sig, code):
     assert process.returncode == code, stderr[-3000:]
     assert took < 15, f"{took:.1f} s"
     assert processes_in(build_dir.resolve()) == []
+
+
+def test_a_kill_9_of_dfbuild_still_stops_ninja_and_its_compilers(tmp_path):
+    # the build's session is its own, so a kill -9 of dfbuild (or of its process group) no longer reaches
+    # ninja: ninja gets SIGTERM when dfbuild dies (PR_SET_PDEATHSIG) and stops its compiles, as on Ctrl-C
+    returncode, _, left, _ = interrupt_build(tmp_path, "forwarding", signal.SIGKILL)
+    assert returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 5
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = [pid for pid in left if alive(pid)]
+    assert left == []

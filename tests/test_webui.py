@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import textwrap
 from pathlib import Path
 
@@ -347,13 +348,22 @@ def test_a_killed_build_leaves_a_partial_folder_that_the_next_run_removes(tree, 
             if pid_file.is_file() and pid_file.read_text():
                 break
             assert child.poll() is None, "the build ended before npm run build"
-            import time
             time.sleep(0.1)
         partials = list((own_cache / "webui").glob("*.partial"))
         assert len(partials) == 1 and (partials[0] / "src" / "node_modules").is_dir()
     finally:
-        os.killpg(child.pid, 9)  # kill -9 the build and its npm
+        os.killpg(child.pid, 9)  # kill -9 the build (npm, in a session of its own, gets SIGTERM as dfbuild dies)
         child.wait()
+    npm_pid = int(pid_file.read_text())
+    for _ in range(50):  # npm is gone too: nothing of the build outlives it
+        try:
+            os.kill(npm_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(npm_pid, 9)
+        pytest.fail("npm outlived the killed build")
     monkeypatch.delenv("FAKE_NPM_HANG")
     assert [n for n in entries(own_cache) if not n.endswith(".partial")] == []  # nothing usable was kept
     section = webui.provide(tree, 4242)

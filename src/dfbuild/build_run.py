@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import signal
-import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -70,8 +68,7 @@ def _run_logged(args: list[str], *, cwd: Path, env: dict, log,
     # a session of its own: a signal to dfbuild's PID alone reaches ninja and its compilers only through
     # stop_group below (a terminal's Ctrl-C as well); a dfbuild killed by -9 still stops ninja (SIGTERM)
     process = proc.start(args, cwd=cwd, env=env, stdout=proc.PIPE, stderr=proc.STDOUT, text=True, errors="replace",
-                         bufsize=1, own_group=True,
-                         die_with=signal.SIGTERM if threading.current_thread() is threading.main_thread() else None)
+                         bufsize=1, own_group=True, die_with=proc.dies_with_dfbuild())
     total = work = 0
     interactive = ui.console.is_terminal and progress_title is not None and not ui.quiet()
     progress = Progress(TextColumn("    {task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -168,6 +168,14 @@ def start(args: Sequence[Arg], *, cwd: Arg | None = None, env: Mapping[str, str]
                             start_new_session=own_group)
 
 
+def dies_with_dfbuild() -> int | None:
+    """die_with for a build's own session (own_group=True): SIGTERM when dfbuild dies, even by kill -9, which
+    no longer reaches it through dfbuild's process group. Only from the main thread (see die_with_parent)."""
+    import threading
+
+    return signal.SIGTERM if threading.current_thread() is threading.main_thread() else None
+
+
 def interrupt_signal(exc: BaseException) -> int:
     """The signal that stopped dfbuild, to forward: SIGTERM for errors.Terminated, else SIGINT (Ctrl-C)."""
     return signal.SIGTERM if getattr(exc, "signal_name", None) == "SIGTERM" else signal.SIGINT

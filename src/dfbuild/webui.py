@@ -313,7 +313,8 @@ def _build_in(tree: Path, lay: Layout, key: dict, entry: Path, partial: Path, to
             t0 = time.monotonic()
             try:
                 done = proc.run([program, *step[1:]], cwd=work, env=env, capture=False, stdout=log,
-                                stderr=proc.STDOUT, stdin=proc.DEVNULL, own_group=True)  # stopped whole on Ctrl-C
+                                stderr=proc.STDOUT, stdin=proc.DEVNULL, own_group=True,  # stopped whole on Ctrl-C
+                                die_with=proc.dies_with_dfbuild())
             except OSError as exc:
                 raise WebUIError(f"cannot run {step[0]}: {exc}", f"full log: {log_path}; or pass --no-ui") from None
             timings[step_label(step)] = round(time.monotonic() - t0, 1)
