@@ -8,6 +8,7 @@ import random
 import subprocess
 import sys
 import tarfile
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -130,3 +131,13 @@ def test_an_opt_in_test_without_its_bases_says_why_it_is_skipped():
 
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX paths and modes")
+
+
+def test_the_help_says_what_the_readme_is_about():
+    said = CliRunner().invoke(main, ["--help"]).output
+    assert "Build llama.cpp releases" in said and "PR head" in said  # it said: "Turn a llama.cpp PR head into..."
+
+
+def test_a_work_dir_of_the_readme_is_not_untracked_in_git_status():
+    ignored = (Path(__file__).resolve().parents[1] / ".gitignore").read_text().splitlines()
+    assert "/dfbuild-*/" in ignored  # `apply --dir dfbuild-b11434/src` in the clone, as the README says
