@@ -136,14 +136,16 @@ def _copy_beside(source: Path, target: Path) -> Path:
     return tmp
 
 
-def _remove(path: Path) -> None:
+def _remove(path: Path) -> bool:
+    """Remove PATH (a tree, a file or a link, never followed); False when a file or link could not be."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
-    else:
-        try:
-            path.unlink()
-        except OSError:
-            pass
+        return True
+    try:
+        path.unlink()
+    except OSError:
+        return False
+    return True
 
 
 def move(source: Path, target: Path) -> Path:
@@ -368,14 +370,8 @@ def sweep_temp() -> list[Path]:
         match = _TEMP_NAME.match(entry.name)
         if not match or pid_alive(int(match.group(1))):
             continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            try:
-                entry.unlink()
-            except OSError:
-                continue
-        removed.append(entry)
+        if _remove(entry):
+            removed.append(entry)
     return removed
 
 
