@@ -78,7 +78,8 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def interrupt_build(tmp_path: Path, mode: str, sig: int) -> tuple[int, float, list[int], str]:
+def interrupt_build(tmp_path: Path, mode: str, sig: int, again_after: float | None = None
+                    ) -> tuple[int, float, list[int], str]:
     ninja, driver, pids = tmp_path / "ninja.py", tmp_path / "driver.py", tmp_path / "pids"
     ninja.write_text(FAKE_NINJA)
     driver.write_text(DRIVER)
@@ -96,6 +97,9 @@ def interrupt_build(tmp_path: Path, mode: str, sig: int) -> tuple[int, float, li
         assert all(alive(pid) for pid in tree)
         sent = time.monotonic()
         os.kill(process.pid, sig)
+        if again_after is not None:  # a second Ctrl-C while dfbuild waits for the build to stop
+            time.sleep(again_after)
+            os.kill(process.pid, sig)
         _, stderr = process.communicate(timeout=60)
         took = time.monotonic() - sent
         time.sleep(0.2)
@@ -167,6 +171,9 @@ def test_a_signal_stops_a_real_build(tmp_path, sig, code):
         assert processes_in(build_dir.resolve()), "no compiler seen in the build dir"
         sent = time.monotonic()
         os.kill(process.pid, sig)
+        if again_after is not None:  # a second Ctrl-C while dfbuild waits for the build to stop
+            time.sleep(again_after)
+            os.kill(process.pid, sig)
         _, stderr = process.communicate(timeout=60)
         took = time.monotonic() - sent
     finally:
@@ -189,3 +196,9 @@ def test_a_kill_9_of_dfbuild_still_stops_ninja_and_its_compilers(tmp_path):
         time.sleep(0.1)
         left = [pid for pid in left if alive(pid)]
     assert left == []
+
+
+def test_a_second_ctrl_c_kills_a_build_that_does_not_stop(tmp_path):
+    returncode, took, left, stderr = interrupt_build(tmp_path, "stubborn", signal.SIGINT, again_after=0.5)
+    assert returncode == 130, stderr
+    assert left == [] and took < 2.0, f"{took:.1f} s, left {left}"

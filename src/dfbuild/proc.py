@@ -236,13 +236,17 @@ def stop_group(process: subprocess.Popen, sig: int = signal.SIGINT, grace: float
         process.wait()
         return
     leader = process.pid
-    if sig != signal.SIGKILL:
-        _signal_all(leader, sig)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if process.poll() is not None and not session_members(leader):
-                return
-            time.sleep(0.05)
+    try:
+        if sig != signal.SIGKILL:
+            _signal_all(leader, sig)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline:
+                if process.poll() is not None and not session_members(leader):
+                    return
+                time.sleep(0.05)
+    except KeyboardInterrupt:  # a second Ctrl-C while waiting: no more grace
+        _signal_all(leader, signal.SIGKILL)
+        raise
     _signal_all(leader, signal.SIGKILL)
     try:
         process.wait(timeout=grace)
