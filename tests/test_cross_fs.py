@@ -97,6 +97,26 @@ def test_a_failed_copy_leaves_the_target_and_the_source_as_they_were(tmp_path, e
     assert sorted(p.name for p in b.iterdir()) == ["new"]
 
 
+def test_a_directory_copy_that_fails_half_way_leaves_no_half_copy(tmp_path, exdev, monkeypatch):
+    a, b = tree(tmp_path)
+    (a / "dist").mkdir()
+    for name in "xyz":
+        (a / "dist" / name).write_text(name)
+    copied = []
+
+    def copy_then_full(source, target):
+        if copied:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        copied.append(target)
+        return shutil.copyfile(source, target)
+
+    monkeypatch.setattr(state, "_copy_file_durably", copy_then_full)
+    with pytest.raises(OSError) as caught:
+        state.move(a / "dist", b / "dist")
+    assert caught.value.errno == errno.ENOSPC  # what cli.exits turns into exit 16, naming the file
+    assert list(b.iterdir()) == [] and sorted(p.name for p in (a / "dist").iterdir()) == ["x", "y", "z"]
+
+
 def test_other_errors_are_not_taken_for_another_device(tmp_path):
     with pytest.raises(FileNotFoundError):
         state.move(tmp_path / "nothing", tmp_path / "there")

@@ -116,11 +116,30 @@ def _copy_file_durably(source: str, target: str) -> str:
     return target
 
 
+def _copy_tree(source: Path, dest: Path) -> None:
+    """SOURCE's tree at DEST, links as links; the first error stops it, with its errno (shutil.copytree
+    would go on past a full disk and raise one shutil.Error without an errno: exit 1, not 16)."""
+    for root, dirs, files in os.walk(source):  # links to directories are listed in dirs, never followed
+        here = dest / Path(root).relative_to(source)
+        here.mkdir()
+        shutil.copymode(root, here)
+        for name in dirs + files:
+            item = Path(root) / name
+            if item.is_symlink():
+                os.symlink(os.readlink(item), here / name)
+            elif name in files:
+                _copy_file_durably(str(item), str(here / name))
+
+
 def _copy_beside(source: Path, target: Path) -> Path:
     """A complete, fsync'd copy of SOURCE (a file, a link or a tree) under a temp name beside TARGET."""
     if source.is_dir() and not source.is_symlink():
         tmp = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
-        shutil.copytree(source, tmp, symlinks=True, copy_function=_copy_file_durably)
+        try:
+            _copy_tree(source, tmp)
+        except BaseException:  # a full disk half-way: no half copy left beside TARGET
+            _remove(tmp)
+            raise
         return tmp
     fd, tmp = _create_beside(target)
     os.close(fd)
