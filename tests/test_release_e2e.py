@@ -198,7 +198,7 @@ def test_a_rerun_resumes_and_gives_byte_identical_artifacts(released):
 
 
 
-def test_a_release_to_another_filesystem_verifies(released, tmpfs):
+def test_a_release_to_another_filesystem_verifies(released, tmpfs):  # noqa: F811 (the fixture)
     # issue 47: --out on a tmpfs (another filesystem than the work dir) failed in auditwheel's move
     # (EXDEV) and left only the archive there. The same work dir again: only the package step runs
     out = tmpfs / "out"

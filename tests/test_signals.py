@@ -171,9 +171,6 @@ def test_a_signal_stops_a_real_build(tmp_path, sig, code):
         assert processes_in(build_dir.resolve()), "no compiler seen in the build dir"
         sent = time.monotonic()
         os.kill(process.pid, sig)
-        if again_after is not None:  # a second Ctrl-C while dfbuild waits for the build to stop
-            time.sleep(again_after)
-            os.kill(process.pid, sig)
         _, stderr = process.communicate(timeout=60)
         took = time.monotonic() - sent
     finally:
