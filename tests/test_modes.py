@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-from dfbuild import manifest, owned, release_record, state
-from dfbuild.errors import DfbuildError
+from dfbuild.core import manifest, owned, state
+from dfbuild.core.errors import DfbuildError
+from dfbuild.release import record as release_record
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX modes")
 

@@ -56,7 +56,7 @@ FAKE_NINJA = textwrap.dedent('''
 DRIVER = textwrap.dedent('''
     import os, sys
     from pathlib import Path
-    from dfbuild import build_run
+    from dfbuild.build import run as build_run
     from dfbuild.cli.exits import handle_errors
 
     @handle_errors

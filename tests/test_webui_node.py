@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import doctor, probes, proc, webui, webui_node
-from dfbuild.errors import ToolchainMissingError
+from dfbuild.core import proc
+from dfbuild.core.errors import ToolchainMissingError
+from dfbuild.host import doctor, probes, webui, webui_node
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fake node is a shell script")
 
