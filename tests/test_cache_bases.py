@@ -221,7 +221,7 @@ def test_version_names_the_series_hash_and_the_checkout_commit():
     digest = track.series_digest(series.load_series())[:8]
     assert f"series {digest}" in result.stdout
     assert result.stdout.startswith("dfbuild, version ")
-    root = paths.CHECKOUT_DIR  # the repository holding src/dfbuild (about.py moved into cli/)
+    root = paths.CHECKOUT_DIR
     if (root / ".git").exists():  # run from a checkout (editable install): the commit it runs from
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()
