@@ -13,6 +13,8 @@ import functools
 import os
 from pathlib import Path
 
+import pytest
+
 from dfbuild import series
 from dfbuild.build import tree as build
 from dfbuild.build.request import BuildRequest
@@ -44,6 +46,18 @@ REAL_BASE = "b11434"
 # DFBUILD_TEST_BASES=b10355,pydist-0.94.0,b11312,b11434 adds the pinned bases' builds and smoke
 # tables and the b11434 proof: each another cold build.
 SLOW_BASES = tuple(os.environ.get("DFBUILD_TEST_BASES", REAL_BASE).replace(" ", "").split(","))
+
+
+def opt_in_bases(names, what: str) -> list:
+    """The bases of NAMES that DFBUILD_TEST_BASES asks for, as a parametrize list. None asked: one
+    parameter, skipped with the reason and the line that runs it (pytest's own skip for an empty list
+    says only "got empty parameter set")."""
+    chosen = sorted(b for b in names if b in SLOW_BASES)
+    if chosen:
+        return chosen
+    every = ",".join(sorted(names))
+    return [pytest.param(None, id="opt-in", marks=pytest.mark.skip(
+        reason=f"{what}: opt-in (a checkout or a build of each); DFBUILD_TEST_BASES={every} runs it"))]
 
 
 def tree_name(base: str, patched: bool, skip: tuple[str, ...] = ()) -> str:

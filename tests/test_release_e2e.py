@@ -31,6 +31,14 @@ from pathlib import Path
 
 import pytest
 from realtrees import CACHE, REAL_BASE, RELEASE_CPU_VARIANTS
+from test_cross_fs import tmpfs  # noqa: F401 (a fixture)
+
+from dfbuild import series, smoke
+from dfbuild.core import archive, elf
+from dfbuild.release import pipeline as release
+from dfbuild.smoke import fixtures
+from dfbuild.verify import programs as verify_run
+from dfbuild.verify import release_dir as verify
 
 from dfbuild import series, smoke
 from dfbuild.core import archive, elf
@@ -199,6 +207,25 @@ def test_a_rerun_resumes_and_gives_byte_identical_artifacts(released):
     assert {k: again[k] for k in ("source", "series", "build", "smoke")} == \
            {k: released["manifest"][k] for k in ("source", "series", "build", "smoke")}
 
+
+
+def test_a_release_to_another_filesystem_verifies(released, tmpfs):  # noqa: F811 (the fixture)
+    # issue 47: --out on a tmpfs (another filesystem than the work dir) failed in auditwheel's move
+    # (EXDEV) and left only the archive there. The same work dir again: only the package step runs
+    out = tmpfs / "out"
+    umask = os.umask(0o022)
+    try:
+        again = release_into(out, released["work"])
+    finally:
+        os.umask(umask)
+    names = {a["name"] for a in again["release"]["artifacts"]}
+    assert {p.name for p in out.iterdir()} >= names | {"SHA256SUMS", "manifest.json"}
+    assert any(name.endswith(".whl") for name in names)
+    # readable by all, as the archives are (SHA256SUMS and manifest.json were 0600 under umask 022)
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == \
+           {p.name: "0o644" for p in out.iterdir()}
+    result = dfbuild("verify", str(out))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
 
 # --- release-grade: portable, complete, safe --------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import sys
 import tarfile
 from pathlib import Path
@@ -97,7 +98,7 @@ def test_the_summary_names_every_option_in_plain_words(monkeypatch):
         "  cpu variants:  x64, haswell",
         "  cmake args:    none",
         "  jobs:          2",
-        "  ccache:        yes",
+        "  ccache:        " + ("yes" if shutil.which("ccache") else "no: not installed (`dfbuild doctor` says how)"),
         "  web ui:        embedded",
         "  smoke table:   auto",
         "  start timeout: the backend table's",

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 from click.testing import CliRunner
-from realtrees import CACHE, SLOW_BASES, TEST_CPU_VARIANTS, built_tree, checkout_tree, server_binary
+from realtrees import CACHE, TEST_CPU_VARIANTS, built_tree, checkout_tree, opt_in_bases, server_binary
 
 from dfbuild import series
 from dfbuild.build import tree as build
@@ -38,12 +38,12 @@ DECISIONS = {
 }
 # Each needs its sdist and a checkout; b11434, the tree CI builds, is checked against the series by
 # the "any head" test (its proof and adoption). DFBUILD_TEST_BASES=b10355,b11236,b9837,... runs these.
-BASES = sorted(b for b in DECISIONS if b in SLOW_BASES)
+BASES = opt_in_bases(DECISIONS, "the series on the real trees of its variants")
 
 # Trees no variant is made on, known by their blob and carried like any release by their epoch's variant:
 # (variant, how each patch goes in). DFBUILD_TEST_BASES=pydist-0.94.0,b11312 runs these.
 CARRIED = {"pydist-0.94.0": ("b10355", "offset +29"), "b11312": ("b11236", "exact")}
-CARRIED_BASES = sorted(b for b in CARRIED if b in SLOW_BASES)
+CARRIED_BASES = opt_in_bases(CARRIED, "the series carried to trees no variant is made on")
 
 
 def check(tree) -> dict:

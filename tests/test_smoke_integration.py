@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from realtrees import SLOW_BASES, server_for
+from realtrees import SLOW_BASES, opt_in_bases, server_for
 
 from dfbuild import smoke
 
@@ -62,7 +62,7 @@ def table(unpatched: dict, patched: dict) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("base", [b for b in sorted(UNPATCHED) if b in SLOW_BASES])
+@pytest.mark.parametrize("base", opt_in_bases(UNPATCHED, "unpatched fails and patched passes on pinned bases"))
 def test_unpatched_fails_with_the_upstream_symptom_and_the_series_fixes_it(base, tmp_path, record_property):
     expected = UNPATCHED[base]
     unpatched = run(server_for(base, patched=False), tmp_path, "unpatched", sets=list(expected))
@@ -91,7 +91,8 @@ def test_unpatched_fails_with_the_upstream_symptom_and_the_series_fixes_it(base,
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.skipif("pydist-0.94.0" not in SLOW_BASES, reason="builds b10359: DFBUILD_TEST_BASES=b10355,b10359 runs it")
+@pytest.mark.skipif("pydist-0.94.0" not in SLOW_BASES,
+                    reason="builds pydist-0.94.0 (about b10615): DFBUILD_TEST_BASES=pydist-0.94.0 runs it")
 def test_without_noise_block_base_grid_images_succeed_but_stop_drafting(tmp_path):
     """Ablation: zero-fill alone fixes the 500s; only noise-block-base brings drafting back on a 2-D grid."""
     binary = server_for("pydist-0.94.0", patched=True, skip=("noise-block-base",))

@@ -28,8 +28,9 @@ def main() -> None:
     try:
         cli_main(prog_name="dfbuild")
     finally:
-        # after the command (click's own teardown, interpreter exit) a Ctrl-C has nothing left to undo
+        # after the command (click's own teardown, interpreter exit) a Ctrl-C or SIGTERM has nothing left to undo
         signal.signal(signal.SIGINT, _interrupted_early)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 if __name__ == "__main__":

@@ -5,12 +5,11 @@ one (backend, source) pair; any other use is refused unless the caller asks to r
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from pathlib import Path
 
-from dfbuild.core import ui
+from dfbuild.core import state, ui
 from dfbuild.core.errors import BuildDirMismatchError
 from dfbuild.host.backends import Host
 
@@ -45,7 +44,7 @@ def write_stamp(build_dir: Path, stamp: dict) -> None:
     build_dir.mkdir(parents=True, exist_ok=True)
     tmp = build_dir / (STAMP_NAME + ".tmp")
     tmp.write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, build_dir / STAMP_NAME)
+    state.move(tmp, build_dir / STAMP_NAME)
 
 
 def read_cmake_cache(build_dir: Path) -> dict[str, str]:

@@ -168,6 +168,15 @@ class BuildRequest:
 
     # --- said before the work starts ---------------------------------------------------------
 
+    def _ccache_words(self) -> str:
+        """Whether the build uses ccache, as the build (build_config) and doctor find it: on PATH."""
+        if not self.use_ccache:
+            return "no (--no-ccache)"
+        from dfbuild.host.probes import probe
+
+        found = probe("ccache", self.host, optional=True)
+        return "yes" if found.found else "no: not installed (`dfbuild doctor` says how)"
+
     def summary(self, *, smoke: bool = True) -> str:
         """The request in words, one option a line (stderr, before any work; plain text)."""
         here = backends.current_host()
@@ -185,7 +194,7 @@ class BuildRequest:
                           else "the system's"))
         lines += [("cmake args", " ".join(self.extra_cmake_args) or "none"),
                   ("jobs", str(self.jobs) if self.jobs else "ninja's default"),
-                  ("ccache", "yes" if self.use_ccache else "no (--no-ccache)"),
+                  ("ccache", self._ccache_words()),
                   ("web ui", "embedded" if self.web_ui else "left out (--no-ui)")]
         if self.reconfigure or self.fresh:
             lines.append(("build dir", "start over (--fresh)" if self.fresh else "reconfigure (--reconfigure)"))

@@ -65,8 +65,10 @@ def _run_logged(args: list[str], *, cwd: Path, env: dict, log,
     ui.debug("    $ " + shlex.join(args))
     if run_in is not None:
         args = run_in(args, cwd)
+    # a session of its own: a signal to dfbuild's PID alone reaches ninja and its compilers only through
+    # stop_group below (a terminal's Ctrl-C as well); a dfbuild killed by -9 still stops ninja (SIGTERM)
     process = proc.start(args, cwd=cwd, env=env, stdout=proc.PIPE, stderr=proc.STDOUT, text=True, errors="replace",
-                         bufsize=1)
+                         bufsize=1, own_group=True, die_with=proc.dies_with_dfbuild())
     total = work = 0
     interactive = ui.console.is_terminal and progress_title is not None and not ui.quiet()
     progress = Progress(TextColumn("    {task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -91,12 +93,10 @@ def _run_logged(args: list[str], *, cwd: Path, env: dict, log,
                     reported = done * 10 // total
                     ui.info(f"    [{done}/{total}]")
         return process.wait(), total, work
-    except KeyboardInterrupt:
-        # ninja got the same SIGINT; let it stop cleanly so the next run resumes.
-        try:
-            process.wait(timeout=30)
-        except proc.TimeoutExpired:
-            process.kill()
+    except KeyboardInterrupt as exc:  # Ctrl-C, or errors.Terminated (SIGTERM)
+        # forwarded to ninja and its compilers, which stop within a moment (ninja keeps what it finished, so
+        # the next run resumes); what has not stopped after proc.STOP_GRACE_S is killed
+        proc.stop_group(process, proc.interrupt_signal(exc))
         log.write("\n[dfbuild] interrupted\n")
         raise
     finally:

@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from dfbuild.core import gitrun
+from dfbuild.core import gitrun, state
 from dfbuild.core.errors import BuildError, NotLlamaTreeError, SourceError
 
 
@@ -93,10 +93,15 @@ def stamp_build_info(build_dir: Path, configured: str, label: str) -> None:
     if stamped != text:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(stamped, encoding="utf-8")
-        os.replace(tmp, path)
+        state.move(tmp, path)
 
 
 def check_llama_tree(source_dir: Path) -> None:
+    if not os.path.lexists(source_dir):
+        raise NotLlamaTreeError(f"{source_dir} does not exist",
+                                "make it with `dfbuild apply --base REV --dir DIR` (or checkout), or check the path")
+    if not source_dir.is_dir():
+        raise NotLlamaTreeError(f"{source_dir} is not a directory", "point --dir at the checkout `dfbuild apply` made")
     if not (source_dir / "CMakeLists.txt").is_file() or not (source_dir / "tools" / "server").is_dir():
         raise NotLlamaTreeError(
             f"{source_dir} is not a llama.cpp tree (no CMakeLists.txt with tools/server)",

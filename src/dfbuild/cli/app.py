@@ -124,7 +124,8 @@ class DfbuildGroup(click.Group):
 @click.option("-v", "--verbose", count=True, expose_value=False, callback=_talk,
               help="More talk on stderr: the commands a build runs (cmake, ninja).")
 def main() -> None:
-    """Turn a llama.cpp PR head into fixed, tested, releasable DFlash binaries.
+    """Build llama.cpp releases with DFlash's image fix: patched, smoke-tested, packaged like llama.cpp's own.
 
+    Any llama.cpp release bNNNNN (offline, from PyPI), PR head or commit.
     Pipeline: checkout -> apply (patch series) -> build -> smoke -> release.
     """

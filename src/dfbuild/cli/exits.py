@@ -22,12 +22,18 @@ def _fail(exc: errors.DfbuildError, as_json: bool = False):
     sys.exit(exc.exit_code)
 
 
+def _terminated(signum, frame):
+    raise errors.Terminated()
+
+
 def handle_errors(func):
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        # from here on Ctrl-C is a KeyboardInterrupt that rolls back (before it, _entry exits 130 at once)
+        # from here on Ctrl-C is a KeyboardInterrupt that rolls back (before it, _entry exits 130 at once),
+        # and SIGTERM (`timeout`, systemd, a supervisor) the same, as errors.Terminated: exit 143
         try:
             signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, _terminated)
         except ValueError:  # not the main thread (a test's runner): nothing to replace there
             pass
         as_json = bool(kwargs.get("as_json"))  # a failure with --json is a JSON object on stdout too
@@ -50,14 +56,16 @@ def handle_errors(func):
             if known is None:
                 raise
             _fail(known, as_json)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             # what was half done has been rolled back (or is recovered by the next run)
-            ui.console.print("[red]interrupted[/red]: stopped (Ctrl-C); run the command again to finish",
-                             soft_wrap=True)
+            term = isinstance(exc, errors.Terminated)
+            code = errors.TERMINATED_EXIT_CODE if term else errors.INTERRUPTED_EXIT_CODE
+            ui.console.print(f"[red]interrupted[/red]: stopped ({'SIGTERM' if term else 'Ctrl-C'}); "
+                             "run the command again to finish", soft_wrap=True)
             if as_json and not ui.json_emitted:
-                ui.emit_json({"error": "interrupted", "code": errors.INTERRUPTED_EXIT_CODE,
+                ui.emit_json({"error": "terminated" if term else "interrupted", "code": code,
                               "hint": "run the command again to finish"})
-            sys.exit(errors.INTERRUPTED_EXIT_CODE)
+            sys.exit(code)
 
     return wrapper
 

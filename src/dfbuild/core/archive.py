@@ -18,7 +18,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from dfbuild.core import readers
+from dfbuild.core import readers, state
 from dfbuild.core.errors import ReleaseError, VerifyError
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".zip")
@@ -128,7 +128,7 @@ def write_tar_gz(path: Path, root: str | None, entries: list[Entry], mtime: int)
                 data = entry.read()
                 info.mode, info.size = entry.mode, len(data)
                 tar.addfile(info, io.BytesIO(data))
-    os.replace(tmp, path)
+    state.move(tmp, path)
 
 
 def write_zip(path: Path, root: str | None, entries: list[Entry], mtime: int) -> None:
@@ -152,18 +152,21 @@ def write_zip(path: Path, root: str | None, entries: list[Entry], mtime: int) ->
             info.external_attr = (stat.S_IFREG | real.mode) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(info, real.read(), compresslevel=9)
-    os.replace(tmp, path)
+    state.move(tmp, path)
 
 
 def write_archive(path: Path, root: str | None, entries: list[Entry], mtime: int) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.name.endswith(".zip"):
-        write_zip(path, root, entries, mtime)
-    elif path.name.endswith(".tar.gz"):
-        write_tar_gz(path, root, entries, mtime)
-    else:
+    writer = write_zip if path.name.endswith(".zip") else write_tar_gz if path.name.endswith(".tar.gz") else None
+    if writer is None:
         raise ReleaseError(f"{path.name}: unknown archive type", "name it .tar.gz or .zip")
+    try:
+        with state.naming(path):  # a full disk's ENOSPC comes from write(), which names no file
+            writer(path, root, entries, mtime)
+    except BaseException:
+        path.with_name(path.name + ".tmp").unlink(missing_ok=True)  # no half archive left in the output dir
+        raise
     return path
 
 

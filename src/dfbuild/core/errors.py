@@ -89,8 +89,9 @@ class CannotWriteError(DfbuildError):
 
 # errno -> (what it means, what to do); an OSError with one of these is the user's to fix, not a bug
 _WRITE_ERRNOS: dict[int | None, tuple[str, str]] = {
-    errno.ENOSPC: ("the disk is full", "free some space there (or point --dir / DFBUILD_CACHE_DIR elsewhere), "
-                   "then run again; what was half done is finished or undone by the next run"),
+    errno.ENOSPC: ("the disk is full", "free some space there, or put it on another disk (--out for a release, "
+                   "--dir or --work for the tree, --cache-dir or DFBUILD_CACHE_DIR for the cache), then run "
+                   "again; what was half done is finished or undone by the next run"),
     errno.EDQUOT: ("the disk quota is exceeded", "free some space there, then run again"),
     errno.EROFS: ("the file system is read-only", "pass a --dir (or --out) on a writable file system"),
     errno.EACCES: ("permission denied", "pass a --dir (or --out) you can write, or fix its permissions"),
@@ -228,3 +229,12 @@ class VerifyError(DfbuildError):
 # Ctrl-C (SIGINT), as shells report it: 128 + 2. Not an exception class: cli.handle_errors
 # maps KeyboardInterrupt to it.
 INTERRUPTED_EXIT_CODE = 130
+# SIGTERM (what `timeout`, systemd and a supervisor send): 128 + 15
+TERMINATED_EXIT_CODE = 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised by the handler cli.handle_errors sets: a KeyboardInterrupt, so everything that
+    rolls back on Ctrl-C rolls back on it too, and it exits 143 where Ctrl-C exits 130."""
+
+    signal_name = "SIGTERM"

@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from dfbuild.core import ui
+from dfbuild.core import state, ui
 from dfbuild.core.errors import SourceError
 
 TIMEOUT_S = 120
@@ -37,7 +37,7 @@ def download(url: str, dest: Path, *, sha256: str, name: str, size: int = 0, rea
         if digest.hexdigest() != sha256:
             raise SourceError(f"{name} from {url} does not match the sha256 dfbuild expects ({sha256[:16]}...)",
                               "download it again; if this persists, the server is serving a different file")
-        os.replace(tmp, dest)
+        state.move(tmp, dest)
     except (urllib.error.URLError, OSError) as exc:
         raise SourceError(f"cannot download {name} from {url}: {getattr(exc, 'reason', None) or exc}",
                           reach) from None

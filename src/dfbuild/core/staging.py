@@ -4,7 +4,6 @@ half-made DIR, and the next run removes the debris (dfbuild's own, never the use
 
 from __future__ import annotations
 
-import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -53,4 +52,4 @@ def move_into_place(made: Path, dest: Path) -> None:
     state.tree_made(made, dest)  # the new tree's own lock, taken before anyone can see it as DEST
     if dest.exists():
         dest.rmdir()  # empty, as checked: a non-empty DIR was refused
-    os.replace(made, dest)
+    state.move(made, dest)

@@ -1,7 +1,12 @@
 """State that survives bad luck: atomic files, locks that say who holds them, owned temp dirs.
 
 - `atomic_write_*`: temp file in the same directory, fsync, rename. A reader
-  sees the old file or the new one, never half of one, whatever kills us.
+  sees the old file or the new one, never half of one, whatever kills us. The
+  file's mode follows the umask, as open()'s does (0644 under 022).
+- `move`: os.replace that also works across filesystems (a `--out` on a tmpfs,
+  a cache on another volume): a rename where one is possible, else a copy to a
+  temp name beside the target, fsync, rename, then the source removed. Every
+  move dfbuild makes goes through it.
 - `read_json`: a record that is missing *or unreadable* is treated as absent,
   with a warning, never as a crash.
 - `hold`: an inter-process lock (filelock) held for a whole command. A second
@@ -17,9 +22,11 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
+import secrets
 import shutil
 import signal
 import tempfile
@@ -48,6 +55,32 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def _create_beside(path: Path, mode: int = 0o666) -> tuple[int, Path]:
+    """A new, empty temp file beside PATH, opened for writing: (fd, its path).
+
+    Made with os.open's MODE, so the umask applies as it does to any file the user's
+    programs make (tempfile.mkstemp's 0600 would hide SHA256SUMS from a web server).
+    """
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), mode), tmp
+        except FileExistsError:
+            continue
+
+
+@contextmanager
+def naming(path: Path):
+    """An OSError inside the block that names no file names PATH: write() on a full disk (ENOSPC) names
+    none, and cli.exits would say "cannot write a file" where docs/exit-codes.md promises the file."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = str(path)
+        raise
+
+
 def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> Path:
     """Write DATA to PATH so that PATH is always either the old file or the new one.
 
@@ -55,9 +88,9 @@ def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> Path
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_beside(path)
     try:
-        with os.fdopen(fd, "wb") as handle:
+        with naming(path), os.fdopen(fd, "wb") as handle:
             handle.write(data)
             if durable:
                 handle.flush()
@@ -72,6 +105,95 @@ def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> Path
     if durable:
         _fsync_dir(path.parent)
     return path
+
+
+def _copy_file_durably(source: str, target: str) -> str:
+    """shutil.copy2, then fsync: the copy is on disk before it is renamed into place."""
+    shutil.copy2(source, target, follow_symlinks=False)
+    if not os.path.islink(target):
+        with open(target, "rb+") as handle:
+            os.fsync(handle.fileno())
+    return target
+
+
+def _copy_tree(source: Path, dest: Path) -> None:
+    """SOURCE's tree at DEST, links as links; the first error stops it, with its errno (shutil.copytree
+    would go on past a full disk and raise one shutil.Error without an errno: exit 1, not 16)."""
+    for root, dirs, files in os.walk(source):  # links to directories are listed in dirs, never followed
+        here = dest / Path(root).relative_to(source)
+        here.mkdir()
+        shutil.copymode(root, here)
+        for name in dirs + files:
+            item = Path(root) / name
+            if item.is_symlink():
+                os.symlink(os.readlink(item), here / name)
+            elif name in files:
+                _copy_file_durably(str(item), str(here / name))
+
+
+def _copy_beside(source: Path, target: Path) -> Path:
+    """A complete, fsync'd copy of SOURCE (a file, a link or a tree) under a temp name beside TARGET."""
+    if source.is_dir() and not source.is_symlink():
+        tmp = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            _copy_tree(source, tmp)
+        except BaseException:  # a full disk half-way: no half copy left beside TARGET
+            _remove(tmp)
+            raise
+        return tmp
+    fd, tmp = _create_beside(target)
+    os.close(fd)
+    try:
+        if source.is_symlink():
+            tmp.unlink()
+            os.symlink(os.readlink(source), tmp)
+        else:
+            _copy_file_durably(str(source), str(tmp))
+    except BaseException:
+        _remove(tmp)
+        raise
+    return tmp
+
+
+def _remove(path: Path) -> bool:
+    """Remove PATH (a tree, a file or a link, never followed); False when a file or link could not be."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+        return True
+    try:
+        path.unlink()
+    except OSError:
+        return False
+    return True
+
+
+def move(source: Path, target: Path) -> Path:
+    """Move SOURCE (a file, a link or a directory) to TARGET as os.replace does, across filesystems too.
+
+    A rename where SOURCE and TARGET share a filesystem (atomic, and all it costs).
+    Across filesystems (EXDEV: a `--out` on a tmpfs or a mounted volume, a cache on
+    another disk) SOURCE is copied to a temp name beside TARGET, fsync'd, and renamed
+    into place, so TARGET is the old one or the whole new one, never half of it;
+    SOURCE is removed only then. A directory TARGET must be absent or empty, as for
+    os.replace.
+    """
+    source, target = Path(source), Path(target)
+    try:
+        os.replace(source, target)
+        return target
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+    with naming(target):
+        tmp = _copy_beside(source, target)
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        _remove(tmp)
+        raise
+    _fsync_dir(target.parent)
+    _remove(source)
+    return target
 
 
 def atomic_write_text(path: Path, text: str, *, durable: bool = True) -> Path:
@@ -267,14 +389,8 @@ def sweep_temp() -> list[Path]:
         match = TEMP_NAME.match(entry.name)
         if not match or pid_alive(int(match.group(1))):
             continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            try:
-                entry.unlink()
-            except OSError:
-                continue
-        removed.append(entry)
+        if _remove(entry):
+            removed.append(entry)
     return removed
 
 

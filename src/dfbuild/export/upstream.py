@@ -155,18 +155,18 @@ def _publish(staging: Path, out: Path, replace: bool) -> None:
     """Rename STAGING to OUT: OUT is the old export or the new one, never half of either."""
     if replace:
         old = out.parent / f".{out.name}.export-old-{os.getpid()}"
-        os.rename(out, old)
+        state.move(out, old)
         try:
-            os.rename(staging, out)
+            state.move(staging, out)
         except OSError:
-            os.rename(old, out)
+            state.move(old, out)
             raise
         shutil.rmtree(old, ignore_errors=True)
     elif out.exists():
         os.rmdir(out)  # empty (checked): the rename needs the name free on every OS
-        os.rename(staging, out)
+        state.move(staging, out)
     else:
-        os.rename(staging, out)
+        state.move(staging, out)
 
 
 # --- the export ------------------------------------------------------------------------------

@@ -170,6 +170,16 @@ def check_webui() -> dict:
     here = backends.current_host()
     found = [probe(name, here, spec=spec).as_dict() for name, spec in webui.table()["probes"].items()]
     missing = [p for p in found if not p["ok"]]
+    if missing:  # what webui._tools then uses: Node.js from PyPI, fetched once into the cache
+        from dfbuild.host import webui_node
+
+        spec = webui.table()["pip_node"]
+        for missed in missing:
+            missed["install"] = f"(optional: for the machine's own) {missed['install']}" if missed["install"] else None
+        found.append({"name": "node-pypi", "found": webui_node.cached(spec) is not None, "optional": False,
+                      "what": f"instead, Node.js from PyPI ({spec['project']})", "path": None,
+                      "version": webui_node.describe(spec), "problem": None, "install": None, "ok": True})
+        missing = []
     return {"what": "llama-server's web UI (GET /), built from the tree's tools/ui with npm once per UI, then cached",
             "can_build": not missing, "toolchain": found, "install": _dedupe(p["install"] for p in missing),
             "without": "--no-ui builds llama-server without it; a UI already in dfbuild's cache needs neither"}

@@ -229,18 +229,23 @@ def _version(program: str) -> str | None:
 
 
 def _tools() -> dict[str, str]:
-    """{node, npm}: their paths, or ToolchainMissingError naming what to install (or --no-ui)."""
-    from dfbuild.host import backends, probes
+    """{node, npm}: the machine's when they are new enough, else Node.js from PyPI (webui_node, with its
+    bin_dir), or ToolchainMissingError naming what to install (or --no-ui) when that cannot be had either."""
+    from dfbuild.host import backends, probes, webui_node
 
     host = backends.current_host()
     found: dict[str, str] = {}
     for name in ("node", "npm"):
         probe = probes.probe(name, host, spec=table()["probes"][name])
         if not probe.ok:
-            raise ToolchainMissingError(
-                f"{probe.what}: {probe.problem or 'not found'}; it is needed once per set of UI sources "
-                "(nothing is cached for this tree's UI)",
-                f"{probe.install}; or pass --no-ui to build llama-server without its web UI")
+            why = f"the machine's {name} is {probe.problem or 'not found'}"
+            try:
+                return webui_node.ensure(table()["pip_node"], why)
+            except ToolchainMissingError as exc:
+                raise ToolchainMissingError(
+                    f"{probe.what}: {probe.problem or 'not found'}, and {exc.message}; it is needed once per set "
+                    "of UI sources (nothing is cached for this tree's UI)",
+                    f"{probe.install}; or pass --no-ui to build llama-server without its web UI") from None
         found[name] = probe.path or name
     return found
 
@@ -268,7 +273,7 @@ def _build(tree: Path, lay: Layout, key: dict, entry: Path, tools: dict[str, str
     partial.mkdir(parents=True)
     try:
         record = _build_in(tree, lay, key, entry, partial, tools)
-        os.replace(partial, entry)
+        state.move(partial, entry)
         return record
     finally:
         shutil.rmtree(partial, ignore_errors=True)  # gone when renamed into place; else what failed
@@ -290,6 +295,8 @@ def _build_in(tree: Path, lay: Layout, key: dict, entry: Path, partial: Path, to
     env = {**os.environ, **key["env"], "npm_config_cache": str(npm_cache), "npm_config_update_notifier": "false",
            "CI": "true"}  # CI: no interactive prompts, no progress spinners in the log
     env.pop("LLAMA_UI_OUT_DIR", None)  # the build writes ./dist, where the recipe's own test reads it
+    if tools.get("bin_dir"):  # Node.js from PyPI: npm's `#!/usr/bin/env node` (and the UI's scripts) find it
+        env["PATH"] = os.pathsep.join([tools["bin_dir"], env.get("PATH", os.defpath)])
     versions = {"node": _version(tools["node"]), "npm": _version(tools["npm"])}
     ui.info(f"building the web UI from {tree / UI_DIR} once ({table()['recipes'][lay.recipe]['what']}; "
             f"Node.js {versions['node'] or '?'}, npm {versions['npm'] or '?'}; log: {log_path}); "
@@ -306,7 +313,8 @@ def _build_in(tree: Path, lay: Layout, key: dict, entry: Path, partial: Path, to
             t0 = time.monotonic()
             try:
                 done = proc.run([program, *step[1:]], cwd=work, env=env, capture=False, stdout=log,
-                                stderr=proc.STDOUT, stdin=proc.DEVNULL)
+                                stderr=proc.STDOUT, stdin=proc.DEVNULL, own_group=True,  # stopped whole on Ctrl-C
+                                die_with=proc.dies_with_dfbuild())
             except OSError as exc:
                 raise WebUIError(f"cannot run {step[0]}: {exc}", f"full log: {log_path}; or pass --no-ui") from None
             timings[step_label(step)] = round(time.monotonic() - t0, 1)
@@ -317,7 +325,7 @@ def _build_in(tree: Path, lay: Layout, key: dict, entry: Path, partial: Path, to
     if not (dist / "index.html").is_file():
         raise WebUIError(f"the web UI's build finished but wrote no {DIST}/index.html",
                          f"full log: {log_path}; or pass --no-ui")
-    shutil.move(str(dist), str(partial / DIST))
+    state.move(dist, partial / DIST)
     t0 = time.monotonic()
     shutil.rmtree(work)  # node_modules: hundreds of MB that no later build needs (npm's cache keeps the packages)
     timings["remove node_modules"] = round(time.monotonic() - t0, 1)
@@ -405,7 +413,7 @@ def place(tree: Path, entry: Path, record: dict) -> None:
     _write_placed(tree, record, previous=placed.get("dist_sha256"))
     if dist.exists():
         shutil.rmtree(dist)
-    os.replace(staging, dist)
+    state.move(staging, dist)
 
 
 def _write_placed(tree: Path, record: dict, previous: str | None) -> None:

@@ -265,8 +265,8 @@ def _keep_unpatched(built: dict, folder: Path, key: str, commit: str) -> dict:
         if not ((folder / UNPATCHED_RECORD).is_file() or (folder / build.STAMP_NAME).is_file()):
             raise BuildDirMismatchError(f"{folder} holds files dfbuild did not write; nothing was touched",
                                         "move it away, or use another --work dir")
-        os.replace(folder, trash)
-    os.replace(staging, folder)
+        state.move(folder, trash)
+    state.move(staging, folder)
     shutil.rmtree(trash, ignore_errors=True)
     return section
 

@@ -11,7 +11,7 @@ import shutil
 import sys
 from pathlib import Path, PurePosixPath
 
-from dfbuild.core import elf, owned, paths, proc
+from dfbuild.core import elf, owned, paths, proc, state
 from dfbuild.core.archive import Entry
 from dfbuild.core.errors import ReleaseError
 from dfbuild.core.paths import sha256_file
@@ -145,7 +145,7 @@ def repair_wheel(wheel: Path, out_dir: Path, work_dir: Path, env: dict) -> Path:
         raise ReleaseError(f"auditwheel could not make the wheel manylinux: {last[0].strip()}", f"full log: {log}")
     final = out_dir / wheels[0].name
     owned.claim(out_dir, [final.name], ReleaseError, legacy=release_files)
-    os.replace(wheels[0], final)
+    state.move(wheels[0], final)
     return final
 
 
@@ -162,7 +162,7 @@ def build_wheel(*, bin_dir: Path, version: str, manifest_bytes: bytes, license_p
     shutil.copytree(builder_dir(), project, ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__"))
     package_name = wheel_package(backend)
     package = project / "src" / package_name
-    (project / "src" / WHEEL_DIST).rename(package)
+    state.move(project / "src" / WHEEL_DIST, package)
     pyproject = project / "pyproject.toml"
     text = pyproject.read_text(encoding="utf-8")
     text = (text.replace('name = "llama-dflash"', f'name = "{package_name.replace("_", "-")}"')
@@ -195,5 +195,5 @@ def build_wheel(*, bin_dir: Path, version: str, manifest_bytes: bytes, license_p
         return repair_wheel(wheels[0], out_dir, work_dir, env)
     final = out_dir / wheels[0].name
     owned.claim(out_dir, [final.name], ReleaseError, legacy=release_files)
-    os.replace(wheels[0], final)
+    state.move(wheels[0], final)
     return final

@@ -12,7 +12,6 @@ series_apply's plan calls it for a base no variant was made on.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from pathlib import Path
@@ -194,7 +193,7 @@ def _carry_concern(series: Series, tree: Path, concern: Concern, order: list[str
         shutil.copyfile(index, trial)
         forward = _try_apply(tree, patch, trial_env)  # git apply never fuzzes: context must match
         if forward.returncode == 0:
-            os.replace(trial, index)
+            state.move(trial, index)
             offsets = sorted({int(off) for _, _, off in _OFFSETS.findall(forward.stderr)})
             if not offsets:
                 return Step(concern, variant, "clean", f"carried from {variant.base}, exact", how="exact")
@@ -211,7 +210,7 @@ def _carry_concern(series: Series, tree: Path, concern: Concern, order: list[str
             if _index_blob(tree, trial_env) == _index_blob(tree, env):  # both sides made the same change
                 return Step(concern, variant, "applied", f"already in the tree: a 3-way merge of the {variant.base} "
                             "variant changes nothing", how="upstream")
-            os.replace(trial, index)
+            state.move(trial, index)
             return Step(concern, variant, "3-way", f"carried from {variant.base}, conflict-free 3-way merge",
                         how="3-way")
         tried.append(f"{failure} (and the 3-way merge conflicts)")

@@ -39,6 +39,7 @@ KINDS: dict[str, str] = {
     "tls": "OpenSSL built for the Windows cross build",
     "webui": "llama-server's web UI built from a tree's tools/ui, one entry per set of UI sources (what builds embed)",
     "npm": "npm's package cache for the web UI builds (another base with the same lockfile then builds offline)",
+    "node": "Node.js from PyPI, where the machine's is missing or too old for the web UI",
     "wine-prefix": "the Wine prefix Windows binaries run in",
     "mesa-shader-cache": "Mesa's shader cache for Vulkan smoke runs on lavapipe",
     "vulkan-headers": "Debian 13's Vulkan headers (doctor --fetch-vulkan-headers)",
@@ -50,7 +51,7 @@ KINDS: dict[str, str] = {
     "locks": "lock files (never removed)",
 }
 # kinds whose entries a run holds a cache lock on (paths.locked: ENTRY.lock, or SLUG.lock for repos/SLUG.git)
-LOCKED_KINDS = ("imports", "repos", "tls", "webui", "vulkan-headers")
+LOCKED_KINDS = ("imports", "repos", "tls", "webui", "vulkan-headers", "node")
 NEVER_REMOVED = ("locks",)
 
 
@@ -109,6 +110,11 @@ def _is_lock_file(name: str) -> bool:
     return name.endswith((".lock", ".lock.owner")) or (name.startswith(".") and ".lock.owner." in name)
 
 
+def _kind_lock(name: str) -> bool:
+    """NAME is the lock file (or its owner note) of a kind kept at the cache's top, e.g. produced.json.lock."""
+    return _is_lock_file(name) and name.lstrip(".").split(".lock")[0] in KINDS
+
+
 def show(root: Path | None = None) -> dict:
     """Where the cache is and its size by kind: {dir, bytes, kinds: [...], other: [names not dfbuild's]}."""
     root = Path(root or paths.cache_dir())
@@ -120,7 +126,7 @@ def show(root: Path | None = None) -> dict:
         info = _lstat(path)
         entries = len(os.listdir(path)) if info and stat.S_ISDIR(info.st_mode) else 1
         kinds.append(Kind(name, what, path, size_of(path), entries))
-    other = sorted(n for n in os.listdir(root) if n not in KINDS)
+    other = sorted(n for n in os.listdir(root) if n not in KINDS and not _kind_lock(n))
     return {"dir": str(root), "bytes": sum(k.bytes for k in kinds), "kinds": [k.to_dict() for k in kinds],
             "other": other}
 

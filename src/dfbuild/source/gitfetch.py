@@ -7,7 +7,6 @@ needs (see SHALLOW_KEY). source.py turns what is fetched here into the user's DI
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
 import tempfile
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import git
 
-from dfbuild.core import gitrun, proc, ui
+from dfbuild.core import gitrun, proc, state, ui
 from dfbuild.core.errors import SourceError
 from dfbuild.core.paths import cache_dir, locked
 from dfbuild.model.series import RELEASE_NAME, release_build  # noqa: F401 - the names a tag is read with
@@ -175,7 +174,7 @@ def _drop_redundant_shallow(git_dir) -> None:
     if keep:
         tmp = path.with_name("shallow.dfbuild-tmp")
         tmp.write_text("".join(f"{sha}\n" for sha in keep))
-        os.replace(tmp, path)
+        state.move(tmp, path)
     else:
         path.unlink()
 
@@ -223,7 +222,7 @@ def _init_cache(path: Path) -> git.Repo:
     path.parent.mkdir(parents=True, exist_ok=True)
     gitrun.run(None, "init", "--quiet", "--bare", str(tmp))
     git_in(tmp, "config", SHALLOW_KEY, "shallow")
-    tmp.rename(path)
+    state.move(tmp, path)
     return git.Repo(path)
 
 

@@ -152,6 +152,11 @@ def unknown_base(name: str) -> UnknownBaseError:
     import difflib
 
     names = named_bases()
+    if re.fullmatch(r"[bB]?\d+", name):  # a release's name, but no release has that number
+        return UnknownBaseError(
+            f"llama.cpp has no release {name}: release numbers have 3 to 6 digits (b9837 is the first with DFlash)",
+            "the releases the series knows, and every release published:\n"
+            f"dfbuild bases\npip index versions {pypi.RELEASES_PROJECT}")
     near = difflib.get_close_matches(name.lower(), names + list(BASE_ALIASES), n=1, cutoff=0.75)
     guess = f" Did you mean '{near[0]}'?" if near else ""
     return UnknownBaseError(

@@ -146,17 +146,57 @@ def release_requirement(build: int) -> str:
     return f"{RELEASES_PROJECT}=={build}.0.0"
 
 
+# b9837: the first llama.cpp release with DFlash (patches/series.toml's first epoch begins there; the
+# series tests check the two agree). A suggestion for a mistyped release is one the series can fix.
+FIRST_DFLASH_BUILD = 9837
+
+
+def _edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance: a dropped, doubled, swapped-for or extra digit is 1 (b1134 -> b11434)."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        previous, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (x != y))
+    return row[-1]
+
+
+def nearest_releases(build: int, builds: list[int], limit: int = 3) -> list[int]:
+    """Up to LIMIT published DFlash-era releases a user who typed BUILD most likely meant.
+
+    A typo first (the fewest digits to change: b1134 -> b11434, not b9093; among a digit dropped or
+    added, the newest release, else the nearest number), then the releases either side of BUILD.
+    """
+    era = [b for b in builds if b >= FIRST_DFLASH_BUILD] or builds
+    typed = str(build)
+    typos = sorted((b for b in era if _edit_distance(typed, str(b)) <= max(1, len(typed) // 4)),
+                   key=lambda b: (_edit_distance(typed, str(b)), -b if len(str(b)) != len(typed) else abs(b - build)))
+    around = ([b for b in era if b < build][-1:] + [b for b in era if b > build][:1]) if era else []
+    picked: list[int] = []
+    for b in typos + around:
+        if b not in picked:
+            picked.append(b)
+    return picked[:limit]
+
+
 def require_release(build: int) -> str:
-    """The requirement for llama.cpp bBUILD, or UnknownBaseError naming the nearest releases there are."""
+    """The requirement for llama.cpp bBUILD, or UnknownBaseError naming the releases the user most likely meant."""
     builds = release_builds()
     if build in builds:
         return release_requirement(build)
-    older = [b for b in builds if b < build][-1:]
-    newer = [b for b in builds if b > build][:1]
-    nearest = ", ".join(f"b{b}" for b in older + newer) or "none"
+    nearest = nearest_releases(build, builds)
+    guess = f" Did you mean b{nearest[0]}?" if nearest else ""
+    if builds and build > builds[-1]:
+        why = f"newer than any release {RELEASES_PROJECT} publishes (its newest is b{builds[-1]})"
+    elif build < FIRST_DFLASH_BUILD:
+        why = (f"not published as an sdist of {RELEASES_PROJECT}, and older than DFlash "
+               f"(b{FIRST_DFLASH_BUILD} is the first release with it)")
+    else:
+        why = f"not published as an sdist of {RELEASES_PROJECT} (it has about one release in nine)"
+    listed = ", ".join(f"b{b}" for b in nearest) or "none"
     raise UnknownBaseError(
-        f"llama.cpp b{build} is not published as an sdist of {RELEASES_PROJECT} (it has about one release in nine)",
-        f"nearest releases there: {nearest}; or pass --repo URL_OR_PATH to check out any revision",
+        f"llama.cpp b{build} is {why}.{guess}",
+        f"releases there that the series fixes: {listed}; or pass --repo URL_OR_PATH to check out any revision",
     )
 
 
@@ -199,5 +239,5 @@ def download_sdist(requirement: str, dest: Path) -> str:
         if not got.is_file():
             raise SourceError(f"cannot download {requirement}: PyPI has no sdist of it", "check the name and version")
         digest = sha256_file(got)
-        os.replace(got, dest)
+        state.move(got, dest)
     return digest

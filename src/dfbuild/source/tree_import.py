@@ -4,7 +4,6 @@ fixed identity, and kept as a bare cache repo per offline base (whose blobs carr
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from pathlib import Path
@@ -65,7 +64,7 @@ def _offline_cache_repo(base: KnownBase) -> git.Repo:
             tmp_bare = path.with_name(path.name + ".tmp")
             shutil.rmtree(tmp_bare, ignore_errors=True)
             git.Repo.clone_from(str(work), tmp_bare, bare=True, multi_options=["--quiet"])
-            tmp_bare.rename(path)
+            state.move(tmp_bare, path)
     return git.Repo(path)
 
 
@@ -151,7 +150,7 @@ def import_archive(archive: Path, tag: str, dest: Path, *, date: str = FIXED_DAT
         elif stale_git.is_dir():
             shutil.rmtree(stale_git)
         check_links_stay_in(root)
-        os.replace(root, work)
+        state.move(root, work)
 
         repo = git.Repo.init(work)
         repo.git.config(*KEEP_BYTES)

@@ -26,7 +26,7 @@ import os
 import shutil
 from pathlib import Path
 
-from dfbuild.core import fetch, paths, proc, ui, unpack
+from dfbuild.core import fetch, paths, proc, state, ui, unpack
 from dfbuild.core.errors import BuildError, SourceError, ToolchainMissingError
 
 BUILT_NAME = "dfbuild-openssl.json"  # written last: a folder without it is not a usable build
@@ -139,7 +139,7 @@ def _build_in(spec: dict, tools: dict[str, str], source: Path, prefix: Path, par
     (partial / BUILT_NAME).write_text(json.dumps({
         "library": "OpenSSL", "version": spec["version"], "sha256": spec["sha256"],
         "configure": configure_command(spec, tools)}, indent=1) + "\n", encoding="utf-8")
-    os.replace(partial, prefix)
+    state.move(partial, prefix)
 
 
 def describe(spec: dict) -> str:

@@ -35,7 +35,7 @@ import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
-from dfbuild.core import paths, proc, ui
+from dfbuild.core import paths, proc, state, ui
 from dfbuild.core.errors import BuildError, SourceError, ToolchainMissingError, UsageError
 from dfbuild.host import backends
 
@@ -263,7 +263,7 @@ def _make_in(root: dict, path: Path, partial: Path) -> None:
         "rocm": {name: versions.get(name) for name in root.get("expect", {})},
         "gpu_targets": tensile, "download_bytes": download, "disk_bytes": disk_bytes(partial),
         "wall_s": round(wall, 1)}, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(partial, path)
+    state.move(partial, path)
     made = record(path)
     ui.info(f"made {path}: {made['download_bytes'] / 1e6:.0f} MB downloaded, {made['disk_bytes'] / 1e9:.2f} GB "
             f"on disk, {made['wall_s']:.0f} s")
@@ -417,7 +417,7 @@ def mark_build_dir(build_dir: Path, root: Path) -> None:
     """Say in BUILD_DIR that its binaries run inside ROOT (smoke and verify read it)."""
     tmp = Path(build_dir) / (BUILT_IN_ROOT + ".tmp")
     tmp.write_text(json.dumps({"root": str(root), "record": record(root)["name"]}) + "\n", encoding="utf-8")
-    os.replace(tmp, Path(build_dir) / BUILT_IN_ROOT)
+    state.move(tmp, Path(build_dir) / BUILT_IN_ROOT)
 
 
 def launcher(build_dir: Path) -> list[str] | None:

@@ -4,11 +4,9 @@ a file written only when it changes. The platform modules import this, never the
 from __future__ import annotations
 
 import functools
-import os
-import tempfile
 from pathlib import Path
 
-from dfbuild.core import proc
+from dfbuild.core import proc, state
 from dfbuild.host import backends
 from dfbuild.host.backends import Host
 
@@ -49,7 +47,4 @@ def write_if_changed(path: Path, text: str) -> None:
             return
     except OSError:
         pass
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+    state.atomic_write_text(path, text, durable=False)

@@ -33,7 +33,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from dfbuild.core import paths, proc
+from dfbuild.core import paths, proc, state
 from dfbuild.core.errors import BuildError, ToolchainMissingError
 from dfbuild.host.backends import Host
 from dfbuild.host.platforms import openssl
@@ -393,7 +393,7 @@ def _link(link: Path, target: Path) -> None:
     if tmp.is_symlink() or tmp.exists():
         tmp.unlink()
     tmp.symlink_to(target, target_is_directory=True)
-    os.replace(tmp, link)
+    state.move(tmp, link)
 
 
 def vulkan_setup(host: Host, build_dir: Path, doctor_entry: dict) -> dict:
@@ -437,7 +437,7 @@ def vulkan_setup(host: Host, build_dir: Path, doctor_entry: dict) -> dict:
         if result.returncode != 0:
             raise BuildError(f"dlltool could not make {library.name}: {result.stderr.strip()[-300:]}",
                              install_line(host))
-        os.replace(tmp, library)
+        state.move(tmp, library)
     from dfbuild.host.probes import vulkan_header_version
 
     version = vulkan_header_version(headers / "vulkan" / "vulkan_core.h")
