@@ -80,7 +80,7 @@ def harness_python(requirements: Path) -> Path:
             proc.run([partial / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check",
                       "-r", requirements], check=True)
             (partial / "ready").write_text("ok\n", encoding="utf-8")
-            os.rename(partial, where)  # the venv's python is a link to this one's, so the move keeps it working
+            state.move(partial, where)  # beside it, so a rename: the venv's python links stay as they were
         finally:
             shutil.rmtree(partial, ignore_errors=True)
     return python
