@@ -22,13 +22,44 @@ prepare_carry() {
         -d .whl "${WHEELS[@]}"
 }
 
-# THERE: the carried wheels into /tmp/site, dfbuild's source ($here/src: the sourcing script sets `here`,
+# THERE: the carried wheels into /tmp/site ($SITE), dfbuild's source ($here/src: the sourcing script sets `here`,
 # its repo root) and them on the path (SAY: the sourcing script's way to report)
 install_carry() {
     local say=$1
     : "${here:?the sourcing script sets here (the repo root)}"
     python3 -m pip show "${IMAGE_HAS[@]}" > /dev/null \
         || "$say" "some of ${IMAGE_HAS[*]} are missing on this image: carry their wheels too (prepare)"
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    export PYTHONPATH="$here/src:/tmp/site" PATH="/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1
+    local site=${SITE:-/tmp/site}  # (SITE: elsewhere, for a trial run on a shared machine)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl
+    export PYTHONPATH="$here/src:$site" PATH="$site/bin:$PATH" PYTHONUNBUFFERED=1
+}
+
+# HERE: .carry/trees.git, one bare repo holding each release's import from dfbuild's cache (imports/bNNNN.git,
+# the one commit `dfbuild checkout` makes of its sdist, tagged bNNNN; a release not there is imported first)
+carry_trees() {
+    local release imported
+    git init -q --bare .carry/trees.git
+    for release in "$@"; do
+        imported=$(python3 -c "
+import sys
+from dfbuild import source
+print(source._offline_cache_repo(source.known_base(sys.argv[1])).git_dir)" "$release")
+        git --git-dir=.carry/trees.git fetch -q "$imported" "refs/tags/$release:refs/tags/$release"
+    done
+    git --git-dir=.carry/trees.git repack -q -a -d -f --depth=250 --window=250
+    git --git-dir=.carry/trees.git prune-packed
+}
+
+# THERE: each release's import into dfbuild's cache ($DFBUILD_CACHE_DIR/imports), as the cache keeps it, so that
+# every checkout is offline
+seed_imports() {
+    local release repo
+    for release in "$@"; do
+        repo="$DFBUILD_CACHE_DIR/imports/$release.git"
+        rm -rf "$repo" && git init -q --bare "$repo"
+        git --git-dir="$repo" fetch -q "$here/.carry/trees.git" "refs/tags/$release:refs/tags/$release"
+        git --git-dir="$repo" update-ref refs/heads/master "refs/tags/$release"
+        git --git-dir="$repo" update-ref "refs/heads/dfbuild/$release" "refs/tags/$release"
+        git --git-dir="$repo" symbolic-ref HEAD "refs/heads/dfbuild/$release"
+    done
 }

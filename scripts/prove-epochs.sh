@@ -60,17 +60,7 @@ prepare)
     python3 -c "import dfbuild" 2> /dev/null || { echo "activate dfbuild's venv first (. .venv/bin/activate)" >&2; exit 2; }
     prepare_carry
     read -r -a releases <<< "${*:-$(epoch_ends)}"
-    git init -q --bare .carry/trees.git
-    for release in "${releases[@]}"; do
-        # the release's import in dfbuild's cache (made, from its sdist, when missing)
-        imported=$(python3 -c "
-import sys
-from dfbuild import source
-print(source._offline_cache_repo(source.known_base(sys.argv[1])).git_dir)" "$release")
-        git --git-dir=.carry/trees.git fetch -q "$imported" "refs/tags/$release:refs/tags/$release"
-    done
-    git --git-dir=.carry/trees.git repack -q -a -d -f --depth=250 --window=250
-    git --git-dir=.carry/trees.git prune-packed
+    carry_trees "${releases[@]}"
     mkdir -p .carry/ungated && git archive "$UNGATED_AT" patches | tar -x -C .carry/ungated
     du -sh .whl .carry
     echo "carry: [\".whl\", \".carry\"]; on the device: bash scripts/prove-epochs.sh run RELEASE..."
@@ -89,14 +79,7 @@ run)
     export DFBUILD_CACHE_DIR=/tmp/dfbuild-cache
     # the tests' flags: -O1, as every proof in series.toml was made
     export DFBUILD_CMAKE_ARGS="'-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG' '-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG'"
-    for release in "${releases[@]}"; do  # each import as dfbuild's cache keeps it: checkouts need no sdist
-        repo="$DFBUILD_CACHE_DIR/imports/$release.git"
-        rm -rf "$repo" && git init -q --bare "$repo"
-        git --git-dir="$repo" fetch -q "$here/.carry/trees.git" "refs/tags/$release:refs/tags/$release"
-        git --git-dir="$repo" update-ref refs/heads/master "refs/tags/$release"
-        git --git-dir="$repo" update-ref "refs/heads/dfbuild/$release" "refs/tags/$release"
-        git --git-dir="$repo" symbolic-ref HEAD "refs/heads/dfbuild/$release"
-    done
+    seed_imports "${releases[@]}"  # each import as dfbuild's cache keeps it: checkouts need no sdist
     python3 -m dfbuild.cli --version >> "$report" 2>&1
     say "prove ${releases[*]}: cpu, x64, -O1, -j 2, ${PARALLEL:-8} at a time on $(nproc) cores"
     # shellcheck disable=SC2016  # (expanded by the inner bash, one release each)

@@ -20,7 +20,7 @@ import re
 import struct
 from pathlib import Path
 
-from . import errors, state, ui
+from . import errors, state
 from .draft_check import SECTIONS_KEY, draft_head_dim, judge, read_draft, read_target
 from .draft_gguf import MAGIC, Header, TensorInfo, encode_int32_array, pad, read_header
 
@@ -224,5 +224,4 @@ def fix_draft(draft_path: Path, target_path: Path, out: Path, *, force: bool = F
     after = judge(copy, target)
     result.update(changed=True, sections=sections, bytes=len(head) + data_length, tensors=len(draft.tensors),
                   verified=True, after=after.to_dict())
-    ui.info(f"read back {out.name}: {len(draft.tensors)} tensors hash equal to the draft's, every other key kept")
     return result

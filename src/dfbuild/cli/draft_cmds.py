@@ -65,6 +65,7 @@ def draft_fix(draft, target, out, force, as_json):
         ui.result(f"{draft} already carries rope sections {result['sections']}: nothing to fix, nothing written",
                   soft_wrap=True, markup=False)
         return
+    ui.info(f"read back {result['out']}: {result['tensors']} tensors hash equal to the draft's, every other key kept")
     after = result["after"]
     ui.result(f"wrote {result['out']}: {draft} with dflash.rope.dimension_sections = {result['sections']}, "
               f"{result['tensors']} tensors byte-identical", soft_wrap=True, markup=False)
