@@ -8,6 +8,7 @@
 #
 #   bash scripts/prove-fixed-drafts.sh prepare [RELEASE...]   # HERE, in the repo root, dfbuild's venv active
 #   bash scripts/prove-fixed-drafts.sh run [RELEASE...]       # THERE, in the repo root of its copy of the tree
+#   bash scripts/prove-fixed-drafts.sh convert                # THERE: the converter patch, before and after
 #
 # The releases (default): the first release of every epoch of patches/series.toml from b10662 on, the last one
 # before it (b10644) and the newest (b11434): 7 releases, one wave of PARALLEL (default 8) builds of -j 2.
@@ -16,6 +17,10 @@
 # a proof, two builds of which one incremental, took 4.5 to 5), so one call of timeout_s 600 runs all 7.
 # run writes into $OUT one fixed-drafts.tar.gz: fixed-drafts/fixed-draft-bNNNN.json (bench/fixed_draft.py's
 # record), each release's build log and smoke logs, and summary.txt.
+# convert runs bench/convert_drafts.py (a draft converted by b11434's convert_hf_to_gguf.py against each target
+# config; the image's python3 has torch, safetensors and transformers) on b11434's converter before and after
+# bench/upstream/converter-b11434's patch (prepare carries both, .carry/converter: convert_hf_to_gguf.py,
+# conversion/ and gguf-py/ alone, about 3 MiB) and writes $OUT/convert_drafts-converter-fix.json (a minute).
 # Back here: tar -xzf fixed-drafts.tar.gz; copy fixed-drafts/fixed-draft-bNNNN.json to bench/proofs/ and add a
 # row per release to docs/drafts.md's "Proven" table (bench/fixed_draft.py --table prints the rows).
 set -euo pipefail
@@ -46,6 +51,12 @@ prepare)
     prepare_carry
     read -r -a releases <<< "${*:-$(default_releases)}"
     carry_trees "${releases[@]}"
+    # b11434's converter as released and with the patch sent upstream (the measurement `convert` makes)
+    mkdir -p .carry/converter/b11434-before
+    git --git-dir=.carry/trees.git archive b11434 convert_hf_to_gguf.py conversion gguf-py \
+        | tar -x -C .carry/converter/b11434-before
+    cp -r .carry/converter/b11434-before .carry/converter/b11434-after
+    patch -s -p1 -d .carry/converter/b11434-after < "$(ls "$here"/bench/upstream/converter-b11434/0001-*.patch)"
     du -sh .whl .carry
     echo "carry: [\".whl\", \".carry\"]; on the device: bash scripts/prove-fixed-drafts.sh run ${releases[*]}"
     ;;
@@ -80,8 +91,15 @@ run)
         echo "$1 fixed-draft exit $code (0: as draft check says)"' _ {} "$results" | tee -a "$report"
     say "done"
     ;;
+convert)
+    : "${OUT:?run it on the device machine, where \$OUT is set}"
+    [ -d .carry/converter/b11434-after ] || { echo "carry .carry (prepare it here first)" >&2; exit 2; }
+    python3 -c "import torch, safetensors, transformers" || { echo "python3 needs torch, safetensors, transformers" >&2; exit 2; }
+    python3 bench/convert_drafts.py --python python3 --out "$OUT/convert_drafts-converter-fix.json" \
+        .carry/converter/b11434-before .carry/converter/b11434-after
+    ;;
 *)
-    echo "usage: bash scripts/prove-fixed-drafts.sh prepare [RELEASE...] | run [RELEASE...]" >&2
+    echo "usage: bash scripts/prove-fixed-drafts.sh prepare [RELEASE...] | run [RELEASE...] | convert" >&2
     exit 2
     ;;
 esac
