@@ -34,7 +34,7 @@ import benchlib
 import spec_images
 from benchlib import log
 
-from dfbuild import fixtures, smoke
+from dfbuild import draft_fix, fixtures, smoke
 
 FAMILIES = {"agree": ("qwen35-grid-plain-agree", "qwen35-grid-fixed-agree"),
             "random": ("qwen35-grid-plain-random", "qwen35-grid-fixed-random")}
@@ -45,9 +45,9 @@ def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 2) if values else None
 
 
-def summarize(records: list[dict]) -> list[dict]:
+def summarize(records: list[dict], families: dict = FAMILIES) -> list[dict]:
     rows = []
-    for family in FAMILIES:
+    for family in families:
         for fix in ("fill", "jump"):
             for kind in KINDS:
                 mine = [r for r in records if (r["family"], r["fix"], r["kind"]) == (family, fix, kind)]
@@ -73,8 +73,9 @@ def summarize(records: list[dict]) -> list[dict]:
 
 
 def table(section: dict) -> list[str]:
-    lines = [f"- series: `{section['series']['hash']}` on {section['series']['base']} "
-             f"(today's: {section['series']['current']}); {section['reps']} repetitions x {section['n_predict']} "
+    series = section["series"]
+    lines = [f"- fixtures: {section['fixture_shape']}; series: `{series['hash']}` on {series['base']} "
+             f"(today's: {series['current']}); {section['reps']} repetitions x {section['n_predict']} "
              f"tokens; `-t {section['threads']}`, `--spec-draft-n-max {section['spec_draft_n_max']}`",
              "", "| fixtures | fix | request | spec tok/s | none tok/s | speed-up | drafted | accepted | acceptance "
              "| output = none |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -97,6 +98,9 @@ def main(argv=None) -> int:
     p.add_argument("--spec-draft-n-max", type=int, default=3)
     p.add_argument("--server-arg", action="append", default=[])
     p.add_argument("--fixtures", type=Path, default=None)
+    p.add_argument("--shape", choices=("smoke", "bench"), default="smoke",
+                   help="smoke: the tiny fixtures, agree and random sets; bench: write_bench_fixtures' 163 M target "
+                        "(agree only: the bench fixtures have no random set), its draft fixed beside it")
     p.add_argument("--label", default="cpu")
     p.add_argument("--results", type=Path, default=benchlib.RESULTS_JSON)
     args = p.parse_args(argv)
@@ -105,14 +109,23 @@ def main(argv=None) -> int:
                            extra_server_args=[a for arg in args.server_arg for a in arg.split()],
                            start_timeout=300.0, request_timeout=1800.0, n_predict=args.n_predict)
     fx_dir = args.fixtures or Path(tempfile.mkdtemp(prefix="draft-vs-fill-"))
-    fx = fixtures.ensure_fixtures(fx_dir)
+    families = dict(FAMILIES)
+    if args.shape == "bench":
+        fx = spec_images.ensure_bench_fixtures(fx_dir, fixtures.BENCH_SHAPE)
+        plain = fx["sets"][FAMILIES["agree"][0]]
+        fixed = Path(fx_dir) / fixtures.FILES["draft-fixed-agree"]
+        draft_fix.fix_draft(Path(plain["draft"]), Path(plain["target"]), fixed, force=True)
+        fx["sets"][FAMILIES["agree"][1]] = dict(plain, draft=str(fixed), draft_rope="fixed")
+        families = {"agree": FAMILIES["agree"]}
+    else:
+        fx = fixtures.ensure_fixtures(fx_dir)
     image = Path(fx["images"]["small"])
     logs = fx_dir / "logs-draft-vs-fill"
     logs.mkdir(parents=True, exist_ok=True)
     started = benchlib.now_iso()
     load_start = benchlib.load_average()
     records: list[dict] = []
-    for family, (plain, fixed) in FAMILIES.items():
+    for family, (plain, fixed) in families.items():
         builds = {"fill": (smoke.server_binary(args.patched_build), fx["sets"][plain]),
                   "jump": (smoke.server_binary(args.unpatched_build), fx["sets"][fixed])}
         servers = {(fix, mode): spec_images.BenchServer(binary, spec_images.server_args(entry, mode, opts), logs,
@@ -137,8 +150,9 @@ def main(argv=None) -> int:
                "spec_draft_n_max": args.spec_draft_n_max,
                "builds": {"patched": spec_images.server_version(smoke.server_binary(args.patched_build)),
                           "unpatched": spec_images.server_version(smoke.server_binary(args.unpatched_build))},
-               "fixture_shape": "smoke (tiny: n_embd 64, 4 layers)", "rows": summarize(records), "records": records}
-    benchlib.merge_results("draft_vs_fill", args.label, section, args.results)
+               "fixture_shape": args.shape, "target_params": fx.get("target_params"),
+               "rows": summarize(records, families), "records": records}
+    benchlib.merge_results("draft_vs_fill", f"{args.label}-{args.shape}", section, args.results)
     print("\n".join(table(section)))
     return 0
 
