@@ -34,7 +34,9 @@ import benchlib
 import spec_images
 from benchlib import log
 
-from dfbuild import draft_fix, fixtures, smoke
+from dfbuild import smoke
+from dfbuild.draft import fix as draft_fix
+from dfbuild.smoke import fixtures
 
 FAMILIES = {"agree": ("qwen35-grid-plain-agree", "qwen35-grid-fixed-agree"),
             "random": ("qwen35-grid-plain-random", "qwen35-grid-fixed-random")}

@@ -42,7 +42,7 @@ carry_trees() {
     for release in "$@"; do
         imported=$(python3 -c "
 import sys
-from dfbuild.source import checkout as source
+from dfbuild.source.checkout import checkout as source
 print(source._offline_cache_repo(source.known_base(sys.argv[1])).git_dir)" "$release")
         git --git-dir=.carry/trees.git fetch -q "$imported" "refs/tags/$release:refs/tags/$release"
     done

@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 from helpers import dfbuild, said
 
-from dfbuild import draft_fix, draft_gguf, fixtures
-from dfbuild.paths import sha256_file
+from dfbuild.core.paths import sha256_file
+from dfbuild.draft import fix as draft_fix
+from dfbuild.draft import header as draft_gguf
+from dfbuild.smoke import fixtures
 
 gguf = pytest.importorskip("gguf")
 

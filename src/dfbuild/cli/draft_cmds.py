@@ -7,10 +7,10 @@ from pathlib import Path
 
 import click
 
-from .. import ui
-from .app import main
-from .exits import handle_errors
-from .options import json_option_for
+from dfbuild.cli.app import main
+from dfbuild.cli.exits import handle_errors
+from dfbuild.cli.options import json_option_for
+from dfbuild.core import ui
 
 _draft_argument = click.argument("draft", type=click.Path(path_type=Path, dir_okay=True))
 _target_option = click.option("--target", "target", type=click.Path(path_type=Path), required=True,
@@ -30,7 +30,7 @@ def draft_group():
 def draft_check(draft, target, as_json):
     """Say whether DRAFT with --target TARGET fails image requests (llama.cpp #27408), on which llama.cpp
     releases, and the way out. Reads only the two files' metadata."""
-    from .. import draft_check as check_stage
+    from dfbuild.draft import check as check_stage
 
     check = check_stage.check_pair(draft, target)
     if as_json:
@@ -55,7 +55,7 @@ def draft_fix(draft, target, out, force, as_json):
     converter writes it for an M-RoPE target: llama-server b10662 and later then load it as an M-RoPE draft,
     which answers image requests unpatched. Every tensor and every other key is kept byte for byte; the copy
     is streamed, read back and hash-checked before it is renamed into place."""
-    from .. import draft_fix as fix_stage
+    from dfbuild.draft import fix as fix_stage
 
     result = fix_stage.fix_draft(draft, target, out, force=force)
     if as_json:

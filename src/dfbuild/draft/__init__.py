@@ -1,0 +1,1 @@
+"""dfbuild.draft: (describe the stage)."""
