@@ -1,6 +1,6 @@
 """What `dfbuild draft check` and `draft fix` cost on large drafts (issue 43), measured side by side:
 
-- reading the header: gguf-py's GGUFReader against dfbuild's draft_gguf, on a draft with a real-size
+- reading the header: gguf-py's GGUFReader against dfbuild.draft.header, on a draft with a real-size
   vocabulary (250,000 tokens and merges) and a multi-GB data section (sparse: no disk is used for it);
 - `dfbuild draft fix` as a user runs it (a subprocess): wall time and peak RSS (ru_maxrss of the child),
   on a draft of a few hundred MB whose bytes are real (not sparse), against its size.
@@ -113,7 +113,7 @@ def main() -> None:
         record["header"] = {
             "file_bytes": sparse.stat().st_size, "vocab": args.vocab,
             "gguf_reader": _reader_cost(f"import gguf; gguf.GGUFReader({str(sparse)!r})"),
-            "draft_gguf": _reader_cost(f"from dfbuild import draft_gguf; draft_gguf.read_header({str(sparse)!r})"),
+            "draft_gguf": _reader_cost(f"from dfbuild.draft import header; header.read_header({str(sparse)!r})"),
         }
         wall, rss, rc = _run_child([dfbuild, "draft", "check", str(sparse), "--target", str(target), "--json"])
         record["header"]["draft_check"] = {"wall_s": round(wall, 3), "peak_rss_mib": round(rss / 1024, 1), "rc": rc}

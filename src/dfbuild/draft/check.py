@@ -1,5 +1,5 @@
 """`dfbuild draft check`: does a DFlash draft and its target hit llama.cpp #27408, on which releases, and
-what is the way out. Metadata only (draft_gguf reads the two headers; no tensor byte is read).
+what is the way out. Metadata only (draft.header reads the two headers; no tensor byte is read).
 
 What decides it, read from llama.cpp's code (docs/drafts.md has the tables):
 - the target: image rows of an M-RoPE target (`llama_model_rope_type` answers MROPE or IMROPE) share a
