@@ -22,7 +22,7 @@ prepare_carry() {
         -d .whl "${WHEELS[@]}"
 }
 
-# THERE: the carried wheels into /tmp/site, dfbuild's source ($here/src: the sourcing script sets `here`,
+# THERE: the carried wheels into /tmp/site ($SITE), dfbuild's source ($here/src: the sourcing script sets `here`,
 # its repo root) and them on the path (SAY: the sourcing script's way to report)
 install_carry() {
     local say=$1

@@ -141,3 +141,21 @@ def test_adopting_the_proven_tree_gives_back_the_committed_variant(base, proof, 
             assert (unseen / variant["file"]).read_bytes() == (shipped.root / variant["file"]).read_bytes()
     check = dfbuild("series", "check", "--dir", src, "--patches", unseen, "--json")
     assert check.returncode == 0 and json.loads(check.stdout)["base"] == base
+
+
+def test_a_draft_fixed_by_draft_fix_needs_no_patched_build(base, proof, tmp_path):
+    """Issue 43 on the proof's unpatched build: the bug's request answers HTTP 500 with the fixtures' plain-rope
+    drafts and 200 with the same drafts after `dfbuild draft fix` (output identical to --spec-type none, the
+    agree draft's drafts accepted, no fill), as `draft check` says for this release (b10662 and later)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import fixed_draft  # bench/ is scripts, not a package
+
+    record = fixed_draft.prove_release(work_for(base) / "unpatched" / "build-cpu", base, tmp_path / "fixtures")
+    assert record["as_draft_check_says"], record["problems"]
+    expected_to_work = int(base[1:]) >= 10662
+    assert record["fixed_draft_works_unpatched"] is expected_to_work
+    agree = record["runs"]["fixed-draft/qwen35-grid-fixed-agree"]
+    if expected_to_work:
+        assert agree["statuses"] == [200, 200] and agree["identical_to_no_spec"] and agree["image_accepted"] > 0
+        assert not agree["zero_filled"]
+    assert 500 in record["runs"]["pinned-image-hole/qwen35-grid-plain-agree"]["statuses"]

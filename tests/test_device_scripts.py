@@ -17,7 +17,7 @@ from dfbuild import series
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
-DEVICE_SCRIPTS = ["cuda-release.sh", "prove-epochs.sh", "prove-exports.sh"]
+DEVICE_SCRIPTS = ["cuda-release.sh", "prove-epochs.sh", "prove-exports.sh", "prove-fixed-drafts.sh"]
 
 
 def _array(name: str) -> list[str]:
@@ -95,3 +95,15 @@ def test_the_bases_prove_exports_proves_by_default_are_the_epochs_last_releases_
     assert listed[:-3] == lasts and len(lasts) == 8
     drawn = listed[-3:]
     assert len(set(drawn)) == 3 and not set(drawn) & set(lasts) and all(int(b[1:]) >= 9837 for b in drawn)
+
+
+def test_prove_fixed_drafts_takes_one_release_of_each_epoch_from_b10662():
+    """Issue 43: the first release of every epoch from b10662 on, the last before it, and the newest."""
+    body = re.search(r"^default_releases\(\) \{.*?^\}", (SCRIPTS / "prove-fixed-drafts.sh").read_text(),
+                     re.S | re.M).group(0)
+    listed = subprocess.run(["bash", "-c", f"here={ROOT}\n{body}\ndefault_releases"], capture_output=True,
+                            text=True, check=True).stdout.split()
+    epochs = series.load_series().epochs
+    from_b10662 = [f"b{e.first}" for e in epochs if e.first >= 10662]
+    assert listed == ["b10644", *from_b10662, f"b{epochs[-1].last}"]
+    assert all(any(e.first <= int(r[1:]) <= e.last for r in listed) for e in epochs if e.first >= 10662)

@@ -226,6 +226,32 @@ class VerifyError(DfbuildError):
     exit_code = 51
 
 
+class NotGgufError(DfbuildError):
+    """`dfbuild draft`: a file that is not a GGUF model (no GGUF magic, a version llama.cpp does not read,
+    not a regular file, missing or unreadable)."""
+
+    exit_code = 60
+
+
+class DraftDamagedError(DfbuildError):
+    """`dfbuild draft`: a GGUF file that is truncated or damaged (a length past its end, an unknown type)."""
+
+    exit_code = 61
+
+
+class NotDraftError(DfbuildError):
+    """`dfbuild draft`: the DRAFT is not a DFlash draft, or the TARGET is not a text model (a projector, a draft)."""
+
+    exit_code = 62
+
+
+class DraftFixRefusedError(DfbuildError):
+    """`dfbuild draft fix` writes nothing: the target is not M-RoPE (nothing to fix), `--out` exists (without
+    `--force`) or is one of the inputs, or the copy did not read back equal (it is removed)."""
+
+    exit_code = 63
+
+
 # Ctrl-C (SIGINT), as shells report it: 128 + 2. Not an exception class: cli.handle_errors
 # maps KeyboardInterrupt to it.
 INTERRUPTED_EXIT_CODE = 130

@@ -81,6 +81,9 @@ def naming(path: Path):
         raise
 
 
+fsync_dir = _fsync_dir  # for a file a stage renames into place itself (draft_fix's streamed copy)
+
+
 def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> Path:
     """Write DATA to PATH so that PATH is always either the old file or the new one.
 

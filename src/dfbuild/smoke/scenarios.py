@@ -80,7 +80,7 @@ class Scenario:
     expect_log: str | None = None
     archs: tuple[str, ...] = ()  # only on fixture sets whose target has one of these architectures
     slot_save: bool = False  # the server gets a --slot-save-path of its own (the slot actions' folder)
-    draft_ropes: tuple[str, ...] = ()  # only on fixture sets whose draft has one of these ropes (plain, sections)
+    draft_ropes: tuple[str, ...] = ()  # only on sets whose draft has one of these ropes (plain, sections, fixed)
     # What the unpatched build does here, which a proof holds the patched build to (issue 37):
     # "same": the case works unpatched, so where the unpatched run passes the patched one must give the
     #         same outputs, draft counters and drafted candidates (-v);
@@ -151,6 +151,13 @@ SCENARIOS = {s.name: s for s in (
     Scenario("pinned-image-hole", (IMAGE, TEXT_AFTER), server_args=("-v",),
              description="the bug: a plain-rope draft's cache gets a hole from a left-out pinned image",
              archs=("qwen35",), draft_ropes=("plain",), unpatched="fails"),
+    # Issue 43's way out without the series: the bug's request with the plain-rope draft after `dfbuild draft
+    # fix` (its tensors, byte for byte, plus dflash.rope.dimension_sections). From b10662 on the loader makes it an
+    # M-RoPE draft, which jumps over the image's span: it passes unpatched, with no fill. Before b10662 the
+    # loader ignores the key, so the unpatched build fails as with the plain draft (and the series fills there).
+    Scenario("fixed-draft", (IMAGE, TEXT_AFTER), server_args=("-v",),
+             description="the bug's request with a draft fixed by `dfbuild draft fix`: unpatched passes from b10662",
+             archs=("qwen35",), draft_ropes=("fixed",), unpatched="same"),
     # The two edge cases of embedding-skip's test (issue 29). It compares the first and last row
     # of each batch process() sees, and mtmd hands it the image in n_batch pieces: the grid
     # projector's small image is 9 rows on one temporal position, so -b 8 gives a last piece of
