@@ -7,6 +7,7 @@ One module per command group, each command a thin skin over its stage:
 - proof_cmds: fixtures, smoke, prove, track
 - host_cmds: doctor, matrix
 - cache_cmds: bases, cache (show, dir, clean)
+- image_cmds: image
 app holds the `dfbuild` group, options the shared options, common the locks, dirs and
 tables the commands share; exits maps every error
 to its documented exit code (see errors.py and docs/exit-codes.md), in one place:
@@ -15,7 +16,7 @@ everything below this layer raises, never exits.
 
 from __future__ import annotations
 
-from . import cache_cmds, checkout_cmds, host_cmds, proof_cmds, release_cmds, series_cmds  # noqa: F401  (registers the commands)
+from . import cache_cmds, checkout_cmds, host_cmds, image_cmds, proof_cmds, release_cmds, series_cmds  # noqa: F401  (registers the commands)
 from .app import main
 from .checkout_cmds import apply, checkout, import_
 from .common import STATUS_STYLE, _default_dir_here, _locks, _render_concerns, _work_locks

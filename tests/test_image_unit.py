@@ -1,0 +1,141 @@
+"""The image stage's pieces that need no root, no umoci and no build: the Dockerfile reader, names, the
+/app selection, the launcher of an unpacked image (issue 46)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dfbuild import archive, image, image_build, image_recipe, image_run
+from dfbuild.errors import ImageInputError, ImageRunError
+
+# A Dockerfile of the shape llama.cpp's .devops/ files have (written for this test): a build stage, a base
+# stage with the runtime packages, and the server stage on it.
+DOCKERFILE = """\
+ARG UBUNTU_VERSION=24.04
+FROM docker.io/ubuntu:$UBUNTU_VERSION AS build
+RUN apt-get update && apt-get install -y gcc-14 cmake
+
+FROM docker.io/ubuntu:$UBUNTU_VERSION AS base
+LABEL org.opencontainers.image.title="x" \\
+      org.opencontainers.image.version=$APP_VERSION
+RUN apt-get update \\
+    && apt-get install -y libgomp1 curl \\
+    # a comment inside the continued line
+    ffmpeg \\
+    && apt clean -y
+COPY --from=build /app/lib/ /app
+
+FROM base AS full
+RUN apt-get install -y python3 git
+ENTRYPOINT ["/app/tools.sh"]
+
+FROM base AS server
+ENV LLAMA_ARG_HOST=0.0.0.0
+COPY --from=build /app/full/llama /app/full/llama-server /app
+WORKDIR /app
+HEALTHCHECK CMD [ "curl", "-f", "http://localhost:8080/health" ]
+ENTRYPOINT [ "/app/llama-server" ]
+"""
+
+
+def test_the_server_stage_and_its_base_are_read():
+    recipe = image_recipe.read_text(DOCKERFILE, ".devops/cpu.Dockerfile")
+    assert recipe.found and recipe.note is None
+    # the base stage's packages only: not the build stage's compilers, not the full stage's python
+    assert recipe.packages == ["libgomp1", "curl", "ffmpeg"]
+    assert recipe.env == ["LLAMA_ARG_HOST=0.0.0.0"]
+    assert recipe.entrypoint == ["/app/llama-server"] and recipe.workdir == "/app"
+    assert recipe.healthcheck == ["CMD", "curl", "-f", "http://localhost:8080/health"]
+    assert recipe.programs == ["llama", "llama-server"] and recipe.libraries
+    assert "org.opencontainers.image.version" in recipe.labels
+
+
+@pytest.mark.parametrize("text, why", [
+    ("FROM x AS base\nRUN true\n", "no `server` stage"),
+    ("FROM x AS server\nENTRYPOINT /app/llama-server --flag\n", "not in exec form"),
+    ("FROM x AS server\nENTRYPOINT [\"/app/llama-server\"]\n", "copies no program"),
+])
+def test_a_dockerfile_of_another_shape_gives_the_fallback_and_says_why(text, why):
+    recipe = image_recipe.read_text(text, ".devops/cpu.Dockerfile")
+    assert not recipe.found and why in recipe.note
+    assert recipe.entrypoint == ["/app/llama-server"] and "llama-server" in recipe.programs
+
+
+def test_a_tree_without_the_dockerfile_gives_the_fallback(tmp_path):
+    recipe = image_recipe.read(tmp_path, "vulkan")
+    assert not recipe.found and recipe.file == ".devops/vulkan.Dockerfile" and "has no" in recipe.note
+    with pytest.raises(KeyError):
+        image_recipe.read(tmp_path, "metal")  # llama.cpp publishes no Metal image
+
+
+def test_every_archive_backend_with_an_upstream_image_has_its_name():
+    names = {b: image_recipe.image_for(b)["name"] for b in ("cpu", "vulkan", "cuda", "hip")}
+    assert names == {"cpu": "server", "vulkan": "server-vulkan", "cuda": "server-cuda", "hip": "server-rocm"}
+    assert image_recipe.image_for("cuda").get("runtime_archive")
+
+
+def test_the_image_file_is_named_as_its_archive():
+    assert (image.image_file_name("llama-b11434-dflash-e8448d4a-bin-ubuntu-cuda-12.8-x64.tar.gz")
+            == "llama-b11434-dflash-e8448d4a-image-ubuntu-cuda-12.8-x64.oci.tar")
+    assert image.image_ref({"name": "server"}, "b11434-dflash-e8448d4a") == \
+        "llama.cpp-dflash:server-b11434-dflash-e8448d4a"
+    with pytest.raises(ImageInputError):
+        image.image_file_name("llama-b11434-dflash-e8448d4a-bin-win-cpu-x64.zip")
+
+
+def _member(name: str, kind: str = "file", link: str | None = None) -> archive.Member:
+    return archive.Member(name=name, kind=kind, mode=0o755 if kind == "file" else None,
+                          data=b"x" if kind == "file" else None, link=link, size=1 if kind == "file" else 0)
+
+
+def test_app_takes_the_libraries_the_named_programs_and_dfbuilds_files_only():
+    root = "llama-b1-dflash-00000000"
+    members = [_member(root, "dir"), _member(f"{root}/llama-server"), _member(f"{root}/llama-cli"),
+               _member(f"{root}/libllama.so.0.6.0"), _member(f"{root}/libllama.so.0", "link", "libllama.so.0.6.0"),
+               _member(f"{root}/libggml-cpu-haswell.so"), _member(f"{root}/LICENSE"),
+               _member(f"{root}/licenses", "dir"), _member(f"{root}/licenses/curl.txt"),
+               _member(f"{root}/manifest.json"), _member(f"{root}/REQUIRES.txt")]
+    recipe = image_recipe.read_text(DOCKERFILE, "cpu.Dockerfile")
+    app, missing = image_build.app_members(members, root, recipe)
+    assert sorted(m.name for m in app) == ["LICENSE", "REQUIRES.txt", "libggml-cpu-haswell.so", "libllama.so.0",
+                                           "libllama.so.0.6.0", "licenses/curl.txt", "llama-server",
+                                           "manifest.json"]
+    assert missing == ["llama"]  # a release of llama-server alone: said, not invented
+
+
+def _bundle(tmp_path: Path) -> Path:
+    bundle = tmp_path / "bundle"
+    (bundle / "rootfs" / "app").mkdir(parents=True)
+    (bundle / "rootfs" / "app" / "llama-server").write_bytes(b"\x7fELF")
+    (bundle / "config.json").write_text(json.dumps({"process": {
+        "args": ["/app/llama-server"], "env": ["PATH=/usr/bin:/bin", "LLAMA_ARG_HOST=0.0.0.0"], "cwd": "/app"}}))
+    (bundle / image_run.MARKER).write_text("{}")
+    return bundle
+
+
+def test_the_smoke_starts_an_unpacked_images_entrypoint_through_its_launcher(tmp_path):
+    bundle = _bundle(tmp_path)
+    binary = bundle / "rootfs" / "app" / "llama-server"
+    assert image_run.app_dir(bundle) == bundle / "rootfs" / "app"
+    assert image_run.launcher(binary)[-2:] == ["dfbuild.image_run", str(bundle)]
+    other = tmp_path / "build" / "bin" / "llama-server"
+    other.parent.mkdir(parents=True)
+    other.write_bytes(b"")
+    assert image_run.launcher(other) is None
+    (tmp_path / "models").mkdir()
+    args = ["-m", str(tmp_path / "models" / "t.gguf"), "--host", "127.0.0.1"]
+    command, env = image_run.command(bundle, binary, args, {"LLAMA_ARG_HOST": "1.2.3.4", "HOME": "/root",
+                                                            "GGML_VK_VISIBLE_DEVICES": "0"})
+    # the image's environment, the device knobs passed, nothing else of this machine's
+    assert env == {"PATH": "/usr/bin:/bin", "LLAMA_ARG_HOST": "0.0.0.0", "GGML_VK_VISIBLE_DEVICES": "0"}
+    tail = command[command.index(str(bundle / "rootfs")):]
+    assert tail == [str(bundle / "rootfs"), "/app", str(tmp_path / "models"), "--", "/app/llama-server", *args]
+    with pytest.raises(ImageRunError):
+        image_run.command(bundle, other, args, {})
+
+
+def test_binds_never_cover_the_images_own_app_or_system_folders():
+    assert image_run.binds_for(["/app/llama-server", "-m", "/usr/share/x", "--slot", "/app/slots"]) == []
