@@ -139,3 +139,16 @@ def test_the_smoke_starts_an_unpacked_images_entrypoint_through_its_launcher(tmp
 
 def test_binds_never_cover_the_images_own_app_or_system_folders():
     assert image_run.binds_for(["/app/llama-server", "-m", "/usr/share/x", "--slot", "/app/slots"]) == []
+
+
+def test_the_release_notes_give_each_image_its_load_and_run_lines():
+    from dfbuild.verify_image import notes_lines
+
+    record = {"name": "llama-b1-dflash-0-image-ubuntu-cuda-12.8-x64.oci.tar", "image": "server-cuda",
+              "ref": "llama.cpp-dflash:server-cuda-b1-dflash-0", "platform": "linux/amd64", "digest": "sha256:ab"}
+    text = "\n".join(notes_lines([record], "ghcr.io/owner"))
+    assert "podman load -i llama-b1-dflash-0-image-ubuntu-cuda-12.8-x64.oci.tar" in text
+    assert "podman run --rm -p 8080:8080 --device nvidia.com/gpu=all" in text
+    assert "docker run --rm -p 8080:8080 --gpus all --health-cmd 'curl -f http://localhost:8080/health'" in text
+    assert "ghcr.io/owner/llama.cpp-dflash:server-cuda-b1-dflash-0 -m /models/MODEL.gguf" in text
+    assert notes_lines([]) == []

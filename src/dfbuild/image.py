@@ -38,8 +38,7 @@ from pathlib import Path
 from . import archive, image_build, image_recipe, image_rootfs, image_run, manifest, owned, paths, state, ui
 from .errors import ImageInputError, ImageRunError
 from .release_record import MANIFEST_NAME, release_files, write_sha256sums
-
-IMAGE_SUFFIX = ".oci.tar"
+from .verify_image import IMAGE_SUFFIX
 
 
 def image_file_name(archive_name: str) -> str:
@@ -146,7 +145,8 @@ def _assemble(plan: dict, app: list[archive.Member], extra: list[archive.Member]
         shutil.rmtree(build_dir, ignore_errors=True)
 
 
-def run_image(built: Path, ref: str, backend: str, work: Path, fixtures_dir: Path | None = None) -> dict:
+def run_image(built: Path, ref: str, backend: str, work: Path, fixtures_dir: Path | None = None, *,
+              allow_cpu_fallback: bool = False) -> dict:
     """The image's smoke section: unpacked, its entrypoint started in its root, the image requests."""
     from . import fixtures
 
@@ -154,13 +154,27 @@ def run_image(built: Path, ref: str, backend: str, work: Path, fixtures_dir: Pat
     fixtures.ensure_fixtures(fx)
     try:
         bundle = image_run.unpack(built, ref, work / "run")
-        return image_run.smoke(bundle, fx, work / "logs", backend=backend)
+        return image_run.smoke(bundle, fx, work / "logs", backend=backend, allow_cpu_fallback=allow_cpu_fallback)
     finally:
         shutil.rmtree(work / "run", ignore_errors=True)
 
 
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:2])
+
+
+def _check_glibc(name: str, needs: dict[str, str], packages: list[str], arch: str) -> None:
+    """The archive's programs need no newer glibc than the image's Debian root has (verify's reading)."""
+    base_record = image_rootfs.ensure(image_rootfs.recipe(packages, arch))[1]
+    have = (base_record.get("packages") or {}).get("libc6", "")
+    newest = max(needs.values(), key=_version, default=None)
+    if newest and have and _version(newest) > _version(have):
+        raise ImageInputError(f"{name} needs glibc {newest}; the image's Debian root has {have}",
+                              "build the release on a system as old as the image's root (Debian 12, Ubuntu 22.04)")
+
+
 def make_images(directory: Path, *, tree: Path | None = None, run: bool = True, labels: dict[str, str] | None = None,
-                fixtures_dir: Path | None = None) -> list[dict]:
+                fixtures_dir: Path | None = None, allow_cpu_fallback: bool = False) -> list[dict]:
     """Add the images of DIRECTORY's archive to it; returns their records (also in its manifest.json)."""
     from . import verify
 
@@ -185,6 +199,7 @@ def make_images(directory: Path, *, tree: Path | None = None, run: bool = True, 
             ui.warn(f"{rel['archive']} lacks {', '.join(missing)}, which {recipe.file}'s server stage copies to /app "
                     "(a release of fewer targets): the image has the rest")
         extra = _cudart_members(directory, plan["full"]) if plan["entry"].get("runtime_archive") else []
+        _check_glibc(rel["archive"], report.get("glibc", {}).get(rel["archive"], {}), plan["packages"], rel["arch"])
         ui.info(f"==> image {ref} from {rel['archive']}")
         built = work / name
         record = _assemble(plan, app, extra, work, built, labels)
@@ -192,7 +207,7 @@ def make_images(directory: Path, *, tree: Path | None = None, run: bool = True, 
         record["tools"] = tools
         ui.info(f"    {name}: digest {record['digest']}, {built.stat().st_size / 1e6:.0f} MB")
         if run:
-            section = run_image(built, ref, rel["backend"], work, fixtures_dir)
+            section = run_image(built, ref, rel["backend"], work, fixtures_dir, allow_cpu_fallback=allow_cpu_fallback)
             if not section.get("passed"):
                 failed = section.get("failed") or ["?"]
                 logs = paths.cache_dir() / "image-logs" / name
@@ -202,6 +217,7 @@ def make_images(directory: Path, *, tree: Path | None = None, run: bool = True, 
                                     f"request: {', '.join(failed[:5])}; nothing was added to {directory}",
                                     f"logs in {logs}")
             record["run"] = {"passed": True, "scenarios": list(image_run.SCENARIOS), "sets": list(image_run.SETS),
+                             "ran_on": section.get("ran_on"), "cpu_fallback": section.get("cpu_fallback"),
                              "how": "umoci unpack, the entrypoint started in its rootfs (unshare --mount, chroot)",
                              "results": summarize(section)}
             ui.info(f"    run before publishing: {len(record['run']['results'])} image requests through DFlash "

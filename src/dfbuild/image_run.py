@@ -121,13 +121,16 @@ def main(argv: list[str]) -> int:
 
 
 def smoke(bundle: Path, fixtures_dir: Path, log_dir: Path, *, backend: str = "cpu", sets=SETS,
-          scenarios=SCENARIOS) -> dict:
-    """The smoke's image scenarios run against the bundle's entrypoint: the smoke section (passed, failed)."""
+          scenarios=SCENARIOS, allow_cpu_fallback: bool = False) -> dict:
+    """The smoke's image scenarios run against the bundle's entrypoint: the smoke section (passed, failed).
+    A GPU image runs on its device (smoke.plan), or on the CPU backend when ALLOW_CPU_FALLBACK and there is none."""
     from . import backends
     from . import smoke as smoke_stage
+    from .request import SmokeOptions
 
     app = app_dir(bundle)
-    plan = smoke_stage.plan(backends.resolve(backend), app, sets=list(sets), scenarios=list(scenarios))
+    plan = smoke_stage.plan(backends.resolve(backend), app, SmokeOptions(allow_cpu_fallback=allow_cpu_fallback),
+                            sets=list(sets), scenarios=list(scenarios))
     return smoke_stage.run_smoke(app, fixtures_dir, log_dir=log_dir, **plan.run_kwargs())
 
 

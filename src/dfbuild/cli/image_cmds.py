@@ -24,10 +24,13 @@ from .options import json_option_for, no_wait_option
 @click.option("--label", "labels", multiple=True, metavar="NAME=VALUE",
               help="An extra OCI label (repeatable), e.g. org.opencontainers.image.source=https://github.com/O/R "
                    "(GHCR links the package to that repository).")
+@click.option("--allow-cpu-fallback", is_flag=True,
+              help="A GPU image on a machine without its GPU runs its check on the CPU backend (recorded) instead "
+                   "of failing (exit 45).")
 @no_wait_option
 @json_option_for("the images added (name, ref, digest, platform, layers)")
 @handle_errors
-def image_cmd(directory, tree, no_run, labels, no_wait, as_json):
+def image_cmd(directory, tree, no_run, labels, allow_cpu_fallback, no_wait, as_json):
     """Add container images of DIRECTORY's archives to it (OCI archives, in SHA256SUMS and manifest.json).
 
     One image per archive llama.cpp has an image for (server, server-vulkan, server-cuda,
@@ -44,7 +47,8 @@ def image_cmd(directory, tree, no_run, labels, no_wait, as_json):
             raise UsageError(f"--label {item!r} is not NAME=VALUE", "e.g. --label org.opencontainers.image.source=URL")
         extra[name] = value
     with _locks(("out", Path(directory)), no_wait=no_wait):
-        records = image_stage.make_images(directory, tree=tree, run=not no_run, labels=extra)
+        records = image_stage.make_images(directory, tree=tree, run=not no_run, labels=extra,
+                                            allow_cpu_fallback=allow_cpu_fallback)
     if as_json:
         ui.emit_json({"images": records})
         return
