@@ -30,6 +30,7 @@ same image digest), so it is a no-op for SHA256SUMS and the manifest.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tarfile
@@ -39,6 +40,10 @@ from . import archive, image_build, image_recipe, image_rootfs, image_run, manif
 from .errors import ImageInputError, ImageRunError
 from .release_record import MANIFEST_NAME, release_files, write_sha256sums
 from .verify_image import IMAGE_SUFFIX
+
+# replaces the Dockerfile's runtime packages (comma-separated): only for a test root that must be small
+# (scripts/image-cuda.sh carries one to the GPU machine); recorded in the image's recipe note
+PACKAGES_ENV = "DFBUILD_IMAGE_PACKAGES"
 
 
 def image_file_name(archive_name: str) -> str:
@@ -126,7 +131,12 @@ def _plan(directory: Path, tree: Path | None, work: Path) -> dict:
     if not recipe.found:
         ui.warn(f"{recipe.note}: using dfbuild's fallback recipe for {entry['name']} (data/images.toml)")
     sonames = image_recipe.table()["base"].get("sonames", {})
-    packages = [*recipe.packages, *(sonames[s] for s in rel.get("requires", {}) if sonames.get(s))]
+    runtime = recipe.packages
+    override = os.environ.get(PACKAGES_ENV, "").strip()
+    if override:  # the device script's slim root (docs/images.md); the record says so
+        runtime = [p for p in re.split(r"[,\s]+", override) if p]
+        recipe.note = f"${PACKAGES_ENV} replaced the Dockerfile's packages ({', '.join(recipe.packages)})"
+    packages = [*runtime, *(sonames[s] for s in rel.get("requires", {}) if sonames.get(s))]
     return {"full": full, "release": rel, "entry": entry, "recipe": recipe, "packages": packages,
             "name": image_file_name(rel["archive"]), "ref": image_ref(entry, rel["tag"])}
 

@@ -17,7 +17,7 @@ layer's sha256 and size) is written, so Ctrl-C, `kill -9` or two runs at once
 leave nothing a later image would use. Once cached, images are made offline,
 and the same release gives the same image digest: the base layer's bytes are
 those of the cache entry. A new Debian point release is a new layer only when
-the entry is removed (`dfbuild cache clean image-base`).
+the entry is removed (`dfbuild cache clean`, or its folder under `image-base/`).
 """
 
 from __future__ import annotations
