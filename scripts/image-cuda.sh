@@ -95,7 +95,7 @@ run)
 import glob, json, os, shutil, subprocess, sys
 from pathlib import Path
 
-from dfbuild import fixtures, image_run, manifest, paths
+from dfbuild import fixtures, image, image_run, manifest, paths
 
 dist, out, backend, logs = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
 record = manifest.load(dist / "manifest.json")["images"][0]
@@ -113,7 +113,7 @@ for lib in driver:
 print("driver libraries put in the image's root:", ", ".join(Path(d).name for d in driver) or "none")
 fx = paths.cache_dir() / "fixtures"
 fixtures.ensure_fixtures(fx)
-section = image_run.smoke(bundle, fx, logs / "smoke", backend=backend)
+section = image.smoke_bundle(bundle, fx, logs / "smoke", backend=backend)
 out.write_text(json.dumps(section, indent=1, default=str))
 for scenario, by_set in section["results"].items():
     for name, result in by_set.items():

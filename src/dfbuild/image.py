@@ -155,6 +155,21 @@ def _assemble(plan: dict, app: list[archive.Member], extra: list[archive.Member]
         shutil.rmtree(build_dir, ignore_errors=True)
 
 
+def smoke_bundle(bundle: Path, fixtures_dir: Path, log_dir: Path, *, backend: str = "cpu",
+                 sets=image_run.SETS, scenarios=image_run.SCENARIOS, allow_cpu_fallback: bool = False) -> dict:
+    """The smoke's image scenarios run against an unpacked image's entrypoint (image_run's launcher): the
+    smoke section. A GPU image runs on its device (smoke.plan), or on the CPU backend when
+    ALLOW_CPU_FALLBACK and there is none."""
+    from . import backends
+    from . import smoke as smoke_stage
+    from .request import SmokeOptions
+
+    app = image_run.app_dir(bundle)
+    plan = smoke_stage.plan(backends.resolve(backend), app, SmokeOptions(allow_cpu_fallback=allow_cpu_fallback),
+                            sets=list(sets), scenarios=list(scenarios))
+    return smoke_stage.run_smoke(app, fixtures_dir, log_dir=log_dir, **plan.run_kwargs())
+
+
 def run_image(built: Path, ref: str, backend: str, work: Path, fixtures_dir: Path | None = None, *,
               allow_cpu_fallback: bool = False) -> dict:
     """The image's smoke section: unpacked, its entrypoint started in its root, the image requests."""
@@ -164,7 +179,7 @@ def run_image(built: Path, ref: str, backend: str, work: Path, fixtures_dir: Pat
     fixtures.ensure_fixtures(fx)
     try:
         bundle = image_run.unpack(built, ref, work / "run")
-        return image_run.smoke(bundle, fx, work / "logs", backend=backend, allow_cpu_fallback=allow_cpu_fallback)
+        return smoke_bundle(bundle, fx, work / "logs", backend=backend, allow_cpu_fallback=allow_cpu_fallback)
     finally:
         shutil.rmtree(work / "run", ignore_errors=True)
 

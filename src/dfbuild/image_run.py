@@ -10,8 +10,8 @@ started in that root in a private mount namespace (`unshare --mount`, chroot:
 platforms.rocm_root's way in), with only the image's environment and the
 folders its arguments name (the smoke's fixture models) bound in.
 
-The smoke's image request then goes to it through DFlash (smoke.run_smoke,
-the image scenarios on a set whose draft breaks unpatched): the patched image
+The smoke's image request then goes to it through DFlash (image.smoke_bundle:
+smoke.run_smoke with the image scenarios on a set whose draft breaks unpatched): the patched image
 must pass, and the same recipe around an unpatched build fails.
 
 What this does not test: the container runtime's own setup, i.e. its cgroups
@@ -118,20 +118,6 @@ def main(argv: list[str]) -> int:
         return 2
     proc.replace_with(full, env)
     return 127  # pragma: no cover - exec does not return
-
-
-def smoke(bundle: Path, fixtures_dir: Path, log_dir: Path, *, backend: str = "cpu", sets=SETS,
-          scenarios=SCENARIOS, allow_cpu_fallback: bool = False) -> dict:
-    """The smoke's image scenarios run against the bundle's entrypoint: the smoke section (passed, failed).
-    A GPU image runs on its device (smoke.plan), or on the CPU backend when ALLOW_CPU_FALLBACK and there is none."""
-    from . import backends
-    from . import smoke as smoke_stage
-    from .request import SmokeOptions
-
-    app = app_dir(bundle)
-    plan = smoke_stage.plan(backends.resolve(backend), app, SmokeOptions(allow_cpu_fallback=allow_cpu_fallback),
-                            sets=list(sets), scenarios=list(scenarios))
-    return smoke_stage.run_smoke(app, fixtures_dir, log_dir=log_dir, **plan.run_kwargs())
 
 
 if __name__ == "__main__":
