@@ -25,10 +25,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from realtrees import CACHE, REAL_BASE, RELEASE_CPU_VARIANTS
 
 from dfbuild import image, image_build, manifest, paths, state
-
-from realtrees import CACHE, REAL_BASE, RELEASE_CPU_VARIANTS
 
 TOOLS = ("umoci", "skopeo", "mmdebstrap", "podman")
 pytestmark = [
