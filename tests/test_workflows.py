@@ -106,19 +106,24 @@ def test_release_matrix_is_computed_by_dfbuild():
     assert any("dfbuild matrix --json" in script for script in run_steps(jobs["matrix"]))
 
 
-def test_matrix_step_outputs_exactly_dfbuilds_matrix(tmp_path):
-    """Run the workflow's own step script, as the runner would, and read GITHUB_OUTPUT back."""
+def matrix_job_output(step_id: str, tmp_path: Path):
+    """Run the matrix job's step STEP_ID as the runner would; the JSON it writes to GITHUB_OUTPUT under its id."""
     bash = shutil.which("bash")
     if bash is None:
         pytest.skip("no bash")
-    step = next(s for s in load(RELEASE)["jobs"]["matrix"]["steps"] if s.get("id") == "matrix")
+    step = next(s for s in load(RELEASE)["jobs"]["matrix"]["steps"] if s.get("id") == step_id)
     output = tmp_path / "github_output"
     env = {**os.environ, "GITHUB_OUTPUT": str(output),
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
     subprocess.run([bash, "-e", "-c", step["run"]], check=True, env=env, cwd=ROOT)
-    match = re.fullmatch(r"matrix<<EOF\n(.*)\nEOF\n", output.read_text(), re.DOTALL)
+    match = re.fullmatch(rf"{step_id}<<EOF\n(.*)\nEOF\n", output.read_text(), re.DOTALL)
     assert match, output.read_text()
-    assert json.loads(match.group(1)) == matrix.github_matrix()
+    return json.loads(match.group(1))
+
+
+def test_matrix_step_outputs_exactly_dfbuilds_matrix(tmp_path):
+    """Run the workflow's own step script, as the runner would, and read GITHUB_OUTPUT back."""
+    assert matrix_job_output("matrix", tmp_path) == matrix.github_matrix()
 
 
 def test_the_workflow_holds_no_second_copy_of_the_table():
@@ -359,16 +364,8 @@ def test_linux_entries_get_their_image_and_it_is_pushed_to_ghcr_multi_arch():
 
 
 def test_the_images_step_selects_the_published_linux_entries(tmp_path):
-    bash, jq = shutil.which("bash"), shutil.which("jq")
-    if bash is None or jq is None:
-        pytest.skip("no bash or jq")
-    step = next(s for s in load(RELEASE)["jobs"]["matrix"]["steps"] if s.get("id") == "images")
-    output = tmp_path / "github_output"
-    env = {**os.environ, "GITHUB_OUTPUT": str(output),
-           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
-    subprocess.run([bash, "-e", "-c", step["run"]], check=True, env=env, cwd=ROOT)
-    match = re.fullmatch(r"images<<EOF\n(.*)\nEOF\n", output.read_text(), re.DOTALL)
-    assert match, output.read_text()
-    chosen = [e["id"] for e in json.loads(match.group(1))["include"]]
+    if shutil.which("jq") is None:
+        pytest.skip("no jq")
+    chosen = [e["id"] for e in matrix_job_output("images", tmp_path)["include"]]
     assert chosen == [e["id"] for e in matrix.github_matrix()["include"] if e["os"] == "linux" and e["publish"]]
     assert chosen and all(e.startswith("linux-") for e in chosen)
