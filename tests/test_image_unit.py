@@ -152,3 +152,27 @@ def test_the_release_notes_give_each_image_its_load_and_run_lines():
     assert "docker run --rm -p 8080:8080 --gpus all --health-cmd 'curl -f http://localhost:8080/health'" in text
     assert "ghcr.io/owner/llama.cpp-dflash:server-cuda-b1-dflash-0 -m /models/MODEL.gguf" in text
     assert notes_lines([]) == []
+
+
+@pytest.mark.integration
+def test_b11434s_own_dockerfiles_read_as_their_images(tmp_path):
+    """Every image's Dockerfile of a real tree (b11434's sdist, cached) reads without the fallback: the
+    server stage's entrypoint and programs, and each backend's own packages (vulkan's Mesa, none extra for
+    cuda and rocm, whose vendor base images dfbuild replaces with the cudart archive / its HIP root)."""
+    from dfbuild import pypi, sdist
+
+    sdist.fetch_sdist(pypi.release_requirement(11434))
+    recipes = {}
+    for backend in ("cpu", "vulkan", "cuda", "hip"):
+        file = f"{image_recipe.DEVOPS}/{image_recipe.image_for(backend)['dockerfile']}"
+        tree = image.dockerfile_from_sdist("b11434", file, tmp_path / backend)
+        assert tree is not None, file
+        recipes[backend] = image_recipe.read(tree, backend)
+    for backend, recipe in recipes.items():
+        assert recipe.found, (backend, recipe.note)
+        assert recipe.entrypoint == ["/app/llama-server"] and recipe.env == ["LLAMA_ARG_HOST=0.0.0.0"], backend
+        assert recipe.programs == ["llama", "llama-server"] and recipe.libraries, backend
+        assert recipe.healthcheck == ["CMD", "curl", "-f", "http://localhost:8080/health"], backend
+        assert recipe.packages[:3] == ["libgomp1", "curl", "ffmpeg"], backend
+    assert {"libvulkan1", "mesa-vulkan-drivers"} <= set(recipes["vulkan"].packages)
+    assert recipes["cuda"].packages == recipes["cpu"].packages == recipes["hip"].packages
