@@ -176,3 +176,17 @@ def test_b11434s_own_dockerfiles_read_as_their_images(tmp_path):
         assert recipe.packages[:3] == ["libgomp1", "curl", "ffmpeg"], backend
     assert {"libvulkan1", "mesa-vulkan-drivers"} <= set(recipes["vulkan"].packages)
     assert recipes["cuda"].packages == recipes["cpu"].packages == recipes["hip"].packages
+
+
+def test_the_rocm_image_stands_on_forky_whose_packages_hold_rocm_and_bookworms_key_is_unchanged():
+    from dfbuild import image_rootfs
+
+    hip = image_rootfs.recipe(["libgomp1", "curl", "ffmpeg", "libamdhip64-6"], "x64",
+                              image_recipe.image_for("hip").get("base"))
+    assert hip["suite"] == "forky" and hip["apt_options"] and all("forky" in m for m in hip["mirrors"])
+    sonames = image_rootfs.base_table("forky")["sonames"]
+    assert sonames["librocblas.so.4"] == "librocblas4" and sonames["libssl.so.3"] == "libssl3t64"
+    cpu = image_rootfs.recipe(["libgomp1", "curl", "ffmpeg", "libssl3"], "x64")
+    assert cpu["suite"] == "bookworm" and "apt_options" not in cpu
+    assert image_rootfs.key(cpu) == "892dbc4923b5357e"  # the key the measured CPU image's root was made under
+    assert "--aptopt=Acquire::Check-Valid-Until \"false\"" in image_rootfs.mmdebstrap_command(hip, Path("/r"))

@@ -130,20 +130,21 @@ def _plan(directory: Path, tree: Path | None, work: Path) -> dict:
     recipe = image_recipe.read(source_tree, rel["backend"])
     if not recipe.found:
         ui.warn(f"{recipe.note}: using dfbuild's fallback recipe for {entry['name']} (data/images.toml)")
-    sonames = image_recipe.table()["base"].get("sonames", {})
+    sonames = image_rootfs.base_table(entry.get("base")).get("sonames", {})
     runtime = recipe.packages
     override = os.environ.get(PACKAGES_ENV, "").strip()
     if override:  # the device script's slim root (docs/images.md); the record says so
         runtime = [p for p in re.split(r"[,\s]+", override) if p]
         recipe.note = f"${PACKAGES_ENV} replaced the Dockerfile's packages ({', '.join(recipe.packages)})"
     packages = [*runtime, *(sonames[s] for s in rel.get("requires", {}) if sonames.get(s))]
-    return {"full": full, "release": rel, "entry": entry, "recipe": recipe, "packages": packages,
+    return {"full": full, "release": rel, "entry": entry, "recipe": recipe, "packages": packages, "sonames": sonames,
             "name": image_file_name(rel["archive"]), "ref": image_ref(entry, rel["tag"])}
 
 
 def _assemble(plan: dict, app: list[archive.Member], extra: list[archive.Member], work: Path, out: Path,
               labels: dict[str, str] | None) -> dict:
-    base_layer, base_record = image_rootfs.ensure(image_rootfs.recipe(plan["packages"], plan["release"]["arch"]))
+    base_layer, base_record = image_rootfs.ensure(image_rootfs.recipe(plan["packages"], plan["release"]["arch"],
+                                                                      plan["entry"].get("base")))
     build_dir = work / "build"
     build_dir.mkdir()
     try:
@@ -188,9 +189,9 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", text)[:2])
 
 
-def _check_glibc(name: str, needs: dict[str, str], packages: list[str], arch: str) -> None:
+def _check_glibc(name: str, needs: dict[str, str], spec: dict) -> None:
     """The archive's programs need no newer glibc than the image's Debian root has (verify's reading)."""
-    base_record = image_rootfs.ensure(image_rootfs.recipe(packages, arch))[1]
+    base_record = image_rootfs.ensure(spec)[1]
     have = (base_record.get("packages") or {}).get("libc6", "")
     newest = max(needs.values(), key=_version, default=None)
     if newest and have and _version(newest) > _version(have):
@@ -226,7 +227,14 @@ def make_images(directory: Path, *, tree: Path | None = None, run: bool = True, 
             ui.warn(f"{rel['archive']} lacks {', '.join(missing)}, which {recipe.file}'s server stage copies to /app "
                     "(a release of fewer targets): the image has the rest")
         extra = _cudart_members(directory, plan["full"]) if plan["entry"].get("runtime_archive") else []
-        _check_glibc(rel["archive"], report.get("glibc", {}).get(rel["archive"], {}), plan["packages"], rel["arch"])
+        beside = {m.name.rsplit("/", 1)[-1] for m in extra}  # the CUDA runtime, from its cudart archive
+        unknown = sorted(s for s in rel.get("requires", {}) if s not in plan["sonames"] and s not in beside)
+        if unknown:
+            raise ImageInputError(f"{rel['archive']}'s programs load {', '.join(unknown)}, which no package of the "
+                                  "image's Debian root is known to provide",
+                                  "a dfbuild bug: data/images.toml's sonames for this root")
+        _check_glibc(rel["archive"], report.get("glibc", {}).get(rel["archive"], {}),
+                     image_rootfs.recipe(plan["packages"], rel["arch"], plan["entry"].get("base")))
         ui.info(f"==> image {ref} from {rel['archive']}")
         built = work / name
         record = _assemble(plan, app, extra, work, built, labels)

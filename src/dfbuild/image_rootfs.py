@@ -42,9 +42,17 @@ LOCK_WAIT_S = 3600               # a cold root took 2.5 min here; a slow mirror,
 DEBIAN_ARCH = {"x64": "amd64", "arm64": "arm64"}
 
 
-def recipe(packages: list[str], arch: str) -> dict:
+def base_table(name: str | None = None) -> dict:
+    """images.toml's [base] (bookworm), or [bases.NAME] over it (an image whose runtime bookworm lacks)."""
+    base = dict(table()["base"])
+    if name:
+        base.update(table()["bases"][name])
+    return base
+
+
+def recipe(packages: list[str], arch: str, base_name: str | None = None) -> dict:
     """The base root of an image with PACKAGES for ARCH (x64, arm64): what decides its bytes."""
-    base = table()["base"]
+    base = base_table(base_name)
     renamed = base.get("renamed", {})
     wanted = sorted({renamed.get(p, p) for p in [*base.get("packages", []), *packages]})
     if arch not in DEBIAN_ARCH:
@@ -52,8 +60,11 @@ def recipe(packages: list[str], arch: str) -> dict:
     mirrors = [f"deb {base['mirror']} {suite} main" for suite in [base["suite"], *base.get("extra_suites", [])]]
     if base.get("security_mirror"):
         mirrors.append(f"deb {base['security_mirror']} {base['security_suite']} main")
-    return {"format": FORMAT, "suite": base["suite"], "variant": base["variant"], "architecture": DEBIAN_ARCH[arch],
+    spec = {"format": FORMAT, "suite": base["suite"], "variant": base["variant"], "architecture": DEBIAN_ARCH[arch],
             "mirrors": mirrors, "dpkg_options": list(base.get("dpkg_options", [])), "packages": wanted}
+    if base.get("apt_options"):  # only where set: the bookworm key stays what it was
+        spec["apt_options"] = list(base["apt_options"])
+    return spec
 
 
 def key(spec: dict) -> str:
@@ -80,6 +91,7 @@ def mmdebstrap_command(spec: dict, target: Path) -> list[str]:
     args = ["mmdebstrap", f"--variant={spec['variant']}", f"--architectures={spec['architecture']}",
             f"--include={','.join(spec['packages'])}", "--mode=root", "--format=directory"]
     args += [f"--dpkgopt={option}" for option in spec["dpkg_options"]]
+    args += [f"--aptopt={option}" for option in spec.get("apt_options", [])]
     return [*args, spec["suite"], str(target), *spec["mirrors"]]
 
 
