@@ -80,8 +80,8 @@ def test_the_image_is_an_oci_archive_skopeo_reads_with_upstreams_config(imaged):
     assert "LLAMA_ARG_HOST=0.0.0.0" in config["Env"] and config["ExposedPorts"] == {"8080/tcp": {}}
     full = manifest.load(imaged["dir"] / "manifest.json")
     labels = config["Labels"]
-    assert labels["dfbuild.base"] == REAL_BASE and labels["dfbuild.series"] == full["release"]["tag"].rsplit("-")[-1]
-    assert labels["dfbuild.source-commit"] == full["source"]["commit"]
+    assert labels["dflash.base"] == REAL_BASE and labels["dflash.series"] == full["release"]["tag"].rsplit("-")[-1]
+    assert labels["dflash.source-commit"] == full["source"]["commit"]
     assert labels["org.opencontainers.image.revision"] == full["series"]["head"]
     # read from the tree's .devops/cpu.Dockerfile, not the fallback
     assert record["recipe"]["found"] and record["recipe"]["file"] == ".devops/cpu.Dockerfile"

@@ -42,7 +42,7 @@ from .errors import ImageCheckError, ImageInputError, ImageToolError
 from .image_recipe import Recipe, table
 
 OWN_FILES = ("LICENSE", "licenses", "patches", "manifest.json", "REQUIRES.txt")
-LABEL_PREFIX = "dfbuild."
+LABEL_PREFIX = "dflash."               # not dfbuild.X: that reads as a Python module path
 TOOLS = ("umoci", "skopeo", "tar")
 # set (to 1) where skopeo cannot be installed (the GPU machine of scripts/image-cuda.sh): the OCI archive is
 # then not read back by skopeo, and the image's record says so

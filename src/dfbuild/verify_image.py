@@ -169,9 +169,9 @@ def check_image(directory: Path, record: dict, full: dict, problems: list[str], 
             if cfg.get(key) != value:
                 problems.append(f"{label}: the config's {key} is {cfg.get(key)!r}, not {value!r}")
         rel, series = full.get("release", {}), full.get("series", {})
-        for name, value in (("dfbuild.archive", rel.get("archive")), ("dfbuild.base", (full.get("source") or {})
-                            .get("base")), ("dfbuild.patched-commit", series.get("head")),
-                            ("dfbuild.series", str(rel.get("tag", "")).rsplit("-", 1)[-1])):
+        for name, value in (("dflash.archive", rel.get("archive")), ("dflash.base", (full.get("source") or {})
+                            .get("base")), ("dflash.patched-commit", series.get("head")),
+                            ("dflash.series", str(rel.get("tag", "")).rsplit("-", 1)[-1])):
             if (cfg.get("Labels") or {}).get(name) != value:
                 problems.append(f"{label}: the label {name} does not name this release ({value})")
         if record.get("from_archive") != rel.get("archive"):
