@@ -117,10 +117,11 @@ def log(message: str) -> None:
 
 
 def expected_series_hash(base: str, patches_dir: Path | None = None) -> str | None:
-    """The series hash (dfbuild.release.series_hash) that applying today's patches/series.toml
+    """The series hash (dfbuild.release.pipeline.series_hash) that applying today's patches/series.toml
     to BASE gives: the base's own variants when series.toml knows it, else those of the epoch
     that holds its build number. None when neither serves BASE (a hash cannot be predicted)."""
-    from dfbuild import release, series
+    from dfbuild import series
+    from dfbuild.release import pipeline as release
 
     s = series.load_series(patches_dir)
     name = base if any(base in c.variants for c in s.concerns) else None
@@ -146,7 +147,9 @@ def series_record(patched_build: Path) -> dict:
     `current` is False for a build of another series (an older series.toml, or a tree patched
     by hand: the tree's HEAD is not the series' head) and None when it cannot be told.
     """
-    from dfbuild import build, manifest, release
+    from dfbuild.build import tree as build
+    from dfbuild.core import manifest
+    from dfbuild.release import pipeline as release
 
     source_dir = build.read_cmake_cache(Path(patched_build)).get("CMAKE_HOME_DIRECTORY")
     section = manifest.load(manifest.tree_manifest_path(Path(source_dir))).get("series") if source_dir else None

@@ -58,7 +58,7 @@ from pathlib import Path
 import benchlib
 from benchlib import log
 
-from dfbuild import doctor
+from dfbuild.host import doctor
 
 PARTS = ("apply", "cold", "rebuild", "release", "fetch", "unseen")
 # `--cpu-variants` for every build and release the bench runs (set by main; empty: dfbuild's default, all)
@@ -463,7 +463,7 @@ def measure_fetch(runner: Runner, work: Path, junk_kib: int, branches: int, reps
     which reads an existing full clone the old way) against the shallow fetch. The order alternates per
     repetition; the mirror is a local file:// repo, so the network costs nothing and the server's work
     (packing what is sent) runs on this machine."""
-    from dfbuild import source  # the cache path of a URL
+    from dfbuild.source import checkout as source  # the cache path of a URL
 
     mirror = work / "fetch-mirror.git"
     started = time.monotonic()

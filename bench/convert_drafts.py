@@ -130,8 +130,8 @@ save_file(t, sys.argv[1] + "/model.safetensors", metadata={"format": "pt"})
 
 def vocab_file(folder: Path) -> Path:
     sys.path.insert(0, str(REPO / "src"))
-    from dfbuild import fixtures
-    from dfbuild.fixtures import models
+    from dfbuild.smoke import fixtures
+    from dfbuild.smoke.fixtures import models
 
     kv = models._tokenizer_kv()
     path = folder / "vocab.json"
@@ -151,7 +151,8 @@ def sections_of(keys: dict) -> list[int] | None:
 def smoke_drafts(rows: list[dict], builds: list[str], work: Path, keep: Path) -> list[dict]:
     """Each kept draft in each build's llama-server, in the bug's scenario; what happened, per draft and build."""
     sys.path.insert(0, str(REPO / "src"))
-    from dfbuild import fixtures, smoke
+    from dfbuild import smoke
+    from dfbuild.smoke import fixtures
 
     fx = fixtures.ensure_fixtures(work / "fixtures")
     scenario = smoke.SCENARIOS["pinned-image-hole"]

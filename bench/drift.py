@@ -51,7 +51,9 @@ from pathlib import Path
 import benchlib
 from benchlib import log
 
-from dfbuild import epochs, pypi, sdist, series
+from dfbuild import series
+from dfbuild.series import epochs
+from dfbuild.source import pypi, sdist
 
 DRIFT_JSON = benchlib.BENCH_DIR / "drift.json"
 RESULTS_MD = benchlib.BENCH_DIR / "RESULTS.md"

@@ -24,7 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-from dfbuild import fixtures, prove, smoke
+from dfbuild import smoke
+from dfbuild.release import prove
+from dfbuild.smoke import fixtures
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = ("mrope-draft", "empty-draft-cache", "linear-image", "pinned-image-hole")

@@ -26,9 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-from dfbuild import build, carry, series, smoke
-from dfbuild import backends as backend_table
-from dfbuild.request import BuildRequest
+from dfbuild import series, smoke
+from dfbuild.build import tree as build
+from dfbuild.build.request import BuildRequest
+from dfbuild.host import backends as backend_table
+from dfbuild.series import carry
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "dfbuild", "GIT_AUTHOR_EMAIL": "dfbuild@localhost",
            "GIT_COMMITTER_NAME": "dfbuild", "GIT_COMMITTER_EMAIL": "dfbuild@localhost",

@@ -12,7 +12,7 @@ paired per repetition (spec / none of the same repetition) and reported as
 median and range.
 
 The model is a larger "agree" qwen35 fixture (`--shape small`, the default,
-is dfbuild.fixtures.BENCH_SHAPE: about 160 M parameters, F16, M-RoPE, the
+is dfbuild.smoke.fixtures.BENCH_SHAPE: about 160 M parameters, F16, M-RoPE, the
 bug's shape; `--shape large` is about 1.3 B for a GPU) with a one-layer DFlash
 draft that always agrees, and the 2-D grid projector (qwen2vl_merger) by
 default. Acceptance is therefore 100% wherever drafting works: the benchmark
@@ -62,7 +62,9 @@ from pathlib import Path
 import benchlib
 from benchlib import log
 
-from dfbuild import errors, fixtures, smoke
+from dfbuild import smoke
+from dfbuild.core import errors
+from dfbuild.smoke import fixtures
 
 BUILDS = ("patched", "unpatched")
 MODES = ("spec", "none")

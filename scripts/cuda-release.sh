@@ -41,7 +41,7 @@ prepare)
     py=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
     sdist=$(PYTHONPATH="$here/src" "$py" -c "
 import sys
-from dfbuild import pypi, sdist
+from dfbuild.source import pypi, sdist
 print(sdist.fetch_sdist(pypi.release_requirement(int(sys.argv[1]))))" "$number")
     cp "$sdist" "$sdist.sha256" .carry/
     du -sh .whl .carry

@@ -47,7 +47,7 @@ prepare)
     # the slim root through dfbuild's own cache (made once with mmdebstrap, as root)
     entry=$(PYTHONPATH="$here/src" "$py" -c "
 import sys
-from dfbuild import image_rootfs
+from dfbuild.image import rootfs as image_rootfs
 packages = sys.argv[1].split(',') + ['libssl3']  # + the CUDA archive's system libraries (release.requires)
 layer, _ = image_rootfs.ensure(image_rootfs.recipe(packages, 'x64'))
 print(layer.parent)" "$slim_packages")
@@ -95,7 +95,10 @@ run)
 import glob, json, os, shutil, subprocess, sys
 from pathlib import Path
 
-from dfbuild import fixtures, image, image_run, manifest, paths
+from dfbuild.smoke import image_root as image_run
+from dfbuild.image import make as image
+from dfbuild.smoke import fixtures
+from dfbuild.core import manifest, paths
 
 dist, out, backend, logs = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
 record = manifest.load(dist / "manifest.json")["images"][0]

@@ -65,7 +65,7 @@ prepare)
         # the release's import in dfbuild's cache (made, from its sdist, when missing)
         imported=$(python3 -c "
 import sys
-from dfbuild import source
+from dfbuild.source import checkout as source
 print(source._offline_cache_repo(source.known_base(sys.argv[1])).git_dir)" "$release")
         git --git-dir=.carry/trees.git fetch -q "$imported" "refs/tags/$release:refs/tags/$release"
     done

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from dfbuild import cli, paths, series, state, ui
+from dfbuild import cli, series
+from dfbuild.core import paths, state, ui
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "Upstream Dev",
@@ -83,7 +84,7 @@ def isolate_probes(monkeypatch, tmp_path: Path) -> tuple[dict, Path]:
     """A PATH and a backend probe table that see only what a test puts in the returned bin dir."""
     import copy
 
-    from dfbuild import backends
+    from dfbuild.host import backends
 
     table = copy.deepcopy(backends.table())
     for spec in table["probes"].values():

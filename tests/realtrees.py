@@ -13,8 +13,11 @@ import functools
 import os
 from pathlib import Path
 
-from dfbuild import backends, build, doctor, series, source
-from dfbuild.request import BuildRequest
+from dfbuild import series
+from dfbuild.build import tree as build
+from dfbuild.build.request import BuildRequest
+from dfbuild.host import backends, doctor
+from dfbuild.source import checkout as source
 
 CACHE = Path(os.environ.get("DFBUILD_TEST_CACHE", Path.home() / ".cache" / "dfbuild-tests"))
 # The runtime-dispatched CPU variants every real build of the tests compiles (None
@@ -90,7 +93,7 @@ def built_tree(base: str, *, patched: bool, skip: tuple[str, ...] = (), backend:
     build of it: the proof's copy, or the base rebuilt in the proof's build dir).
     """
     if base == REAL_BASE and not skip and not patched:
-        from dfbuild import prove
+        from dfbuild.release import prove
 
         src = checkout_tree(base, patched=True)
         request = BuildRequest(backend, cpu_variants=TEST_CPU_VARIANTS,

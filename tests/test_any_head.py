@@ -31,9 +31,9 @@ from pathlib import Path
 
 import pytest
 import tomlkit
+from realtrees import CACHE, REAL_BASE, SLOW_BASES, TEST_CPU_VARIANTS
 
 from dfbuild import series
-from realtrees import CACHE, REAL_BASE, SLOW_BASES, TEST_CPU_VARIANTS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the CPU proof is checked on Linux")]

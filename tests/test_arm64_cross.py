@@ -18,10 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import backends, build, doctor, elf, matrix, platforms, release, release_package, smoke, verify
-from dfbuild.backends import Host
-from dfbuild.errors import BuildError, ToolchainMissingError, UnsupportedBackendError
-from dfbuild.platforms import linux_arm64
+from dfbuild import smoke
+from dfbuild.build import tree as build
+from dfbuild.core import elf
+from dfbuild.core.errors import BuildError, ToolchainMissingError, UnsupportedBackendError
+from dfbuild.host import backends, doctor, matrix, platforms
+from dfbuild.host.backends import Host
+from dfbuild.host.platforms import linux_arm64
+from dfbuild.release import package as release_package
+from dfbuild.release import pipeline as release
+from dfbuild.verify import release_dir as verify
 
 LINUX = Host("linux", "x64", "debian", "12")
 ARM64_ON_LINUX = Host("linux", "arm64", "debian", "12", build_os="linux", build_arch="x64")

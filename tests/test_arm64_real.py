@@ -31,10 +31,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from dfbuild import elf, smoke
-
 from realtrees import CACHE, REAL_BASE
+
+from dfbuild import smoke
+from dfbuild.core import elf
 
 pytestmark = [
     pytest.mark.integration,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dfbuild import backends
-from dfbuild.errors import DfbuildError, UnsupportedBackendError
+from dfbuild.core.errors import DfbuildError, UnsupportedBackendError
+from dfbuild.host import backends
 
 OFFLINE_FLAGS = {
     "LLAMA_USE_PREBUILT_UI": "OFF",

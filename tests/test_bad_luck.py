@@ -16,9 +16,13 @@ from pathlib import Path
 
 import pytest
 from filelock import FileLock
+from helpers import dfbuild, private_cache, run_git, said, write_fake_llama, zeros
+from test_crash_safety import run_forked, wait
+from test_series import SPEC, bare_upstream, head, snapshot, syn, template, tree  # noqa: F401
 
-from dfbuild import gitrun, journal, locks, manifest, paths, series, source, state
-from dfbuild.errors import (
+from dfbuild import series
+from dfbuild.core import gitrun, journal, locks, manifest, paths, state
+from dfbuild.core.errors import (
     ArchiveError,
     DirtyTreeError,
     LockedError,
@@ -28,10 +32,7 @@ from dfbuild.errors import (
     SourceError,
     UsageError,
 )
-
-from helpers import dfbuild, private_cache, run_git, said, write_fake_llama, zeros
-from test_crash_safety import run_forked, wait
-from test_series import SPEC, bare_upstream, head, snapshot, syn, template, tree  # noqa: F401
+from dfbuild.source import checkout as source
 
 
 @pytest.fixture(autouse=True)

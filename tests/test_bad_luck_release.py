@@ -12,13 +12,15 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
-from dfbuild import build, owned, paths, release, verify
-from dfbuild.cli import main
-from dfbuild.errors import BuildDirMismatchError, FixtureError, ReleaseError
-
-from test_release_unit import fake_wheel, inputs, posix_only, run_package, stub_stages, write_full_release  # noqa: F401
 from helpers import zeros
+from test_release_unit import fake_wheel, inputs, posix_only, run_package, stub_stages, write_full_release  # noqa: F401
+
+from dfbuild.build import tree as build
+from dfbuild.cli import main
+from dfbuild.core import owned, paths
+from dfbuild.core.errors import BuildDirMismatchError, FixtureError, ReleaseError
+from dfbuild.release import pipeline as release
+from dfbuild.verify import release_dir as verify
 
 
 def invoke(*args):

@@ -21,16 +21,15 @@ import time
 from pathlib import Path
 
 import pytest
-
-import dfbuild as dfbuild_package
-from dfbuild import journal, manifest, owned, state, verify
-from dfbuild.errors import ArchiveError, FixtureError, LockedError, UsageError
-
 from helpers import dfbuild, run_git, said
-from test_crash_safety import (_report, apply_args, assert_fully_patched, fresh_copy, leftovers, run_forked,  # noqa: F401
-                               wait, world)
+from test_crash_safety import _report, apply_args, assert_fully_patched, fresh_copy, leftovers, run_forked, wait, world  # noqa: F401
 from test_release_unit import fake_wheel, inputs, posix_only, write_full_release  # noqa: F401
 from test_series import IDS, head, template  # noqa: F401
+
+import dfbuild as dfbuild_package
+from dfbuild.core import journal, manifest, owned, state
+from dfbuild.core.errors import ArchiveError, FixtureError, LockedError, UsageError
+from dfbuild.verify import release_dir as verify
 
 SRC = Path(dfbuild_package.__file__).resolve().parent.parent  # the dfbuild under test (src/ of this checkout)
 CANNOT_WRITE = 16  # errors.CannotWriteError (literal, so that this file also runs against older code)

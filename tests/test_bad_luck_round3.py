@@ -19,14 +19,13 @@ import time
 from pathlib import Path
 
 import pytest
-
-import dfbuild as dfbuild_package
-from dfbuild import journal
-
 from helpers import GIT_ENV, dfbuild, run_git, said
 from test_crash_safety import apply_args, assert_fully_patched, fresh_copy, run_forked, wait, world  # noqa: F401
 from test_curator import hand_edit, new_epoch, start  # noqa: F401  (new_epoch: a fixture)
 from test_series import IDS, SPEC, head, syn, template  # noqa: F401  (syn, template: fixtures)
+
+import dfbuild as dfbuild_package
+from dfbuild.core import journal
 
 SRC = Path(dfbuild_package.__file__).resolve().parent.parent  # the dfbuild under test (src/ of this checkout)
 IN_USE = 15  # errors.LockedError (literal, so that this file also runs against older code)
@@ -135,7 +134,7 @@ def test_item2_a_symlinked_journal_is_never_followed(world, tmp_path):
 @posix_only
 def test_item2_a_fifo_at_the_lock_owner_note_does_not_hang_a_waiter(world, tmp_path):
     """The note saying who holds a lock is read by the one that waits: a FIFO there must not block it."""
-    from dfbuild import locks
+    from dfbuild.core import locks
 
     note = tmp_path / "lock.owner"
     os.mkfifo(note)
@@ -454,9 +453,9 @@ import struct  # noqa: E402
 import tarfile  # noqa: E402
 import zipfile  # noqa: E402
 
-from dfbuild import verify  # noqa: E402
-
 from test_release_unit import fake_wheel, inputs, write_full_release, write_wheel  # noqa: E402, F401
+
+from dfbuild.verify import release_dir as verify  # noqa: E402
 
 
 def _sha(data: bytes) -> str:
@@ -937,7 +936,7 @@ def test_a_full_disk_where_a_new_dir_is_made_is_16(world, tmp_path, monkeypatch)
 
 @posix_only
 def test_item2_a_symlink_at_kept_never_sends_a_users_bytes_outside(world, tmp_path):
-    from dfbuild import state
+    from dfbuild.core import state
 
     syn, bare, expected, prepared = world
     dest = fresh_copy(prepared, tmp_path / "llama")
@@ -986,7 +985,7 @@ def test_item1_abort_never_overwrites_an_untracked_file_in_the_way(syn, new_epoc
 
 
 def test_item1_two_aborts_in_one_second_keep_two_saves(syn, new_epoch, tmp_path, monkeypatch):
-    from dfbuild import curate
+    from dfbuild.series import curate
 
     monkeypatch.setattr(curate.time, "strftime", lambda fmt, *args: "20261202-120000")  # one and the same second
     tree = tmp_path / "curate"

@@ -14,12 +14,11 @@ import os
 from pathlib import Path
 
 import pytest
-
-from dfbuild import journal
-
 from helpers import dfbuild, said
 from test_crash_safety import apply_args, assert_fully_patched, fresh_copy, world  # noqa: F401
 from test_series import head, template  # noqa: F401  (template: the module fixture world uses)
+
+from dfbuild.core import journal
 
 IN_USE = 15  # errors.LockedError / StateFileError (literal, so that this file also runs against older code)
 posix_only = pytest.mark.skipif(os.name != "posix", reason="symlinks and FIFOs are POSIX")
@@ -133,10 +132,10 @@ import subprocess  # noqa: E402
 import tarfile  # noqa: E402
 import zipfile  # noqa: E402
 
-from dfbuild import verify  # noqa: E402
-
 from test_bad_luck_round3 import _artifact, _edit_release, _resign, release_dir  # noqa: E402, F401
 from test_release_unit import fake_wheel, inputs, write_wheel  # noqa: E402, F401
+
+from dfbuild.verify import release_dir as verify  # noqa: E402
 
 BAD = 51  # errors.VerifyError
 REPOSITORY = 17  # errors.RepositoryError
@@ -350,7 +349,7 @@ def test_a_zip_whose_local_header_disagrees_fails(tmp_path):
 def test_a_zip_entry_whose_internal_attributes_unzip_reads_fails(tmp_path):
     """Found by the zzuf campaign: internal attribute bit 2 makes unzip write the file with mode 000, while
     Python (and verify) read 0644; the manifest's mode matched what verify read."""
-    from dfbuild import readers
+    from dfbuild.core import readers
 
     info = _unix("a/f.txt", stat.S_IFREG | 0o644)
     info.internal_attr = 4
@@ -367,7 +366,7 @@ def test_a_zip_entry_whose_internal_attributes_unzip_reads_fails(tmp_path):
 
 
 def test_the_zip_reader_refuses_hidden_bytes_and_comments(tmp_path):
-    from dfbuild import readers  # (here: the module is new; the other tests also run against older code)
+    from dfbuild.core import readers  # (here: the module is new; the other tests also run against older code)
 
     good = tmp_path / "good.zip"
     with zipfile.ZipFile(good, "w") as zf:
@@ -405,7 +404,7 @@ def test_sha256sums_listing_a_file_twice_fails_as_sha256sum_c_does(release_dir):
                                   "0" * 64 + " *a\n", "A" * 64 + "  a\n", "0" * 64 + "  a\n\n",
                                   "0" * 64 + "  a\x1cb\n", "0" * 64 + "  " + "n" * 256 + "\n"])
 def test_the_sums_reader_takes_only_what_sha256sum_c_reads_alike(tmp_path, text):
-    from dfbuild import readers  # (here: the module is new; the other tests also run against older code)
+    from dfbuild.core import readers  # (here: the module is new; the other tests also run against older code)
 
     path = tmp_path / "SHA256SUMS"
     path.write_bytes(text.encode())
@@ -487,7 +486,7 @@ DEEP = b"[" * 100_000 + b"]" * 100_000
 
 
 def test_deep_json_is_refused_by_the_json_reader():
-    from dfbuild import readers  # (here: the module is new; the other tests also run against older code)
+    from dfbuild.core import readers  # (here: the module is new; the other tests also run against older code)
 
     with pytest.raises(readers.FormatError, match="deeper"):
         readers.loads_json(DEEP)
@@ -518,7 +517,7 @@ def test_a_deep_manifest_in_the_archive_is_51_not_a_recursion_error(release_dir)
 @posix_only
 def test_deep_state_files_are_ignored_with_a_warning_not_a_traceback(world, tmp_path):
     """The journal, the tree record, curate.json and produced.json, each nested 100,000 deep."""
-    from dfbuild import manifest, owned, paths
+    from dfbuild.core import manifest, owned, paths
 
     syn, bare, expected, prepared = world
     dest = fresh_copy(prepared, tmp_path / "llama")
@@ -560,7 +559,7 @@ def test_run_with_a_file_below_a_symlink_member_is_51_not_file_exists(release_di
 
 @posix_only
 def test_a_file_where_the_caches_tmp_belongs_is_15_not_a_traceback(release_dir, monkeypatch):
-    from dfbuild import paths
+    from dfbuild.core import paths
 
     out, ran = release_dir
     monkeypatch.setattr(verify, "_run_version", REAL_RUN)
@@ -569,7 +568,7 @@ def test_a_file_where_the_caches_tmp_belongs_is_15_not_a_traceback(release_dir, 
         shutil.rmtree(tmp)
     tmp.parent.mkdir(parents=True, exist_ok=True)
     tmp.write_text("a file of the user's\n")
-    from dfbuild import owned
+    from dfbuild.core import owned
 
     owned.record_produced(_artifact(out, ".tar.gz"))  # verify runs it by default: it unpacks into CACHE/tmp
 
@@ -582,7 +581,7 @@ def test_a_file_where_the_caches_tmp_belongs_is_15_not_a_traceback(release_dir, 
 
 @posix_only
 def test_a_directory_where_a_cache_lock_belongs_is_15_not_a_traceback(release_dir):
-    from dfbuild import owned, paths
+    from dfbuild.core import owned, paths
 
     out, ran = release_dir
     lock = paths.cache_dir() / "produced.json.lock"
@@ -638,7 +637,7 @@ def test_git_failing_while_a_journal_is_rolled_back_is_17_with_gits_words_and_th
 @posix_only
 @pytest.mark.parametrize("damage", ["objects gone", "HEAD garbage", "config garbage"])
 def test_a_damaged_cache_repo_is_a_code_and_a_hint_not_a_raw_git_error(world, tmp_path, damage):
-    from dfbuild import paths
+    from dfbuild.core import paths
 
     syn, bare, expected, prepared = world
     assert dfbuild(*apply_args(syn, bare, tmp_path / "first")).exit_code == 0  # fills the cache
@@ -665,9 +664,9 @@ def test_a_damaged_cache_repo_is_a_code_and_a_hint_not_a_raw_git_error(world, tm
 @pytest.mark.parametrize("field", [{"branch": "../../x/victim"}, {"branch": "-f"}, {"stash": "--index"}])
 def test_a_saved_changes_record_with_a_crafted_name_is_ignored(tmp_path, field):
     """series continue --restore hands a save's branch and stash to git: only names dfbuild writes get there."""
-    from dfbuild import curate
-
     from helpers import run_git
+
+    from dfbuild.series import curate
 
     tree = tmp_path / "tree"
     tree.mkdir()

@@ -33,7 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import fixtures, smoke
+from dfbuild import smoke
+from dfbuild.smoke import fixtures
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="built and run on Linux"),

@@ -1,5 +1,5 @@
 """The benchmark's pieces that can be checked without timing anything: the larger
-fixture set (dfbuild.fixtures.write_bench_fixtures) and how bench/spec_images.py
+fixture set (dfbuild.smoke.fixtures.write_bench_fixtures) and how bench/spec_images.py
 turns server figures into speed-ups, acceptance and the goals' verdicts."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dfbuild import errors, fixtures
+from dfbuild.core import errors
+from dfbuild.smoke import fixtures
 
 gguf = pytest.importorskip("gguf")
 
@@ -179,7 +180,7 @@ def _epoch_section(base: str) -> dict:
 def test_expected_series_hash_is_the_release_hash_of_the_epochs_variants(tmp_path):
     import shutil
 
-    from dfbuild import release
+    from dfbuild.release import pipeline as release
 
     today = benchlib.expected_series_hash("b11434")
     assert today == release.series_hash(_epoch_section("b11434"))
@@ -311,7 +312,8 @@ from test_series import own_cache, syn, template  # noqa: E402,F401  (fixtures)
 _FAKE_SMOKE_DFBUILD = """\
 import subprocess
 from pathlib import Path
-from dfbuild import fixtures, smoke
+from dfbuild import smoke
+from dfbuild.smoke import fixtures
 
 def run_smoke(build_dir, fixtures_dir, **kwargs):
     out = subprocess.run([str(Path(build_dir) / "bin" / "llama-server")], capture_output=True, text=True).stdout

@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import build, doctor, probes
-from dfbuild.backends import Host
+from dfbuild.build import tree as build
+from dfbuild.build.request import BuildRequest
 from dfbuild.cli import main
-from dfbuild.errors import BuildDirMismatchError, BuildError, SourceError, ToolchainMissingError
-from dfbuild.request import BuildRequest
+from dfbuild.core.errors import BuildDirMismatchError, BuildError, SourceError, ToolchainMissingError
+from dfbuild.host import doctor, probes
+from dfbuild.host.backends import Host
 
 posix_only = pytest.mark.skipif(sys.platform.startswith("win"), reason="POSIX signals and shared-library layout")
 
@@ -151,7 +152,7 @@ def test_binaries_are_relocatable(tree, tmp_path):
     shutil.rmtree(section["build_dir"])
     assert subprocess.run([str(moved / "llama-server")]).returncode == 0
     if sys.platform.startswith("linux"):  # RUNPATH exactly $ORIGIN: never the build dir, never the current dir
-        from dfbuild import elf
+        from dfbuild.core import elf
 
         for name in ("llama-server", "libllama.so"):
             assert elf.read(moved / name).runpath == "$ORIGIN", name
@@ -199,7 +200,7 @@ def test_dirty_tree_says_so_in_the_version(tree):
 
 @posix_only
 def test_build_number_prefers_the_manifest_base(tree):
-    from dfbuild import manifest
+    from dfbuild.core import manifest
 
     manifest.update_tree_manifest(tree, "source", {"base": "b10359"})
     assert build.build_number(tree) == 10359
@@ -305,7 +306,7 @@ def test_unknown_target(tree):
 
 
 def test_not_a_llama_tree(tmp_path):
-    from dfbuild.errors import NotLlamaTreeError
+    from dfbuild.core.errors import NotLlamaTreeError
 
     with pytest.raises(NotLlamaTreeError):
         run_build(tmp_path)
@@ -321,7 +322,7 @@ def test_tree_without_a_commit_is_refused(tmp_path):
 
 
 def test_unknown_backend_before_anything_else(tree):
-    from dfbuild.errors import UnsupportedBackendError
+    from dfbuild.core.errors import UnsupportedBackendError
 
     with pytest.raises(UnsupportedBackendError):
         build.build_tree(tree, BuildRequest("opencl"))
@@ -332,7 +333,7 @@ def test_backend_this_host_cannot_build_fails_fast(tree):
     """metal on Linux: refused by doctor before any build dir is made."""
     if sys.platform == "darwin":
         pytest.skip("metal can build on macOS")
-    from dfbuild.errors import UnsupportedBackendError
+    from dfbuild.core.errors import UnsupportedBackendError
 
     with pytest.raises(UnsupportedBackendError) as exc:
         build.build_tree(tree, BuildRequest("metal"))
@@ -523,7 +524,7 @@ def test_target_all_ships_every_program(tree):
 
 @posix_only
 def test_build_command_json_and_manifest(tree):
-    from dfbuild import manifest
+    from dfbuild.core import manifest
 
     result = CliRunner().invoke(main, ["build", "--dir", str(tree), "--backend", "cpu", "--no-ccache", "--json"])
     assert result.exit_code == 0, result.output

@@ -10,11 +10,17 @@ import time
 from pathlib import Path
 
 import pytest
-
-from dfbuild import about, bases, cache, paths, series, source, track
 from helpers import dfbuild, private_cache, said
 from test_crash_safety import apply_args, bare_upstream  # noqa: F401
 from test_series import Synthetic, head, syn, template  # noqa: F401  (syn, template: fixtures)
+
+from dfbuild import series
+from dfbuild.cli import about
+from dfbuild.core import paths
+from dfbuild.release import track
+from dfbuild.series import bases
+from dfbuild.source import cache
+from dfbuild.source import checkout as source
 
 
 @pytest.fixture(autouse=True)

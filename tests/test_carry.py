@@ -10,10 +10,6 @@ variants tried and the hunk. A tree without DFlash is not applicable.
 from __future__ import annotations
 
 import pytest
-
-from dfbuild import series, source
-from dfbuild.errors import PatchConflictError
-
 from helpers import run_git
 from test_series import (  # noqa: F401  (fixtures)
     BASE_LINES,
@@ -35,6 +31,10 @@ from test_series import (  # noqa: F401  (fixtures)
     with_concerns,
     write_series,
 )
+
+from dfbuild import series
+from dfbuild.core.errors import PatchConflictError
+from dfbuild.source import checkout as source
 
 
 def upstream_edit(tree, old: str, new: str, message: str = "upstream : a change near a concern") -> str:

@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 
 import pytest
-
-from dfbuild import cli, journal, paths, source, state
-
 from helpers import private_cache, run_git
-from test_series import IDS, Synthetic, template  # noqa: F401  (template: the module fixture syn copies)
-from test_series import bare_upstream, head
+from test_series import IDS, Synthetic, bare_upstream, head, template  # noqa: F401  (template: the module fixture syn copies)
+
+from dfbuild import cli
+from dfbuild.core import journal, paths, state
+from dfbuild.source import checkout as source
 
 # a new DIR: cloned beside DIR, checked out there, renamed into place (then the apply steps)
 NEW_DIR_STEPS = 3

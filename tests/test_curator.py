@@ -10,9 +10,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from dfbuild import series
-
 from helpers import dfbuild, run_git, said
 from test_prove import MOVED, fakes, run_prove  # noqa: F401  (fixtures)
 from test_prove import upstream as prove_upstream
@@ -26,6 +23,8 @@ from test_series import (  # noqa: F401  (fixtures)
     with_concerns,
 )
 from test_track import PR, by_name, stub_proofs, track, upstream  # noqa: F401  (fixtures)
+
+from dfbuild import series
 
 WHERE = "lent machine: 16 x86-64 cores; cpu, x64 variant"
 

@@ -11,12 +11,13 @@ import email
 import email.utils
 import re
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
-from dfbuild import series, source
+from dfbuild import series
+from dfbuild.source import checkout as source
 
 CURATED = series.load_series()
 # Applied-Upstream is there only where upstream has the change (DEP-3: a field to omit otherwise)

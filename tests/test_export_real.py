@@ -26,12 +26,12 @@ import venv
 from pathlib import Path
 
 import pytest
-
-from dfbuild import build, export
-from dfbuild.request import BuildRequest
-
 from helpers import dfbuild, run_git, said
 from realtrees import CACHE, REAL_BASE, TEST_CPU_VARIANTS, server_binary, server_for
+
+from dfbuild.build import tree as build
+from dfbuild.build.request import BuildRequest
+from dfbuild.export import upstream as export
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="built and run on Linux"),

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from realtrees import REAL_BASE, SLOW_BASES, server_for
 from click.testing import CliRunner
+from realtrees import REAL_BASE, SLOW_BASES, server_for
 
-from dfbuild import fixtures, paths, smoke
+from dfbuild import smoke
 from dfbuild.cli import main
+from dfbuild.core import paths
+from dfbuild.smoke import fixtures
 
 gguf = pytest.importorskip("gguf")
 

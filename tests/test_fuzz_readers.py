@@ -35,7 +35,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from dfbuild import archive, journal, readers, state  # noqa: E402
+from dfbuild.core import archive, journal, readers, state  # noqa: E402
 
 LONG = int(os.environ.get("DFBUILD_FUZZ_EXAMPLES", "0") or 0)
 settings.register_profile("dfbuild-ci", max_examples=120, derandomize=True, database=None, deadline=None,

@@ -32,10 +32,9 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
-from dfbuild.platforms import rocm_root
-
 from realtrees import CACHE
+
+from dfbuild.host.platforms import rocm_root
 
 pytestmark = [
     pytest.mark.integration,

@@ -27,7 +27,9 @@ from pathlib import Path
 import pytest
 from realtrees import CACHE, REAL_BASE, RELEASE_CPU_VARIANTS
 
-from dfbuild import image, image_build, manifest, paths, state
+from dfbuild.core import manifest, paths, state
+from dfbuild.image import build as image_build
+from dfbuild.image import make as image
 
 TOOLS = ("umoci", "skopeo", "mmdebstrap", "podman")
 pytestmark = [

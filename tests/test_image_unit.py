@@ -8,8 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import archive, image, image_build, image_recipe, image_run
-from dfbuild.errors import ImageInputError, ImageRunError
+from dfbuild.core import archive
+from dfbuild.core.errors import ImageInputError, ImageRunError
+from dfbuild.image import build as image_build
+from dfbuild.image import make as image
+from dfbuild.image import recipe as image_recipe
+from dfbuild.smoke import image_root as image_run
 
 # A Dockerfile of the shape llama.cpp's .devops/ files have (written for this test): a build stage, a base
 # stage with the runtime packages, and the server stage on it.
@@ -120,7 +124,7 @@ def test_the_smoke_starts_an_unpacked_images_entrypoint_through_its_launcher(tmp
     bundle = _bundle(tmp_path)
     binary = bundle / "rootfs" / "app" / "llama-server"
     assert image_run.app_dir(bundle) == bundle / "rootfs" / "app"
-    assert image_run.launcher(binary)[-2:] == ["dfbuild.image_run", str(bundle)]
+    assert image_run.launcher(binary)[-2:] == ["dfbuild.smoke.image_root", str(bundle)]
     other = tmp_path / "build" / "bin" / "llama-server"
     other.parent.mkdir(parents=True)
     other.write_bytes(b"")
@@ -142,7 +146,7 @@ def test_binds_never_cover_the_images_own_app_or_system_folders():
 
 
 def test_the_release_notes_give_each_image_its_load_and_run_lines():
-    from dfbuild.verify_image import notes_lines
+    from dfbuild.verify.image import notes_lines
 
     record = {"name": "llama-b1-dflash-0-image-ubuntu-cuda-12.8-x64.oci.tar", "image": "server-cuda",
               "ref": "llama.cpp-dflash:server-cuda-b1-dflash-0", "platform": "linux/amd64", "digest": "sha256:ab"}
@@ -159,7 +163,7 @@ def test_b11434s_own_dockerfiles_read_as_their_images(tmp_path):
     """Every image's Dockerfile of a real tree (b11434's sdist, cached) reads without the fallback: the
     server stage's entrypoint and programs, and each backend's own packages (vulkan's Mesa, none extra for
     cuda and rocm, whose vendor base images dfbuild replaces with the cudart archive / its HIP root)."""
-    from dfbuild import pypi, sdist
+    from dfbuild.source import pypi, sdist
 
     sdist.fetch_sdist(pypi.release_requirement(11434))
     recipes = {}
@@ -179,7 +183,7 @@ def test_b11434s_own_dockerfiles_read_as_their_images(tmp_path):
 
 
 def test_the_rocm_image_stands_on_forky_whose_packages_hold_rocm_and_bookworms_key_is_unchanged():
-    from dfbuild import image_rootfs
+    from dfbuild.image import rootfs as image_rootfs
 
     hip = image_rootfs.recipe(["libgomp1", "curl", "ffmpeg", "libamdhip64-6"], "x64",
                               image_recipe.image_for("hip").get("base"))

@@ -16,12 +16,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-from dfbuild import paths, source
-from dfbuild.errors import ArchiveError, NotLlamaTreeError
-from dfbuild.manifest import tree_manifest_path
-
 from helpers import dfbuild, private_cache, run_git, said
+
+from dfbuild.core import paths
+from dfbuild.core.errors import ArchiveError, NotLlamaTreeError
+from dfbuild.core.manifest import tree_manifest_path
+from dfbuild.source import checkout as source
 
 SPECULATIVE = "// speculative decoding\nvoid common_speculative_impl_draft_dflash();\n"
 STALE_GIT_FILE = "gitdir: ../../.git/modules/vendor/llama.cpp\n"

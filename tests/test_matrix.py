@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import backends, build, matrix
-from dfbuild.backends import Host
+from dfbuild.build import tree as build
 from dfbuild.cli import main
-from dfbuild.errors import DfbuildError
+from dfbuild.core.errors import DfbuildError
+from dfbuild.host import backends, matrix
+from dfbuild.host.backends import Host
 
 REQUIRED = {
     ("linux", "cpu", "x64"), ("linux", "vulkan", "x64"), ("linux", "cuda", "x64"), ("linux", "hip", "x64"),
@@ -55,7 +56,7 @@ def test_gpu_toolkits_come_in_their_vendor_containers():
 
 
 def test_every_entry_has_the_tables_flags():
-    from dfbuild import platforms
+    from dfbuild.host import platforms
 
     for entry in matrix_json()["include"]:
         nvcc = backends.version_tuple(entry["toolkit"]) if entry["backend"] == "cuda" else None

@@ -24,9 +24,9 @@ import time
 
 import pytest
 
-from dfbuild.backends import Host
-from dfbuild.errors import BuildError, SourceError
-from dfbuild.platforms import openssl, windows
+from dfbuild.core.errors import BuildError, SourceError
+from dfbuild.host.backends import Host
+from dfbuild.host.platforms import openssl, windows
 
 WINDOWS_ON_LINUX = Host("windows", "x64", "debian", "12", build_os="linux")
 needs_make = pytest.mark.skipif(not (shutil.which("make") and shutil.which("perl")), reason="needs make and perl")
@@ -205,7 +205,7 @@ def test_a_build_killed_midway_is_never_linked_and_the_next_run_builds_it(served
     data = fake_tarball()
     (root / "openssl_9.9.9.orig.tar.gz").write_bytes(data)
     spec = spec_for(data, [f"{url}/openssl_9.9.9.orig.tar.gz"])
-    code = ("import sys, json; from dfbuild.platforms import openssl; "
+    code = ("import sys, json; from dfbuild.host.platforms import openssl; "
             "openssl.ensure(json.loads(sys.argv[1]), {}, 'gcc 12')")
     import json
 

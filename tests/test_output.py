@@ -12,13 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from dfbuild import errors, source, track, ui
-from dfbuild.cli import build, prove, release_cmd
-from dfbuild.request import BuildRequest
-
 from helpers import dfbuild, private_cache, run_git
 from test_series import bare_upstream, syn, template  # noqa: F401
+
+from dfbuild.build.request import BuildRequest
+from dfbuild.cli import build, prove, release_cmd
+from dfbuild.core import errors, ui
+from dfbuild.release import track
+from dfbuild.source import checkout as source
 
 ANSI = re.compile(r"\x1b\[")
 
@@ -163,7 +164,7 @@ def test_release_reuses_a_recorded_proof_unless_reprove():
     assert "reprove" in names
     import inspect
 
-    from dfbuild import release
+    from dfbuild.release import pipeline as release
 
     assert "reprove" in inspect.signature(release.release).parameters
 
@@ -239,11 +240,11 @@ def test_record_proof_says_where_it_looked(tmp_path):
 
 
 def test_a_hint_of_commands_puts_each_on_its_own_line():
-    from dfbuild import doctor
+    from dfbuild.host import doctor
 
     entry = {"can_build": False, "toolchain": [{"x": 1}], "reason": "missing: a; b", "install": ["apt-get install a",
                                                                                                 "pip install b"]}
-    from dfbuild import doctor as d
+    from dfbuild.host import doctor as d
 
     original = d.check_backend
     d.check_backend = lambda *a, **k: entry
@@ -278,7 +279,7 @@ def test_adopt_on_a_tree_without_a_proof_says_so(syn, tmp_path):  # noqa: F811
     assert dfbuild("apply", "--base", syn.base_commit, "--repo", bare, "--dir", tree,
                    "--patches", syn.patches).exit_code == 0
     run_git(tree, "log", "-1")
-    from dfbuild import manifest
+    from dfbuild.core import manifest
 
     record = manifest.load(manifest.tree_manifest_path(tree))
     record["series"]["derived"] = True
@@ -309,8 +310,9 @@ from test_release_unit import fake_wheel, inputs, stub_stages  # noqa: E402, F40
 
 def test_release_reuses_the_recorded_proof_and_reproves_on_request(inputs, stub_stages, monkeypatch,  # noqa: F811
                                                                     tmp_path):
-    from dfbuild import prove as prove_stage
-    from dfbuild import release, series
+    from dfbuild import series
+    from dfbuild.release import pipeline as release
+    from dfbuild.release import prove as prove_stage
 
     recorded = {"release": "b11434", "outcome": "fixed", "when": "2026-11-30", "recorded_in": "patches/series.toml"}
     carried = {**inputs["sections"]["series"], "derived": True, "proven": True, "outcome": "fixed",
@@ -336,7 +338,7 @@ def test_apply_and_release_share_one_default_tree_and_an_old_dir_is_named(syn, t
     (tmp_path / f"llama.cpp-{syn.base_commit}" / ".git").mkdir(parents=True)  # an older dfbuild's default
     result = dfbuild("apply", "--base", syn.base_commit, "--repo", bare, "--patches", syn.patches)
     assert result.exit_code == 0, result.stderr
-    from dfbuild import release
+    from dfbuild.release import pipeline as release
 
     tree = release.default_work_dir(syn.base_commit) / "src"
     assert (tree / ".git").is_dir()

@@ -1,4 +1,4 @@
-"""The one subprocess runner (dfbuild.proc) and the one git helper (dfbuild.gitrun)."""
+"""The one subprocess runner (dfbuild.core.proc) and the one git helper (dfbuild.core.gitrun)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import git
 import pytest
-
-from dfbuild import errors, gitrun, proc
 from helpers import run_git
+
+from dfbuild.core import errors, gitrun, proc
 
 PY = sys.executable
 
@@ -83,7 +83,7 @@ def test_die_with_makes_the_child_go_when_its_parent_is_killed(tmp_path):
     pid_file = tmp_path / "child.pid"
     parent = textwrap.dedent(f"""
         import signal, sys, time
-        from dfbuild import proc
+        from dfbuild.core import proc
         child = proc.start([{PY!r}, "-c", "import time; time.sleep(120)"], die_with=signal.SIGTERM)
         open({str(pid_file)!r}, "w").write(str(child.pid))
         time.sleep(120)

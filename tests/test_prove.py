@@ -16,12 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from dfbuild import build, prove, series, smoke
-from dfbuild.errors import BuildError, FixtureError, SeriesFileError
-from dfbuild.manifest import tree_manifest_path
-from dfbuild.request import BuildRequest, SmokeOptions
-
 from helpers import dfbuild, run_git, said
 from test_series import (  # noqa: F401  (fixtures)
     BASE_LINES,
@@ -38,6 +32,13 @@ from test_series import (  # noqa: F401  (fixtures)
     text_of,
     with_concerns,
 )
+
+from dfbuild import series, smoke
+from dfbuild.build import tree as build
+from dfbuild.build.request import BuildRequest, SmokeOptions
+from dfbuild.core.errors import BuildError, FixtureError, SeriesFileError
+from dfbuild.core.manifest import tree_manifest_path
+from dfbuild.release import prove
 
 FIX_LINE = "fill_hole(st, b);"  # zero-fill's line: without it the (fake) server fails image requests
 
@@ -369,7 +370,7 @@ def test_prove_takes_the_toolchain_options_a_release_takes(tmp_path, monkeypatch
         return {"base": base, "outcome": "fixed", "json": True}
 
     monkeypatch.setattr(prove, "prove", fake_prove)
-    from dfbuild import doctor
+    from dfbuild.host import doctor
 
     checked = []  # the toolchain is checked before any work, with the same headers (stood in for here)
     monkeypatch.setattr(doctor, "require", lambda backend, host=None, **kw: checked.append((backend, kw)) or {})
@@ -385,7 +386,7 @@ def test_prove_takes_the_toolchain_options_a_release_takes(tmp_path, monkeypatch
 def test_a_gpu_proof_is_reused_only_where_it_ran(syn, tmp_path, fakes, monkeypatch):
     """Issue 31: a GPU backend's proof runs on its device or says it did not, and a proof made on the CPU
     (--allow-cpu-fallback) is not reused once the device is there."""
-    from dfbuild.errors import NoDeviceError
+    from dfbuild.core.errors import NoDeviceError
 
     listed: list[str] = []
     monkeypatch.setattr(prove.smoke.devices, "list_devices", lambda binary, env=None, timeout=0: list(listed))

@@ -21,19 +21,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
-import re
 import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
-
-from dfbuild import archive, elf, fixtures, release, series, smoke, verify, verify_run
-
 from realtrees import CACHE, REAL_BASE, RELEASE_CPU_VARIANTS
+
+from dfbuild import series, smoke
+from dfbuild.core import archive, elf
+from dfbuild.release import pipeline as release
+from dfbuild.smoke import fixtures
+from dfbuild.verify import programs as verify_run
+from dfbuild.verify import release_dir as verify
 
 pytestmark = [
     pytest.mark.integration,

@@ -23,13 +23,22 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
-from dfbuild import archive, backends, build, elf, fixtures, release, release_package, series, source, verify, verify_run
-from dfbuild.cli import main
-from dfbuild.errors import ReleaseError, SmokeFailedError
-from dfbuild.paths import sha256_file
-from dfbuild.request import BuildRequest, SmokeOptions
 from helpers import private_cache
+
+from dfbuild import series
+from dfbuild.build import tree as build
+from dfbuild.build.request import BuildRequest, SmokeOptions
+from dfbuild.cli import main
+from dfbuild.core import archive, elf
+from dfbuild.core.errors import ReleaseError, SmokeFailedError
+from dfbuild.core.paths import sha256_file
+from dfbuild.host import backends
+from dfbuild.release import package as release_package
+from dfbuild.release import pipeline as release
+from dfbuild.smoke import fixtures
+from dfbuild.source import checkout as source
+from dfbuild.verify import programs as verify_run
+from dfbuild.verify import release_dir as verify
 
 posix_only = pytest.mark.skipif(os.name == "nt", reason="the fake llama-server is a shell script")
 
@@ -218,7 +227,7 @@ def test_tag_and_wheel_version_name_base_and_series():
 
 def test_artifact_name_comes_from_the_matrix_naming_rule(released):
     rel = released["rel"]
-    from dfbuild import matrix
+    from dfbuild.host import matrix
 
     assert rel["archive"] == matrix.artifact_name(rel["tag"], HOST.os, "cpu", HOST.arch)
     label = {"linux": "ubuntu", "windows": "win-cpu", "macos": "macos-cpu"}[HOST.os]  # llama.cpp's names
@@ -783,7 +792,7 @@ def test_failing_smoke_stops_before_packaging(inputs, stub_stages, tmp_path):
 
 
 def test_a_failing_stage_stops_the_pipeline_with_its_own_error(inputs, stub_stages, monkeypatch, tmp_path):
-    from dfbuild.errors import BuildError
+    from dfbuild.core.errors import BuildError
 
     def broken_build(*args, **kwargs):
         raise BuildError("build failed: x.cpp:1: error: boom", "full log: x")
@@ -889,7 +898,7 @@ def test_a_gpu_release_records_its_device_and_a_cpu_pass_is_not_reused_on_the_gp
     device was there, the rerun reused that pass. Now the first refuses (45) unless asked, says
     where it ran, and the GPU rerun runs the smoke again."""
     from dfbuild import smoke
-    from dfbuild.errors import NoDeviceError
+    from dfbuild.core.errors import NoDeviceError
 
     inputs["sections"]["build"] = {**inputs["sections"]["build"], "backend": "vulkan"}
     listed: list[str] = []

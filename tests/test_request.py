@@ -11,12 +11,15 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
-from dfbuild import backends, build, prove, release
-from dfbuild.cli import main
-from dfbuild.errors import UnsupportedBackendError
-from dfbuild.request import BuildRequest, SmokeOptions
 from test_release_unit import fake_wheel, inputs, stub_stages  # noqa: F401  (fixtures)
+
+from dfbuild.build import tree as build
+from dfbuild.build.request import BuildRequest, SmokeOptions
+from dfbuild.cli import main
+from dfbuild.core.errors import UnsupportedBackendError
+from dfbuild.host import backends
+from dfbuild.release import pipeline as release
+from dfbuild.release import prove
 
 posix_only = pytest.mark.skipif(sys.platform.startswith("win"), reason="the release fixtures are POSIX")
 
@@ -153,7 +156,7 @@ def test_release_prints_the_request_first_hands_it_to_the_build_and_records_it(i
     assert full["request"] == asked.to_dict()
     assert json.loads((out / release.MANIFEST_NAME).read_text())["request"] == asked.to_dict()
     tree = Path(inputs["tree"])
-    from dfbuild import manifest
+    from dfbuild.core import manifest
 
     assert manifest.load(manifest.tree_manifest_path(tree))["request"] == asked.to_dict()
     # the archive's own manifest is unchanged: what was built, not how this run was asked (-j is no part of
@@ -161,15 +164,15 @@ def test_release_prints_the_request_first_hands_it_to_the_build_and_records_it(i
     with tarfile.open(out / full["release"]["archive"]) as tar:
         embedded = json.load(tar.extractfile(f"{full['release']['root']}/manifest.json"))
     assert set(embedded) == {"source", "series", "build", "smoke", "release"}
-    from dfbuild import verify
+    from dfbuild.verify import release_dir as verify
 
     report = verify.verify(out)
     assert report["ok"], report["problems"]
 
 
 def test_quiet_leaves_the_summary_out(monkeypatch, capsys):
-    from dfbuild import ui
     from dfbuild.cli.common import say_request
+    from dfbuild.core import ui
 
     say_request(BuildRequest())
     assert capsys.readouterr().err.startswith("build request:\n")

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import backends
-from dfbuild.backends import Host
-from dfbuild.errors import BuildError, SourceError, ToolchainMissingError, UsageError
-from dfbuild.platforms import rocm_root
+from dfbuild.core.errors import BuildError, SourceError, ToolchainMissingError, UsageError
+from dfbuild.host import backends
+from dfbuild.host.backends import Host
+from dfbuild.host.platforms import rocm_root
 
 FAKE_MMDEBSTRAP = r'''#!/usr/bin/env python3
 # a fake mmdebstrap: lays out what the real one leaves in the target folder
@@ -247,7 +247,7 @@ def test_a_rocblas_that_differs_from_the_recipes_list_is_refused(fake, archive, 
 
 
 def _ensure_in_child(mirror: str, env: dict) -> subprocess.Popen:
-    code = ("import sys, json; from dfbuild.platforms import rocm_root; "
+    code = ("import sys, json; from dfbuild.host.platforms import rocm_root; "
             "print(rocm_root.ensure({**rocm_root.recipe(), 'mirror': sys.argv[1]}))")
     return subprocess.Popen([sys.executable, "-c", code, mirror], start_new_session=True, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -339,13 +339,13 @@ def test_a_build_dir_made_in_the_root_runs_its_binaries_there(tmp_path):
     (build / "bin").mkdir(parents=True)
     assert rocm_root.launcher(build) is None
     rocm_root.mark_build_dir(build, root)
-    assert rocm_root.launcher(build) == [sys.executable, "-m", "dfbuild.platforms.rocm_root", str(root)]
+    assert rocm_root.launcher(build) == [sys.executable, "-m", "dfbuild.host.platforms.rocm_root", str(root)]
     from dfbuild import smoke
 
     assert smoke.launcher_for(build / "bin" / "llama-server") == (rocm_root.launcher(build), {})
     # and so do the unpatched binaries a proof keeps (WORK/unpatched): on the host they would not load
     # (forky's glibc 2.43; seen on b11393: every fixture set "exited with code 1 before it was healthy")
-    from dfbuild import prove
+    from dfbuild.release import prove
 
     (build / "bin" / "llama-server").write_text("")
     kept = tmp_path / "work" / "unpatched" / "build-hip"
@@ -375,7 +375,7 @@ def test_a_program_in_the_root_sees_sysfs_where_rocm_finds_the_gpus(tmp_path):
 
 
 def test_build_runs_each_step_through_the_roots_command_when_given(tmp_path):
-    from dfbuild import build_run
+    from dfbuild.build import run as build_run
 
     log = tmp_path / "log.txt"
     with open(log, "w") as handle:
@@ -385,7 +385,7 @@ def test_build_runs_each_step_through_the_roots_command_when_given(tmp_path):
 
 
 def test_verify_states_that_a_root_builds_glibc_floor_is_forkys():
-    from dfbuild import verify
+    from dfbuild.verify import release_dir as verify
 
     note = verify._root_note("x.tar.gz", {"suite": "forky", "rocm": {"hipcc": "7.0.2"}, "glibc": "2.43",
                                           "path": "debian-forky-rocm-6.4-000000000000"}, {"a": (2, 38)})
@@ -397,7 +397,7 @@ def test_verify_states_that_a_root_builds_glibc_floor_is_forkys():
 
 
 def test_verify_runs_the_archive_in_the_root_the_manifest_names_when_made_in_another_cache(monkeypatch, tmp_path):
-    from dfbuild import verify
+    from dfbuild.verify import release_dir as verify
 
     monkeypatch.setenv("DFBUILD_CACHE_DIR", str(tmp_path / "this-cache"))   # no root made in this one
     name = rocm_root.root_path().name
@@ -422,7 +422,7 @@ def test_verify_runs_the_archive_in_the_root_the_manifest_names_when_made_in_ano
 def test_doctor_says_hip_builds_in_the_root_here_or_which_apt_line_makes_it_possible(monkeypatch, tmp_path):
     from helpers import isolate_probes
 
-    from dfbuild import doctor
+    from dfbuild.host import doctor
 
     _, bin_dir = isolate_probes(monkeypatch, tmp_path)
     monkeypatch.setenv("DFBUILD_CACHE_DIR", str(tmp_path / "cache"))

@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from dfbuild import pypi, sdist
-from dfbuild.errors import SourceError
+from dfbuild.core.errors import SourceError
+from dfbuild.source import pypi, sdist
 
 WANTED = ("llama.cpp/common/speculative.cpp", "llama.cpp/CMakeLists.txt")
 

@@ -23,19 +23,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import dfbuild, private_cache, run_git, said, write_fake_llama
 
-from dfbuild import gitrun, journal, paths, series, source, ui
-from dfbuild.errors import (
+from dfbuild import series
+from dfbuild.core import gitrun, journal, paths, ui
+from dfbuild.core.errors import (
     DirtyTreeError,
-    NoVariantError,
     NotApplicableError,
+    NoVariantError,
     PatchConflictError,
     PatchIntegrityError,
     SeriesFileError,
 )
-from dfbuild.manifest import tree_manifest_path
-
-from helpers import dfbuild, private_cache, run_git, said, write_fake_llama
+from dfbuild.core.manifest import tree_manifest_path
+from dfbuild.source import checkout as source
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPEC = "common/speculative.cpp"
@@ -394,7 +395,7 @@ def test_concern_recorded_not_needed_is_a_decision_with_its_reason(syn, tree, ca
     assert decision["status"] == "not-needed" and decision["detail"] == "measured: the warning never fired"
     assert "commit" not in decision
     assert len(run_git(tree, "rev-list", f"{syn.base_commit}..HEAD").split()) == 3
-    from dfbuild import release
+    from dfbuild.release import pipeline as release
 
     assert release.series_hash(section) != release.series_hash(
         {"concerns": section["concerns"][:3] + [{**decision, "status": "upstream"}]})

@@ -7,12 +7,12 @@ import subprocess
 
 import pytest
 from click.testing import CliRunner
-
-from dfbuild import build, series
-from dfbuild.cli import main
-from dfbuild.request import BuildRequest
-
 from realtrees import CACHE, SLOW_BASES, TEST_CPU_VARIANTS, built_tree, checkout_tree, server_binary
+
+from dfbuild import series
+from dfbuild.build import tree as build
+from dfbuild.build.request import BuildRequest
+from dfbuild.cli import main
 
 pytestmark = pytest.mark.integration
 
@@ -112,7 +112,7 @@ def test_speculative_cpp_compiles_after_each_patch(base):
     curated = series.load_series()
     patched_ids = [c.id for c in curated.concerns if c.variants.get(base) and c.variants[base].status == "patch"]
     tree = CACHE / "trees" / f"{base}-stepwise" / "src"
-    from dfbuild import source
+    from dfbuild.source import checkout as source
 
     source.checkout(base, dest=tree, force=True)  # back to the bare base every run
     obj = "common/CMakeFiles/llama-common.dir/speculative.cpp.o"

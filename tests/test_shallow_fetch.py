@@ -16,10 +16,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-from dfbuild import build, gitfetch, series, source
-
 from helpers import dfbuild, private_cache, run_git, said
+
+from dfbuild import series
+from dfbuild.build import tree as build
+from dfbuild.source import checkout as source
+from dfbuild.source import gitfetch
 
 PR = 7
 MAIN_COMMITS = 10

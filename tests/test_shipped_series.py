@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 
-from dfbuild import pypi, series, source
+from dfbuild import series
+from dfbuild.source import checkout as source
+from dfbuild.source import pypi
 
 
 def test_each_base_variant_starts_from_that_base_blob():

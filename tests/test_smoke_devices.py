@@ -19,9 +19,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import backends, errors, fixtures, paths, smoke
+from dfbuild import smoke
+from dfbuild.build.request import SmokeOptions
 from dfbuild.cli import main
-from dfbuild.request import SmokeOptions
+from dfbuild.core import errors, paths
+from dfbuild.host import backends
+from dfbuild.smoke import fixtures
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
 LAVAPIPE = "Vulkan0: llvmpipe (LLVM 19.1.7, 256 bits) (32768 MiB, 32768 MiB free)"

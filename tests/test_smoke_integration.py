@@ -12,10 +12,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from realtrees import SLOW_BASES, server_for
 
 from dfbuild import smoke
-
-from realtrees import SLOW_BASES, server_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

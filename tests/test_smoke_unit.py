@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dfbuild import backends, errors, paths, prove, smoke
+from dfbuild import smoke
 from dfbuild.cli import main
+from dfbuild.core import errors, paths
+from dfbuild.host import backends
+from dfbuild.release import prove
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
 
@@ -246,7 +249,7 @@ def test_judge_fails_when_the_baseline_fails():
 
 @pytest.fixture(scope="module")
 def fixtures_dir(tmp_path_factory) -> Path:
-    from dfbuild import fixtures
+    from dfbuild.smoke import fixtures
 
     out = tmp_path_factory.mktemp("fixtures")
     fixtures.write_fixtures(out)

@@ -22,12 +22,13 @@ from types import SimpleNamespace
 import git
 import pytest
 from filelock import FileLock
-
-from dfbuild import gitfetch, paths, pypi, source, tree_import, ui
-from dfbuild.errors import DirtyTreeError, NotLlamaTreeError, SourceError, UnknownBaseError
-from dfbuild.manifest import tree_manifest_path
-
 from helpers import dfbuild, private_cache, run_git, said, write_fake_llama
+
+from dfbuild.core import paths, ui
+from dfbuild.core.errors import DirtyTreeError, NotLlamaTreeError, SourceError, UnknownBaseError
+from dfbuild.core.manifest import tree_manifest_path
+from dfbuild.source import checkout as source
+from dfbuild.source import gitfetch, pypi, tree_import
 
 PR = 27342
 
@@ -535,7 +536,8 @@ def test_a_tree_is_named_by_evidence_not_by_its_label(tmp_path, monkeypatch):
     data = json.loads(result.stdout)
     assert data["base"] == "pydist-0.94.0" and data["branch"] == "dfbuild/pydist-0.94.0"
     assert Path(data["dir"]) == tmp_path / "dfbuild-pydist-0.94.0" / "src"  # the tree `release` uses
-    from dfbuild import build, manifest
+    from dfbuild.build import tree as build
+    from dfbuild.core import manifest
     manifest.update_tree_manifest(Path(data["dir"]), "source", data)
     assert build.build_number(Path(data["dir"])) == 0  # unknown, never 10359 (nor 1, the import's commit count)
     assert "10359" not in json.dumps(data)

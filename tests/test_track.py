@@ -24,12 +24,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from dfbuild import build, paths, pypi, smoke, source
-from dfbuild import prove as prove_stage
-from dfbuild import track as track_stage
-from dfbuild.errors import BuildError
-
 from helpers import dfbuild, run_git, said
 from test_series import (  # noqa: F401  (fixtures)
     BASE_LINES,
@@ -44,6 +38,15 @@ from test_series import (  # noqa: F401  (fixtures)
     with_concerns,
     write_series,
 )
+
+from dfbuild import smoke
+from dfbuild.build import tree as build
+from dfbuild.core import paths
+from dfbuild.core.errors import BuildError
+from dfbuild.release import prove as prove_stage
+from dfbuild.release import track as track_stage
+from dfbuild.source import checkout as source
+from dfbuild.source import pypi
 
 FAKE = Path(__file__).resolve().parent / "fake_llama_server.py"
 FIX_LINES = ("if (b.embd) {", "fill_hole(st, b);", "st.pos_max + 1;", "LOG_DBG(")

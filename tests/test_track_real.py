@@ -13,11 +13,10 @@ import json
 from pathlib import Path
 
 import pytest
-
-from dfbuild import pypi
-
 from helpers import dfbuild, said
 from realtrees import CACHE, SLOW_BASES, TEST_CPU_VARIANTS
+
+from dfbuild.source import pypi
 
 pytestmark = pytest.mark.integration
 

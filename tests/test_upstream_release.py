@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import build, upstream_release
-from dfbuild.backends import Host
+from dfbuild.build import tree as build
+from dfbuild.build import upstream_release
+from dfbuild.host.backends import Host
 
 WORKFLOW = """\
 name: Release

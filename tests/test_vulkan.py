@@ -28,11 +28,11 @@ import re
 from pathlib import Path
 
 import pytest
-
-from dfbuild import backends, doctor, smoke
-from dfbuild.errors import DfbuildError
-
 import realtrees
+
+from dfbuild import smoke
+from dfbuild.core.errors import DfbuildError
+from dfbuild.host import backends, doctor
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vulkan]
 
@@ -81,7 +81,7 @@ def vulkan_builds(vulkan_toolchain) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def fixture_section(tmp_path_factory) -> dict:
-    from dfbuild import fixtures
+    from dfbuild.smoke import fixtures
 
     return fixtures.ensure_fixtures(tmp_path_factory.mktemp("vulkan-fixtures"))
 

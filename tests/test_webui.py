@@ -18,12 +18,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from dfbuild import build, paths, webui
-from dfbuild.errors import ToolchainMissingError, WebUIError
-from dfbuild.request import BuildRequest
-
 from helpers import dfbuild, private_cache, said
+
+from dfbuild.build import tree as build
+from dfbuild.build.request import BuildRequest
+from dfbuild.core import paths
+from dfbuild.core.errors import ToolchainMissingError, WebUIError
+from dfbuild.host import webui
 
 posix_only = pytest.mark.skipif(sys.platform.startswith("win"), reason="the fake npm is a POSIX script")
 
@@ -444,14 +445,14 @@ def test_a_ui_cmake_did_not_take_fails_the_build(tree, npm):
 
 def test_binaries_with_and_without_the_ui_are_different_requests_for_the_proof():
     """The proof keeps unpatched binaries by what was asked for: with the UI (the default) or --no-ui."""
-    from dfbuild import prove
+    from dfbuild.release import prove
 
     key = lambda **options: prove._request_key("c0ffee", BuildRequest("cpu", **options))  # noqa: E731
     assert key() == key(web_ui=True) != key(web_ui=False)
 
 
 def test_the_release_notes_say_what_each_archive_serves_at_get_root(tmp_path):
-    from dfbuild import verify
+    from dfbuild.verify import release_dir as verify
 
     base = {"release": {"archive": "llama-b1-dflash-bin-ubuntu-x64.tar.gz"}, "smoke": {"passed": True},
             "build": {"ui": {"embedded": True, "source": "built", "recipe": "ui-build-job",
@@ -469,7 +470,7 @@ def test_the_release_notes_say_what_each_archive_serves_at_get_root(tmp_path):
 
 
 def test_doctor_names_node_and_npm_and_what_to_do_without_them(tmp_path, monkeypatch):
-    from dfbuild import doctor
+    from dfbuild.host import doctor
 
     bin_dir = tmp_path / "old-node"
     bin_dir.mkdir()
@@ -505,7 +506,7 @@ def test_the_webui_command_builds_the_cache_entry_that_build_then_uses_offline(t
 @posix_only
 def test_a_tree_whose_ui_is_in_place_builds_again_after_the_cache_was_cleaned(tree, npm, own_cache, tmp_path,
                                                                               monkeypatch):
-    from dfbuild import cache
+    from dfbuild.source import cache
 
     first = webui.provide(tree, 4242)
     cache.clean()  # the UI entry and npm's cache gone

@@ -29,11 +29,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-from dfbuild import fixtures, smoke, unpack
-from dfbuild.smoke.run import ACCEPTED, DRAFTED
-
 from realtrees import CACHE, REAL_BASE, RELEASE_CPU_VARIANTS, server_for
+
+from dfbuild import smoke
+from dfbuild.core import unpack
+from dfbuild.smoke import fixtures
+from dfbuild.smoke.run import ACCEPTED, DRAFTED
 
 OPT_IN = "DFBUILD_BROWSER_TESTS"
 pytestmark = [

@@ -20,10 +20,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-from dfbuild import fixtures, smoke, unpack, verify
-
 from realtrees import CACHE, REAL_BASE, RELEASE_CPU_VARIANTS
+
+from dfbuild import smoke
+from dfbuild.core import unpack
+from dfbuild.smoke import fixtures
+from dfbuild.verify import release_dir as verify
 
 pytestmark = [
     pytest.mark.integration,

@@ -16,10 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import backends, build, doctor, pe, platforms, release, verify
-from dfbuild.backends import Host
-from dfbuild.errors import ToolchainMissingError, UnsupportedBackendError
-from dfbuild.platforms import windows
+from dfbuild.build import tree as build
+from dfbuild.core.errors import ToolchainMissingError, UnsupportedBackendError
+from dfbuild.host import backends, doctor, pe, platforms
+from dfbuild.host.backends import Host
+from dfbuild.host.platforms import windows
+from dfbuild.release import pipeline as release
+from dfbuild.verify import release_dir as verify
 
 LINUX = Host("linux", "x64", "debian", "12")
 WINDOWS_ON_LINUX = Host("windows", "x64", "debian", "12", build_os="linux")

@@ -31,10 +31,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-from dfbuild import pe, smoke
-
 from realtrees import CACHE, REAL_BASE
+
+from dfbuild import smoke
+from dfbuild.host import pe
 
 pytestmark = [
     pytest.mark.integration,
@@ -208,8 +208,8 @@ def test_the_built_openssl_trusts_what_windows_trusts_under_wine(released, tmp_p
     """The Windows store loaded into the built OpenSSL as cpp-httplib loads it (tests/data/windows_root_store_probe.c):
     a public root the host trusts verifies, the self-signed test certificate does not. (The -hf test above can show
     only the refusal: Wine's root store is the host's, which a test must not change.)"""
-    from dfbuild import platforms
-    from dfbuild.platforms import windows
+    from dfbuild.host import platforms
+    from dfbuild.host.platforms import windows
 
     public_root = Path("/etc/ssl/certs/ISRG_Root_X1.pem")
     if not public_root.is_file() or shutil.which("openssl") is None:

@@ -16,10 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from dfbuild import build, doctor, pe, platforms, smoke, verify
-from dfbuild.backends import Host
-from dfbuild.errors import BuildError, ToolchainMissingError
-from dfbuild.platforms import windows
+from dfbuild import smoke
+from dfbuild.build import tree as build
+from dfbuild.core.errors import BuildError, ToolchainMissingError
+from dfbuild.host import doctor, pe, platforms
+from dfbuild.host.backends import Host
+from dfbuild.host.platforms import windows
+from dfbuild.verify import release_dir as verify
 
 WINDOWS_ON_LINUX = Host("windows", "x64", "debian", "12", build_os="linux")
 MINGW = shutil.which("x86_64-w64-mingw32-gcc-posix")
@@ -351,7 +354,7 @@ def test_dfbuild_starts_one_xvfb_and_stops_it(monkeypatch):
 def test_the_xvfb_ends_with_dfbuild_even_when_dfbuild_is_killed():
     import time
 
-    code = ("import os\nfrom dfbuild import platforms\nfrom dfbuild.platforms import windows\n"
+    code = ("import os\nfrom dfbuild import platforms\nfrom dfbuild.host.platforms import windows\n"
             "windows.start_display(platforms.target_host('windows'))\n"
             "print(windows._display['process'].pid, flush=True)\nos.kill(os.getpid(), 9)\n")
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -367,7 +370,7 @@ def test_the_xvfb_ends_with_dfbuild_even_when_dfbuild_is_killed():
 
 
 def test_no_device_under_wine_names_the_display_and_the_prefix(tmp_path):
-    from dfbuild import backends
+    from dfbuild.host import backends
 
     exe = tmp_path / "bin" / "llama-server.exe"
     error = smoke.no_device_error(backends.get("vulkan"), "`llama-server --list-devices` lists none", {}, exe)

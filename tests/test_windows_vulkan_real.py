@@ -35,10 +35,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-from dfbuild import pe, smoke
-
 from realtrees import CACHE, REAL_BASE, vulkan_include_dir
+
+from dfbuild import smoke
+from dfbuild.host import pe
 
 pytestmark = [
     pytest.mark.integration,

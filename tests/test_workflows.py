@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import yaml  # PyYAML: a dependency of gguf, itself a dfbuild dependency
 
-from dfbuild import backends, matrix, paths
+from dfbuild.core import paths
+from dfbuild.host import backends, matrix
 
 ROOT = Path(__file__).resolve().parent.parent
 RELEASE = ROOT / "ci" / "release.yml"

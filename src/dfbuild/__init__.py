@@ -20,8 +20,8 @@ if sys.argv and (sys.argv[0] == "-m"
         _os._exit(130)
 
     _signal.signal(_signal.SIGINT, _interrupted_early)
-    from ._entry import catch_early_interrupt
+    from dfbuild._entry import catch_early_interrupt
 
     catch_early_interrupt()
 
-from ._version import __version__  # noqa: F401 - after the handler: it takes a while
+from dfbuild._version import __version__  # noqa: F401 - after the handler: it takes a while

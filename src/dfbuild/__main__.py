@@ -1,5 +1,5 @@
 """`python -m dfbuild`, the same as the `dfbuild` command."""
 
-from ._entry import main
+from dfbuild._entry import main
 
 main()

@@ -23,7 +23,7 @@ def catch_early_interrupt() -> None:
 
 def main() -> None:
     catch_early_interrupt()
-    from .cli import main as cli_main
+    from dfbuild.cli import main as cli_main
 
     try:
         cli_main(prog_name="dfbuild")

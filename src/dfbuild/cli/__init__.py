@@ -16,13 +16,13 @@ everything below this layer raises, never exits.
 
 from __future__ import annotations
 
-from . import cache_cmds, checkout_cmds, host_cmds, image_cmds, proof_cmds, release_cmds, series_cmds  # noqa: F401  (registers the commands)
-from .app import main
-from .checkout_cmds import apply, checkout, import_
-from .common import STATUS_STYLE, _default_dir_here, _locks, _render_concerns, _work_locks
-from .exits import PROVE_EXIT, _fail, handle_errors
-from .host_cmds import doctor, matrix
-from .options import (
+from dfbuild.cli import cache_cmds, checkout_cmds, host_cmds, image_cmds, proof_cmds, release_cmds, series_cmds  # noqa: F401  (registers the commands)
+from dfbuild.cli.app import main
+from dfbuild.cli.checkout_cmds import apply, checkout, import_
+from dfbuild.cli.common import STATUS_STYLE, _default_dir_here, _locks, _render_concerns, _work_locks
+from dfbuild.cli.exits import PROVE_EXIT, _fail, handle_errors
+from dfbuild.cli.host_cmds import doctor, matrix
+from dfbuild.cli.options import (
     BASE_HELP,
     SeriesHelpOption,
     _utf8_path,
@@ -36,9 +36,9 @@ from .options import (
     source_options,
     toolchain_options,
 )
-from .proof_cmds import OUTCOME_STYLE, fixtures, prove, smoke, track
-from .release_cmds import build, release_cmd, verify
-from .series_cmds import (
+from dfbuild.cli.proof_cmds import OUTCOME_STYLE, fixtures, prove, smoke, track
+from dfbuild.cli.release_cmds import build, release_cmd, verify
+from dfbuild.cli.series_cmds import (
     dir_option,
     series_adopt,
     series_check,

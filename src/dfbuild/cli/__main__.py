@@ -1,5 +1,5 @@
 """`python -m dfbuild.cli`, as before the split (the tests and scripts/cuda-smoke.sh run it)."""
 
-from . import main
+from dfbuild.cli import main
 
 main()

@@ -8,13 +8,13 @@ import os
 
 import click
 
-from .. import ui
+from dfbuild.core import ui
 
 
 def _show_version(ctx, param, value):
     if not value or ctx.resilient_parsing:
         return
-    from .. import about
+    from dfbuild.cli import about
 
     click.echo(about.version_text())
     ctx.exit()
@@ -23,7 +23,7 @@ def _show_version(ctx, param, value):
 def _use_cache_dir(ctx, param, value):
     """--cache-dir: the same as $DFBUILD_CACHE_DIR for this command (and what it runs), which it overrides."""
     if value is not None:
-        from .. import paths
+        from dfbuild.core import paths
 
         os.environ[paths.CACHE_ENV] = os.fspath(os.path.abspath(value))
     return value

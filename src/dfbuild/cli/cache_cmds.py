@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from .. import ui
-from .app import main
-from .exits import handle_errors
-from .options import patches_option
+from dfbuild.cli.app import main
+from dfbuild.cli.exits import handle_errors
+from dfbuild.cli.options import patches_option
+from dfbuild.core import ui
 
 
 def _table(rows: list[list[str]], header: list[str]) -> None:
@@ -30,8 +30,8 @@ def bases(patches_dir, as_json):
 
     Any other llama.cpp release works too, as --base bNNNN: the series is carried to it.
     """
-    from .. import bases as bases_stage
-    from .. import series
+    from dfbuild import series
+    from dfbuild.series import bases as bases_stage
 
     curated = series.load_series(patches_dir)
     data = bases_stage.listing(curated)
@@ -58,7 +58,7 @@ def cache_group(ctx, as_json):
     """Show the cache dir and its size by kind (clean: `cache clean`)."""
     if ctx.invoked_subcommand is not None:
         return
-    from .. import cache
+    from dfbuild.source import cache
 
     data = cache.show()
     if as_json:
@@ -75,7 +75,7 @@ def cache_group(ctx, as_json):
 @handle_errors
 def cache_dir_cmd():
     """Print the cache dir alone (for scripts: du -sh "$(dfbuild cache dir)")."""
-    from .. import paths
+    from dfbuild.core import paths
 
     click.echo(paths.cache_dir())
 
@@ -96,7 +96,7 @@ def cache_clean(older_than, base, dry_run, as_json):
     Entries a running dfbuild holds are skipped and named; lock files stay; anything in the
     cache dir that dfbuild did not make is left alone. A later checkout fetches again what it needs.
     """
-    from .. import cache
+    from dfbuild.source import cache
 
     report = cache.clean(older_than_days=older_than, base=base, dry_run=dry_run)
     if as_json:

@@ -6,11 +6,18 @@ from pathlib import Path
 
 import click
 
-from .. import ui
-from .app import main
-from .common import _default_dir_here, _locks, _render_concerns, default_tree_here, removed_if_left_empty_handed, shown
-from .exits import handle_errors
-from .options import _utf8_path, json_option_for, no_wait_option, patches_option, source_options
+from dfbuild.cli.app import main
+from dfbuild.cli.common import (
+    _default_dir_here,
+    _locks,
+    _render_concerns,
+    default_tree_here,
+    removed_if_left_empty_handed,
+    shown,
+)
+from dfbuild.cli.exits import handle_errors
+from dfbuild.cli.options import _utf8_path, json_option_for, no_wait_option, patches_option, source_options
+from dfbuild.core import ui
 
 
 @main.command()
@@ -20,7 +27,9 @@ from .options import _utf8_path, json_option_for, no_wait_option, patches_option
 @handle_errors
 def checkout(base, pr, repo, dest, force, no_wait, as_json):
     """Check out llama.cpp at a PR head or commit."""
-    from .. import curate, manifest, source
+    from dfbuild.core import manifest
+    from dfbuild.series import curate
+    from dfbuild.source import checkout as source
 
     source.check_known(base, repo)
     dest = dest or default_tree_here(base)
@@ -48,7 +57,7 @@ def checkout(base, pr, repo, dest, force, no_wait, as_json):
 @handle_errors
 def import_(archive, tag, dest, max_unpacked, no_wait, as_json):
     """Import a llama.cpp tree from a .tar.gz/.zip or a PyPI sdist that vendors one."""
-    from .. import source
+    from dfbuild.source import checkout as source
 
     source.check_tag_name(tag)  # before the name makes a path: '..' may not leave the current dir
     limits = source.Limits.raised_to(source.parse_size(max_unpacked) if max_unpacked else None)
@@ -71,7 +80,10 @@ def import_(archive, tag, dest, max_unpacked, no_wait, as_json):
 @handle_errors
 def apply(base, pr, repo, dest, force, patches_dir, skip, no_wait, as_json):
     """Check out BASE, then apply the curated DFlash patch series."""
-    from .. import curate, manifest, series, source, state
+    from dfbuild import series
+    from dfbuild.core import manifest, state
+    from dfbuild.series import curate
+    from dfbuild.source import checkout as source
 
     curated = series.load_series(patches_dir)
     series.check_skip(curated, tuple(skip))

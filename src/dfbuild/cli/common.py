@@ -9,14 +9,14 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
-from .. import errors, ui
+from dfbuild.core import errors, ui
 
 
 def _locks(*held: tuple[str, Path], no_wait: bool):
     """Hold the locks of the work tree / build dir / output dir for the whole command, always in this order."""
     from contextlib import ExitStack
 
-    from .. import state
+    from dfbuild.core import state
 
     stack = ExitStack()
     try:
@@ -30,7 +30,7 @@ def _locks(*held: tuple[str, Path], no_wait: bool):
 
 def _default_dir_here(name: str) -> Path:
     """./llama.cpp-NAME (import's default), refused (exit 16) when the current dir cannot be written."""
-    from .. import source
+    from dfbuild.source import checkout as source
 
     return _writable_here(source.default_dir(name))
 
@@ -49,7 +49,8 @@ def default_tree_here(base: str) -> Path:
 
     A ./llama.cpp-BASE an older dfbuild made is not used by default any more: it is named, with the --dir
     that keeps using it."""
-    from .. import paths, source
+    from dfbuild.core import paths
+    from dfbuild.source import checkout as source
 
     tree = paths.default_work_dir(base) / "src"
     old = source.default_dir(base)
@@ -86,7 +87,7 @@ def removed_if_left_empty_handed(path: Path, kept):
 
 def check_can_build(backend: str, target_os, vulkan_include_dir=None, target_arch=None) -> None:
     """Backend, OS, architecture and toolchain: refused at once (33, 30), before any checkout."""
-    from .. import doctor, platforms
+    from dfbuild.host import doctor, platforms
 
     host = platforms.target_host(target_os, arch=target_arch)
     doctor.require(backend, host, extra_include_dirs=[Path(vulkan_include_dir)] if vulkan_include_dir else [])
@@ -114,12 +115,12 @@ def say_request(request, *, smoke: bool = True) -> None:
 
 
 def _dir_label(backend: str, host) -> str:
-    from .. import build as build_stage
+    from dfbuild.build import tree as build_stage
 
     return build_stage.dir_label(backend, host)
 
 
 def _work_locks(work_dir: Path, backend: str) -> list[tuple[str, Path]]:
-    from .. import prove as prove_stage
+    from dfbuild.release import prove as prove_stage
 
     return prove_stage.work_locks(work_dir, backend)

@@ -12,8 +12,8 @@ import re
 import signal
 import sys
 
-from .. import errors, ui
-from .app import show_error
+from dfbuild.cli.app import show_error
+from dfbuild.core import errors, ui
 
 
 def _fail(exc: errors.DfbuildError, as_json: bool = False):
@@ -85,7 +85,7 @@ def git_failure(exc: BaseException) -> errors.RepositoryError | None:
         what = f"git cannot read an object: {exc}"
     else:
         return None
-    from .. import paths
+    from dfbuild.core import paths
 
     cache = str(paths.cache_dir())
     if cache in str(exc) or cache in what:

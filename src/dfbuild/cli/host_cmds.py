@@ -6,10 +6,10 @@ import sys
 
 import click
 
-from .. import errors, ui
-from .app import main
-from .exits import handle_errors
-from .options import arch_option, backend_option, json_option_for, os_option
+from dfbuild.cli.app import main
+from dfbuild.cli.exits import handle_errors
+from dfbuild.cli.options import arch_option, backend_option, json_option_for, os_option
+from dfbuild.core import errors, ui
 
 
 @main.command()
@@ -27,13 +27,13 @@ def doctor(backend, target_os, target_arch, for_image, fetch_vulkan, as_json):
     """Say per backend what is installed here and exactly what to install for what is missing."""
     from rich.markup import escape as esc
 
-    from .. import doctor as doctor_stage
+    from dfbuild.host import doctor as doctor_stage
 
     # for: dfbuild build --backend vulkan --vulkan-include-dir "$(dfbuild doctor --fetch-vulkan-headers)"
     if fetch_vulkan:
         click.echo(doctor_stage.fetch_debian_vulkan_headers())
         return
-    from .. import platforms
+    from dfbuild.host import platforms
 
     host = platforms.target_host(target_os, arch=target_arch)  # --os macos on Linux: refused (33)
     backend = backend.lower() if backend else None
@@ -103,7 +103,7 @@ def doctor(backend, target_os, target_arch, for_image, fetch_vulkan, as_json):
 @handle_errors
 def matrix(tag, identifiers, as_json):
     """The release matrix (one entry per os, backend, arch), generated from the backend table."""
-    from .. import matrix as matrix_stage
+    from dfbuild.host import matrix as matrix_stage
 
     data = matrix_stage.github_matrix(tag or matrix_stage.TAG_PLACEHOLDER)
     if as_json:

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import click
 
-from .. import ui
-from .app import main
-from .common import _locks
-from .exits import handle_errors
-from .options import json_option_for, no_wait_option
+from dfbuild.cli.app import main
+from dfbuild.cli.common import _locks
+from dfbuild.cli.exits import handle_errors
+from dfbuild.cli.options import json_option_for, no_wait_option
+from dfbuild.core import ui
 
 
 @main.command("image")
@@ -37,8 +37,8 @@ def image_cmd(directory, tree, no_run, labels, allow_cpu_fallback, no_wait, as_j
     server-rocm), laid out as the base's .devops/ Dockerfile lays it out; built without a daemon
     (Debian packages, umoci); run before it is added. Needs root, umoci, skopeo and mmdebstrap.
     """
-    from .. import image as image_stage
-    from ..errors import UsageError
+    from dfbuild.core.errors import UsageError
+    from dfbuild.image import make as image_stage
 
     extra = {}
     for item in labels:

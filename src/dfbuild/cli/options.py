@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from . import app
+from dfbuild.cli import app
 
 no_wait_option = click.option(
     "--no-wait", is_flag=True,
@@ -22,7 +22,7 @@ no_ui_option = click.option(
 def known_bases_text() -> str:
     """The bases dfbuild knows by name, as --help names them (read when help is shown: it keeps up with the
     series), the same list as the unknown-base message gives."""
-    from .. import source
+    from dfbuild.source import checkout as source
 
     return f"a base series.toml knows ({', '.join(source.named_bases())})"
 
@@ -44,7 +44,7 @@ BASE_HELP = ("Base revision: {known_bases}, any llama.cpp release bNNNNN (llama-
 
 def _canonical_base(ctx, param, value):
     """A label a tree's content contradicts (b10359) becomes the name from evidence, said once, up front."""
-    from .. import source  # imported when a command runs, not for --help
+    from dfbuild.source import checkout as source  # imported when a command runs, not for --help
 
     # app._argv, read now: the group sets it when the command line is parsed
     given_repo = any(arg == "--repo" or arg.startswith("--repo=") for arg in app._argv)
@@ -126,7 +126,7 @@ usable_path = _utf8_path
 
 
 def _backend_names() -> list[str]:
-    from .. import backends
+    from dfbuild.host import backends
 
     return backends.names()
 

@@ -8,11 +8,17 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from .. import errors, ui
-from .app import main
-from .common import _dir_label, _locks, _work_locks, check_can_build, removed_if_left_empty_handed, say_request
-from .exits import PROVE_EXIT, handle_errors
-from .options import (
+from dfbuild.cli.app import main
+from dfbuild.cli.common import (
+    _dir_label,
+    _locks,
+    _work_locks,
+    check_can_build,
+    removed_if_left_empty_handed,
+    say_request,
+)
+from dfbuild.cli.exits import PROVE_EXIT, handle_errors
+from dfbuild.cli.options import (
     arch_option,
     backend_option,
     base_option,
@@ -26,6 +32,7 @@ from .options import (
     toolchain_options,
     usable_path,
 )
+from dfbuild.core import errors, ui
 
 # --- fixtures & smoke ---------------------------------------------------------
 
@@ -38,7 +45,7 @@ from .options import (
 @handle_errors
 def fixtures(out, seed, as_json):
     """Write tiny seeded GGUF fixtures (targets, mmprojs, DFlash drafts) and test images."""
-    from .. import fixtures as fixtures_stage
+    from dfbuild.smoke import fixtures as fixtures_stage
 
     with _locks(("out", out), no_wait=False):
         section = fixtures_stage.write_fixtures(out, seed)
@@ -70,9 +77,10 @@ def fixtures(out, seed, as_json):
 def smoke(build_dir, fixtures_dir, sets, scenarios, log_dir, backend, server_args, no_compare, start_timeout,
           smoke_table, allow_cpu_fallback, as_json):
     """Run the smoke scenarios on llama-server; exit non-zero if any fails."""
-    from .. import backends, paths
-    from .. import smoke as smoke_stage
-    from ..request import SmokeOptions
+    from dfbuild import smoke as smoke_stage
+    from dfbuild.build.request import SmokeOptions
+    from dfbuild.core import paths
+    from dfbuild.host import backends
 
     how = backends.get(backend.lower())
 
@@ -135,10 +143,10 @@ def prove(base, pr, repo, backend, work, sets, scenarios, cpu_variants, jobs, cu
 
     Exit codes: 0 fixed, 44 fixed upstream, 43 still broken, 24 not applicable, 21 conflict.
     """
-    from .. import prove as prove_stage
-    from .. import release as release_stage
-    from .. import source
-    from ..request import BuildRequest
+    from dfbuild.build.request import BuildRequest
+    from dfbuild.release import pipeline as release_stage
+    from dfbuild.release import prove as prove_stage
+    from dfbuild.source import checkout as source
 
     source.check_known(base, repo)
     backend = backend.lower()
@@ -222,8 +230,8 @@ def track(repo, pr, since, do_prove, limit, backend, work_root, state_file, sets
     recomputes nothing. Exit codes with --prove: 0 when every outcome is fixed, fixed upstream or not
     applicable (or still unproven), else the worst: an error's own code, 43 still broken, 21 conflict.
     """
-    from .. import track as track_stage
-    from ..request import BuildRequest
+    from dfbuild.build.request import BuildRequest
+    from dfbuild.release import track as track_stage
 
     if limit is not None and not do_prove:
         raise click.UsageError("--limit caps how many candidates --prove proves; without --prove nothing is proven",

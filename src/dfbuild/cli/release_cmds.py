@@ -6,9 +6,8 @@ from pathlib import Path
 
 import click
 
-from .. import errors, ui
-from .app import main
-from .common import (
+from dfbuild.cli.app import main
+from dfbuild.cli.common import (
     _dir_label,
     _locks,
     _work_locks,
@@ -17,8 +16,8 @@ from .common import (
     say_request,
     shown,
 )
-from .exits import handle_errors
-from .options import (
+from dfbuild.cli.exits import handle_errors
+from dfbuild.cli.options import (
     arch_option,
     backend_option,
     base_option,
@@ -30,6 +29,7 @@ from .options import (
     toolchain_options,
     usable_path,
 )
+from dfbuild.core import errors, ui
 
 # --- build --------------------------------------------------------------------
 
@@ -64,9 +64,9 @@ from .options import (
 def build(tree, backend, build_dir, targets, cpu_variants, cuda_arch, gpu_targets, vulkan_include_dir, cmake_args,
           jobs, reconfigure, fresh, no_ccache, no_ui, target_os, target_arch, no_wait, as_json):
     """Configure and build a llama.cpp tree for one backend (checks the toolchain first)."""
-    from .. import build as build_stage
-    from .. import journal, manifest, paths
-    from ..request import BuildRequest
+    from dfbuild.build import tree as build_stage
+    from dfbuild.build.request import BuildRequest
+    from dfbuild.core import journal, manifest, paths
 
     # the request, made once (backend and --os/--arch checked: this host, or a cross target)
     request = BuildRequest.from_options(
@@ -114,8 +114,8 @@ def webui_cmd(tree, no_wait, as_json):
     What `build` then embeds without Node.js or the network: CI builds it once and hands the
     cache entry to the jobs whose machines have no Node.js (ci/release.yml's webui job).
     """
-    from .. import build as build_stage
-    from .. import webui
+    from dfbuild.build import tree as build_stage
+    from dfbuild.host import webui
 
     tree = Path(tree).resolve()
     build_stage.check_llama_tree(tree)
@@ -182,9 +182,9 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, reprove, targets
                 vulkan_include_dir, target_os, target_arch, cmake_args, jobs, no_ui, start_timeout, smoke_table,
                 allow_cpu_fallback, with_image, no_wait, as_json):
     """Checkout, apply, build, smoke and package BASE: archive, wheel, SHA256SUMS, manifest.json."""
-    from .. import release as release_stage
-    from .. import source
-    from ..request import BuildRequest
+    from dfbuild.build.request import BuildRequest
+    from dfbuild.release import pipeline as release_stage
+    from dfbuild.source import checkout as source
 
     # the request, made once, for every stage (backend and --os/--arch checked); every tool unless --target
     request = BuildRequest.from_options(
@@ -198,7 +198,8 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, reprove, targets
     check_can_build(backend, target_os, vulkan_include_dir, target_arch)
     release_stage.check_wheel_tools()
     if with_image:  # refused now (53, 52), not after the build
-        from .. import image_build, image_recipe
+        from dfbuild.image import build as image_build
+        from dfbuild.image import recipe as image_recipe
 
         linux = request.cross_host is None and (target_os or "linux") == "linux"
         if image_recipe.image_for(backend) is None or not linux:
@@ -215,8 +216,8 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, reprove, targets
         full = release_stage.release(base, request=request, pr=pr, repo=repo, out=out, work=work,
                                      skip_smoke=skip_smoke, reprove=reprove)
         if with_image:
-            from .. import image as image_stage
-            from .. import manifest
+            from dfbuild.core import manifest
+            from dfbuild.image import make as image_stage
 
             with ui.step("image"):
                 image_stage.make_images(Path(out), tree=work_dir / "src", run=not skip_smoke)
@@ -258,8 +259,8 @@ def verify(directory, no_run, run_any, max_unpacked, as_json):
     llama-server --version is run only from archives that passed every check, and by default
     only from archives this dfbuild packaged; --run opts in for others, --no-run runs nothing.
     """
-    from .. import source
-    from .. import verify as verify_stage
+    from dfbuild.source import checkout as source
+    from dfbuild.verify import release_dir as verify_stage
 
     if no_run and run_any:
         raise click.UsageError("--run and --no-run contradict each other")
@@ -294,6 +295,6 @@ def release_notes(directory, base, registry):
 
     CI's publish job passes them to the draft release; run `dfbuild verify` on the directory first.
     """
-    from .. import verify as verify_stage
+    from dfbuild.verify import release_dir as verify_stage
 
     click.echo(verify_stage.release_notes(directory, base, registry), nl=False)

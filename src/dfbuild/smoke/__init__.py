@@ -24,9 +24,9 @@ that patches a name patches it where it is used: `smoke.devices.list_devices`, `
 
 from __future__ import annotations
 
-from .client import Response, parse_sse, prometheus_counters
-from .devices import DeviceLines, backend_devices, backend_said, device_name, list_devices, no_device_error
-from .judge import (
+from dfbuild.smoke.client import Response, parse_sse, prometheus_counters
+from dfbuild.smoke.devices import DeviceLines, backend_devices, backend_said, device_name, list_devices, no_device_error
+from dfbuild.smoke.judge import (
     EXACT,
     IDENTITY_RULES,
     MAX_DISAGREE_ACCEPTANCE,
@@ -37,7 +37,7 @@ from .judge import (
     judge,
     upstream_symptom,
 )
-from .logscan import (
+from dfbuild.smoke.logscan import (
     BEGIN_WARNING,
     DRAFT_CANDIDATE,
     FAILURE_PATTERNS,
@@ -50,10 +50,19 @@ from .logscan import (
     warned_fill_spans,
     zero_filled_spans,
 )
-from .memo import RECORD_LAYOUT, memo_key, recall, remember
-from .plan import SHADER_CACHE_DIR_ENV, TABLE_ENV, TABLES, Plan, identity_for, plan, smoke_env_for, start_timeout_for
-from .run import fixtures_that_do_not_load, run_scenario, run_smoke, run_steps
-from .scenarios import (
+from dfbuild.smoke.memo import RECORD_LAYOUT, memo_key, recall, remember
+from dfbuild.smoke.plan import (
+    SHADER_CACHE_DIR_ENV,
+    TABLE_ENV,
+    TABLES,
+    Plan,
+    identity_for,
+    plan,
+    smoke_env_for,
+    start_timeout_for,
+)
+from dfbuild.smoke.run import fixtures_that_do_not_load, run_scenario, run_smoke, run_steps
+from dfbuild.smoke.scenarios import (
     DEFAULT_SCENARIOS,
     DEFAULT_SETS,
     EDGE_SCENARIOS,
@@ -66,7 +75,7 @@ from .scenarios import (
     Step,
     base_server_args,
 )
-from .server import (
+from dfbuild.smoke.server import (
     DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_START_TIMEOUT,
     START_TIMEOUT_ENV,

@@ -6,8 +6,8 @@ import os
 import re
 from pathlib import Path
 
-from .. import errors, proc
-from .server import _cross_runner, launcher_for
+from dfbuild.core import errors, proc
+from dfbuild.smoke.server import _cross_runner, launcher_for
 
 LIST_DEVICES_TIMEOUT = 120.0
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .logscan import tail
+from dfbuild.smoke.logscan import tail
 
 MIN_ACCEPTANCE = 0.9
 MAX_DISAGREE_ACCEPTANCE = 0.1

@@ -6,8 +6,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from .. import paths, state
-from .scenarios import DEFAULT_SCENARIOS, DEFAULT_SETS
+from dfbuild.core import paths, state
+from dfbuild.smoke.scenarios import DEFAULT_SCENARIOS, DEFAULT_SETS
 
 # What a smoke section holds, in the key of a remembered pass: a release that reuses a pass recorded in an
 # older layout would ship a manifest a fresh run does not write. 2: each scenario has begin_warnings.

@@ -7,12 +7,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import errors, paths, proc
-from ..request import SmokeOptions
-from . import devices, memo
-from .judge import EXACT, IDENTITY_RULES
-from .scenarios import DEFAULT_SCENARIOS, DEFAULT_SETS, SCENARIOS
-from .server import DEFAULT_START_TIMEOUT, START_TIMEOUT_ENV, exe_start_timeout, server_binary
+from dfbuild.build.request import SmokeOptions
+from dfbuild.core import errors, paths, proc
+from dfbuild.smoke import devices, memo
+from dfbuild.smoke.judge import EXACT, IDENTITY_RULES
+from dfbuild.smoke.scenarios import DEFAULT_SCENARIOS, DEFAULT_SETS, SCENARIOS
+from dfbuild.smoke.server import DEFAULT_START_TIMEOUT, START_TIMEOUT_ENV, exe_start_timeout, server_binary
 
 # --- how a backend runs the smoke: its table, timeout, identity rule and shader cache ----------
 #

@@ -10,11 +10,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import errors, fixtures
-from .client import prometheus_counters
-from .judge import EXACT, N_PROBS, _excerpt, judge, upstream_symptom
-from .logscan import begin_warnings, draft_trace, scan_log, warned_fill_spans, zero_filled_spans
-from .scenarios import (
+from dfbuild.core import errors
+from dfbuild.smoke import fixtures
+from dfbuild.smoke.client import prometheus_counters
+from dfbuild.smoke.judge import EXACT, N_PROBS, _excerpt, judge, upstream_symptom
+from dfbuild.smoke.logscan import begin_warnings, draft_trace, scan_log, warned_fill_spans, zero_filled_spans
+from dfbuild.smoke.scenarios import (
     DEFAULT_SCENARIOS,
     DEFAULT_SETS,
     N_PREDICT,
@@ -26,7 +27,7 @@ from .scenarios import (
     _merge_args,
     base_server_args,
 )
-from .server import DEFAULT_REQUEST_TIMEOUT, DEFAULT_START_TIMEOUT, LlamaServer, server_binary
+from dfbuild.smoke.server import DEFAULT_REQUEST_TIMEOUT, DEFAULT_START_TIMEOUT, LlamaServer, server_binary
 
 
 def _payload(step: Step, marker: str, images: dict[str, str], n_probs: int = 0) -> dict:

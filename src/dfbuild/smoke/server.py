@@ -17,9 +17,9 @@ import urllib.request
 from pathlib import Path
 from typing import BinaryIO
 
-from .. import errors, proc
-from .client import Response, parse_sse
-from .logscan import tail
+from dfbuild.core import errors, proc
+from dfbuild.smoke.client import Response, parse_sse
+from dfbuild.smoke.logscan import tail
 
 # --- the server handle ----------------------------------------------------------
 
@@ -50,8 +50,8 @@ def launcher_for(binary: Path) -> tuple[list[str], dict[str, str]]:
     made in the Debian forky root, that root (platforms.rocm_root); for the entrypoint of an unpacked
     image, the image's root (image_run); for an ELF program of another
     machine (arm64 on x64), qemu-user (platforms.linux_arm64)."""
-    from .. import image_run
-    from ..platforms import rocm_root
+    from dfbuild.host.platforms import rocm_root
+    from dfbuild.smoke import image_root as image_run
 
     in_root = rocm_root.launcher(Path(binary).parent.parent) or image_run.launcher(Path(binary))
     if in_root:
@@ -67,12 +67,13 @@ def launcher_for(binary: Path) -> tuple[list[str], dict[str, str]]:
 
 def _cross_runner(binary: Path):
     """(platform module, cross Host) whose runner starts BINARY here, or (None, None) for a native program."""
-    from .. import elf, platforms
+    from dfbuild.core import elf
+    from dfbuild.host import platforms
 
     if Path(binary).suffix.lower() == ".exe":
         if sys.platform == "win32":
             return None, None
-        from ..platforms import windows
+        from dfbuild.host.platforms import windows
 
         return windows, platforms.target_host("windows")  # refused (exit 33) where no cross entry says how
     try:

@@ -1,0 +1,1 @@
+"""dfbuild.build: (describe the stage)."""

@@ -1,0 +1,1 @@
+"""dfbuild.core: (describe the stage)."""

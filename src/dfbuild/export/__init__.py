@@ -1,0 +1,1 @@
+"""dfbuild.export: (describe the stage)."""

@@ -1,0 +1,1 @@
+"""dfbuild.host: (describe the stage)."""

@@ -1,0 +1,1 @@
+"""dfbuild.image.make: (describe the stage)."""

@@ -1,0 +1,1 @@
+"""dfbuild.model: (describe the stage)."""

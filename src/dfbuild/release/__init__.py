@@ -1,0 +1,1 @@
+"""dfbuild.release: (describe the stage)."""

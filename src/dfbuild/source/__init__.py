@@ -1,0 +1,1 @@
+"""dfbuild.source: (describe the stage)."""

@@ -1,0 +1,1 @@
+"""dfbuild.verify: (describe the stage)."""
