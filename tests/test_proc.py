@@ -172,7 +172,7 @@ def test_a_git_failure_reaches_the_user_in_gits_own_words(repo: Path, who):
 
 
 def test_replace_with_becomes_the_program_in_this_process(tmp_path):
-    script = ("import os, sys\nfrom dfbuild import proc\n"
+    script = ("import os, sys\nfrom dfbuild.core import proc\n"
               f"proc.replace_with([{PY!r}, '-c', 'import os; print(os.getpid(), os.environ.get(\"MARK\"))'], "
               "{**os.environ, 'MARK': 'seen'})\nprint('not reached')\n")
     started = proc.start([PY, "-c", script], stdout=proc.PIPE, text=True)

@@ -39,6 +39,7 @@ from dfbuild.build.request import BuildRequest, SmokeOptions
 from dfbuild.core.errors import BuildError, FixtureError, SeriesFileError
 from dfbuild.core.manifest import tree_manifest_path
 from dfbuild.release import prove
+from dfbuild.series import adopt
 
 FIX_LINE = "fill_hole(st, b);"  # zero-fill's line: without it the (fake) server fails image requests
 
@@ -188,7 +189,7 @@ def test_adopt_refuses_what_was_not_proven(syn, tmp_path, fakes):
     run_git(tmp_path, "clone", "-q", "--branch", tag, str(syn.upstream), str(tree))
     series.apply_series(syn.load(), tree)
     with pytest.raises(SeriesFileError):
-        series.adopt(syn.load(), tree)  # carried, but no proof ran on it
+        adopt.adopt(syn.load(), tree)  # carried, but no proof ran on it
 
 
 # --- one compile: the patched build is an incremental rebuild of the unpatched one ------------------

@@ -267,7 +267,7 @@ def test_an_old_full_clone_cache_keeps_working(upstream, tmp_path, own_cache):
 
     (A guard for the old caches: the old code passes it too, but for the helper it uses to find the cache.)
     """
-    old = source._cache_path(upstream.url)
+    old = source.cache_path(upstream.url)
     old.parent.mkdir(parents=True)
     run_git(tmp_path, "clone", "-q", "--bare", upstream.url, str(old))
     newer = fast_import(upstream.path, commit_script("refs/heads/main", "1", "news", {"NEWS": "news\n"},

@@ -333,7 +333,7 @@ def test_no_npm_is_a_missing_toolchain_with_an_install_line(tree, monkeypatch, t
 def test_a_killed_build_leaves_a_partial_folder_that_the_next_run_removes(tree, npm, own_cache, monkeypatch, tmp_path):
     pid_file = tmp_path / "npm.pid"
     monkeypatch.setenv("FAKE_NPM_HANG", str(pid_file))
-    code = ("import sys; from pathlib import Path; from dfbuild import webui; "
+    code = ("import sys; from pathlib import Path; from dfbuild.host import webui; "
             f"webui.provide(Path({str(tree)!r}), 4242)")
     child = subprocess.Popen([sys.executable, "-c", code], env=os.environ.copy(), start_new_session=True)
     try:

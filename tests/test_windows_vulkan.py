@@ -354,7 +354,7 @@ def test_dfbuild_starts_one_xvfb_and_stops_it(monkeypatch):
 def test_the_xvfb_ends_with_dfbuild_even_when_dfbuild_is_killed():
     import time
 
-    code = ("import os\nfrom dfbuild import platforms\nfrom dfbuild.host.platforms import windows\n"
+    code = ("import os\nfrom dfbuild.host import platforms\nfrom dfbuild.host.platforms import windows\n"
             "windows.start_display(platforms.target_host('windows'))\n"
             "print(windows._display['process'].pid, flush=True)\nos.kill(os.getpid(), 9)\n")
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

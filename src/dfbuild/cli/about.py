@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dfbuild._version import __version__
-from dfbuild.core import gitrun, proc
+from dfbuild.core import gitrun, paths, proc
 
 
 def series_hash(patches_dir: Path | None = None) -> str | None:
@@ -24,7 +24,7 @@ def series_hash(patches_dir: Path | None = None) -> str | None:
 def checkout_commit() -> str | None:
     """The git commit dfbuild runs from, when it runs from a checkout (an editable install or src/ on the
     path); '+dirty' when the checkout has changes. None for an installed copy."""
-    root = Path(__file__).resolve().parents[2]
+    root = paths.CHECKOUT_DIR
     if not (root / ".git").exists() or not (root / "src" / "dfbuild").is_dir():
         return None
     try:

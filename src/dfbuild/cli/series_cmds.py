@@ -158,7 +158,9 @@ def series_adopt(tree, patches_dir, as_json):
     from dfbuild import series
 
     with _locks(("tree", tree), no_wait=False):
-        result = series.adopt(series.load_series(patches_dir), tree)
+        from dfbuild.series import adopt
+
+        result = adopt.adopt(series.load_series(patches_dir), tree)
     if as_json:
         ui.emit_json(result)
         return

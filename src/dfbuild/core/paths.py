@@ -13,6 +13,10 @@ from dfbuild.core.errors import DfbuildError, UsageError
 from dfbuild.core.locks import hold
 
 CACHE_ENV = "DFBUILD_CACHE_DIR"
+# The installed package (src/dfbuild in a checkout) and, from a checkout, the repo around it: the one place
+# that knows how deep this module lies, so that a module moving between packages never counts parents.
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+CHECKOUT_DIR = PACKAGE_DIR.parents[1]
 
 
 def cache_dir() -> Path:

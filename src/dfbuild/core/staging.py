@@ -19,7 +19,7 @@ def staging_dir(dest: Path) -> Path:
     return dest.parent / f".{dest.name}.dfbuild-partial"
 
 
-def _clear_debris(dest: Path) -> None:
+def clear_debris(dest: Path) -> None:
     """dfbuild's own leftovers from an interrupted run on DEST: a half-made DIR, a journal."""
     partial = staging_dir(dest)
     if partial.exists() or partial.is_symlink():
@@ -33,7 +33,7 @@ def _clear_debris(dest: Path) -> None:
 
 
 @contextmanager
-def _staged(dest: Path):
+def staged(dest: Path):
     """A fresh staging dir for DEST, removed unless the block renamed it into place."""
     partial = staging_dir(dest)
     if partial.exists():
@@ -49,7 +49,7 @@ def _staged(dest: Path):
             shutil.rmtree(partial, ignore_errors=True)
 
 
-def _move_into_place(made: Path, dest: Path) -> None:
+def move_into_place(made: Path, dest: Path) -> None:
     state.tree_made(made, dest)  # the new tree's own lock, taken before anyone can see it as DEST
     if dest.exists():
         dest.rmdir()  # empty, as checked: a non-empty DIR was refused

@@ -253,7 +253,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-_TEMP_NAME = re.compile(r"^dfbuild-[a-z]+-(\d+)-")
+TEMP_NAME = re.compile(r"^dfbuild-[a-z]+-(\d+)-")
 
 
 def sweep_temp() -> list[Path]:
@@ -264,7 +264,7 @@ def sweep_temp() -> list[Path]:
     except OSError:
         return removed
     for entry in entries:
-        match = _TEMP_NAME.match(entry.name)
+        match = TEMP_NAME.match(entry.name)
         if not match or pid_alive(int(match.group(1))):
             continue
         if entry.is_dir() and not entry.is_symlink():

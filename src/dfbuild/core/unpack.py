@@ -131,7 +131,7 @@ def _check_link_target(name: str, link: str | None) -> None:
                            "only use archives from a source you trust")
 
 
-def _check_links_stay_in(root: Path) -> None:
+def check_links_stay_in(root: Path) -> None:
     """The tree becomes DEST on its own, so a link may not leave it (even to elsewhere in the archive)."""
     for folder, dirs, files in os.walk(root):
         for name in dirs + files:

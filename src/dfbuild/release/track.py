@@ -197,7 +197,7 @@ def list_candidates(curated: series.Series, *, repo: str | None = None, pr: int 
 
 def default_state_path(repo: str | None, backend: str) -> Path:
     where = repo or f"pypi:{pypi.RELEASES_PROJECT}"
-    return paths.cache_dir() / "track" / f"{source._slug(where)}-{backend}.json"
+    return paths.cache_dir() / "track" / f"{source.slug(where)}-{backend}.json"
 
 
 class TrackRecord:
@@ -314,7 +314,7 @@ def track(*, repo: str | None = None, pr: int | None = None, since: int | None =
     request = request or BuildRequest()
     backend = request.backend
     if repo is not None:
-        repo = source._absolute_if_local(repo)
+        repo = source.absolute_if_local(repo)
         source.check_repo_url(repo)
     curated = series.load_series(patches_dir)
     digest = series_digest(curated)

@@ -11,7 +11,7 @@ import shutil
 import sys
 from pathlib import Path, PurePosixPath
 
-from dfbuild.core import elf, owned, proc
+from dfbuild.core import elf, owned, paths, proc
 from dfbuild.core.archive import Entry
 from dfbuild.core.errors import ReleaseError
 from dfbuild.core.paths import sha256_file
@@ -21,8 +21,7 @@ from dfbuild.release.record import MANIFEST_NAME, OWN_FILES, REQUIRES_NAME, WHEE
 
 def builder_dir() -> Path:
     """The repo's builder/ when running from a checkout, else the copy shipped in the package."""
-    here = Path(__file__).resolve()
-    for candidate in (here.parents[2] / "builder", here.parent / "data" / "builder"):
+    for candidate in (paths.CHECKOUT_DIR / "builder", paths.PACKAGE_DIR / "data" / "builder"):
         if (candidate / "pyproject.toml").is_file():
             return candidate
     raise ReleaseError("the wheel builder project (builder/) is missing",

@@ -61,8 +61,8 @@ def is_cached(name: str, root: Path | None = None) -> bool:
     if known.sdist and (root / "sdists" / sdist.sdist_path(known.sdist).name).is_file():
         return True
     if known.repo and known.commit:
-        repo = root / "repos" / source._cache_path(known.repo).name
-        return repo.is_dir() and source._git_in(repo, "cat-file", "-e", f"{known.commit}^{{commit}}").returncode == 0
+        repo = root / "repos" / source.cache_path(known.repo).name
+        return repo.is_dir() and source.git_in(repo, "cat-file", "-e", f"{known.commit}^{{commit}}").returncode == 0
     return False
 
 

@@ -7,6 +7,7 @@ failure lines out of its log, draft *and accept* on image requests when the
 fixture set agrees, and produce greedy output byte-identical to the plain run.
 
 One module per job:
+- fixtures/: the tiny seeded GGUF targets, mmprojs, drafts and the test image (`dfbuild fixtures`)
 - server: the llama-server process handle (binary, launcher, free port, start, /health, stop)
 - client: one HTTP response (a stream judged by its events), SSE and /metrics parsing
 - logscan: what a server log says (failure lines, zero-fill spans and which warned, the draft's candidates,
@@ -20,6 +21,8 @@ One module per job:
 
 The names below are the package's public face (`smoke.run_smoke`, `smoke.plan`...); a test
 that patches a name patches it where it is used: `smoke.devices.list_devices`, `smoke.memo.RECORD_LAYOUT`.
+Takes a build dir (its llama-server) and the request's smoke options; hands on the manifest's `smoke`
+section.
 """
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ def base_entries(base: str, root: Path) -> list[tuple[str, Path]]:
                          "name a base `dfbuild bases` lists, or any release bNNNNN")
     found = [("imports", root / "imports" / f"{known.name}.git")]
     if known.repo and not known.sdist:  # a git base: the cache repo of its URL (shared by every rev fetched from it)
-        found.append(("repos", root / "repos" / source._cache_path(known.repo).name))
+        found.append(("repos", root / "repos" / source.cache_path(known.repo).name))
     if known.sdist:
         cached = root / "sdists" / sdist.sdist_path(known.sdist).name
         found += [("sdists", cached), ("sdists", sdist.record_path(cached))]
@@ -217,7 +217,7 @@ def clean(*, older_than_days: float | None = None, base: str | None = None, root
         if cutoff is not None and newest_mtime(entry) > cutoff:
             continue
         if kind == "tmp":
-            match = state._TEMP_NAME.match(entry.name)
+            match = state.TEMP_NAME.match(entry.name)
             if match and state.pid_alive(int(match.group(1))):
                 skipped.append({"path": str(entry), "why": f"in use by the running process {match.group(1)}"})
                 continue

@@ -35,16 +35,16 @@ from dfbuild.core.errors import (
 )
 from dfbuild.core.paths import cache_dir, locked
 from dfbuild.core.staging import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source.checkout
-    _clear_debris,
-    _move_into_place,
-    _staged,
+    clear_debris,
+    move_into_place,
+    staged,
     staging_dir,
 )
 from dfbuild.core.unpack import (  # noqa: F401 - re-exported
     LIMIT_FLAG,
     Limits,
-    _check_links_stay_in,
     check_limits,
+    check_links_stay_in,
     extract,
     parse_size,
 )
@@ -55,18 +55,18 @@ from dfbuild.source.gitfetch import (  # noqa: F401 - re-exported: callers and t
     RELEASE_NAME,
     REMOTE_PROTOCOL,
     SHALLOW_KEY,
-    _cache_path,
     _fetch_base,
     _git_error,
-    _git_in,
     _git_progress,
     _has_blob,
-    _slug,
+    cache_path,
     ensure_commit,
     fetch_base_into,
+    git_in,
     is_shallow_cache,
     release_build,
     resolve_commit,
+    slug,
     valid_ref_name,
 )
 from dfbuild.source.known_bases import (  # noqa: F401 - re-exported: callers and tests use them through dfbuild.source.checkout
@@ -76,8 +76,8 @@ from dfbuild.source.known_bases import (  # noqa: F401 - re-exported: callers an
     KNOWN_BASES,
     MAX_NAME_BYTES,
     KnownBase,
-    _absolute_if_local,
     _unknown_base,
+    absolute_if_local,
     branch_for,
     canonical_base,
     check_base_name,
@@ -119,9 +119,9 @@ from dfbuild.source.tree_import import (  # noqa: F401 - re-exported: callers an
 def _check_dir(dest: Path, force: bool) -> git.Repo | None:
     """Refuse a DIR dfbuild must not touch. Returns its repo when it is a checkout.
 
-    Only dfbuild's own debris is cleared first (see _clear_debris); nothing of the user's is touched.
+    Only dfbuild's own debris is cleared first (see clear_debris); nothing of the user's is touched.
     """
-    _clear_debris(dest)
+    clear_debris(dest)
     if not dest.exists() or (dest.is_dir() and not any(dest.iterdir())):
         return None
     not_llama = NotLlamaTreeError(
@@ -242,7 +242,7 @@ def _materialise(cache: git.Repo, commit: str, dest: Path, branch: str, force: b
     wanted = [commit, *(f"+refs/tags/{tag}:refs/tags/{tag}" for tag in tags)]
     fetch_args = ("-c", "protocol.version=2", "fetch", "--quiet", "--no-tags", "--update-shallow", cache_dir_)
     if repo is None and is_shallow_cache(cache):
-        with _staged(dest) as partial:
+        with staged(dest) as partial:
             gitrun.run(None, "init", "--quiet", str(partial))
             made = git.Repo(partial)
             made.git.config(*KEEP_BYTES)  # before the first checkout writes any file
@@ -253,12 +253,12 @@ def _materialise(cache: git.Repo, commit: str, dest: Path, branch: str, force: b
             state.fault_point("checkout: cloned")
             made.git.checkout("--quiet", "-B", branch, commit)
             state.fault_point("checkout: checked out beside DIR")
-            _move_into_place(partial, dest)
+            move_into_place(partial, dest)
         return
     if repo is None:
         # built beside DIR and renamed into place: an interrupt never leaves a half-made DIR
         # a local clone hardlinks the cache's objects: seconds, where a fetch would repack them
-        with _staged(dest) as partial:
+        with staged(dest) as partial:
             made = git.Repo.clone_from(str(Path(cache.git_dir)), partial, no_checkout=True, local=True,
                                        multi_options=["--quiet"])
             made.git.config(*KEEP_BYTES)  # before the first checkout writes any file
@@ -266,7 +266,7 @@ def _materialise(cache: git.Repo, commit: str, dest: Path, branch: str, force: b
             state.fault_point("checkout: cloned")
             made.git.checkout("--quiet", "-B", branch, commit)
             state.fault_point("checkout: checked out beside DIR")
-            _move_into_place(partial, dest)
+            move_into_place(partial, dest)
         return
     repo.git.execute(["git", *fetch_args, *wanted])
     head = repo.head.commit.hexsha if repo.head.is_valid() else None
@@ -327,8 +327,8 @@ def checkout(base: str, *, pr: int | None = None, repo: str | None = None,
             raise _unknown_base(base)
         if pr is None and known is not None and url == known.repo:
             pr = known.pr
-        url = _absolute_if_local(url)
-        with locked(cache_dir() / "repos" / _slug(url)):
+        url = absolute_if_local(url)
+        with locked(cache_dir() / "repos" / slug(url)):
             rev = known.commit if (known and known.commit and repo is None) else base
             try:
                 cache, commit, tags = _fetch_base(url, base, rev, pr)

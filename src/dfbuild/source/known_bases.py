@@ -196,6 +196,6 @@ def branch_for(base: str) -> str:
     return f"dfbuild/{base}"
 
 
-def _absolute_if_local(url: str) -> str:
+def absolute_if_local(url: str) -> str:
     """A local path made absolute: the cache's git commands do not run in the user's cwd."""
     return str(Path(url).resolve()) if Path(url).exists() else url

@@ -19,16 +19,16 @@ from dfbuild.core.errors import (
     NotLlamaTreeError,
 )
 from dfbuild.core.paths import cache_dir, locked
-from dfbuild.core.staging import _clear_debris, _move_into_place, _staged
+from dfbuild.core.staging import clear_debris, move_into_place, staged
 from dfbuild.core.unpack import (
     Limits,
-    _check_links_stay_in,
+    check_links_stay_in,
     extract,
 )
 from dfbuild.source import pypi
 from dfbuild.source.gitfetch import (
-    _cache_path,
     _has_blob,
+    cache_path,
     ensure_commit,
     release_build,
     valid_ref_name,
@@ -37,7 +37,7 @@ from dfbuild.source.known_bases import (
     KNOWN_BASES,
     MAX_NAME_BYTES,
     KnownBase,
-    _absolute_if_local,
+    absolute_if_local,
     branch_for,
     known_base,
 )
@@ -86,8 +86,8 @@ def known_base_blob(name: str, blob: str) -> bytes | None:
         except DfbuildError:
             return None
     elif known.repo:
-        url = _absolute_if_local(known.repo)
-        git_dir = _cache_path(url)
+        url = absolute_if_local(known.repo)
+        git_dir = cache_path(url)
         if not _has_blob(git_dir, blob) and known.commit:
             ensure_commit(url, known.commit)
     else:
@@ -135,12 +135,12 @@ def import_archive(archive: Path, tag: str, dest: Path, *, date: str = FIXED_DAT
     dest = Path(dest).resolve()
     if not archive.is_file():
         raise ArchiveError(f"archive {archive} does not exist", "check the path")
-    _clear_debris(dest)
+    clear_debris(dest)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise NotLlamaTreeError(f"{dest} already exists and is not empty; nothing was touched",
                                 "import into a new or empty directory")
 
-    with _staged(dest) as partial:
+    with staged(dest) as partial:
         work = partial / "tree"
         extract(archive, partial / "unpacked", limits)
         root = find_llama_root(partial / "unpacked")
@@ -150,7 +150,7 @@ def import_archive(archive: Path, tag: str, dest: Path, *, date: str = FIXED_DAT
             stale_git.unlink()
         elif stale_git.is_dir():
             shutil.rmtree(stale_git)
-        _check_links_stay_in(root)
+        check_links_stay_in(root)
         os.replace(root, work)
 
         repo = git.Repo.init(work)
@@ -173,5 +173,5 @@ def import_archive(archive: Path, tag: str, dest: Path, *, date: str = FIXED_DAT
         }
         # the record goes in before the rename: DEST is complete, with its record, or absent
         manifest.update_tree_manifest(work, "source", section)
-        _move_into_place(work, dest)
+        move_into_place(work, dest)
     return section

@@ -246,7 +246,9 @@ def _check_app(label: str, infos: dict[str, tarfile.TarInfo], data: dict[str, by
 
 def notes_lines(records: list[dict], registry: str | None = None) -> list[str]:
     """The release notes' part on images: each image, its digest, and the lines that load and run it."""
-    from dfbuild.image.recipe import image_for, table
+    from dfbuild.host.backends import data_table  # the image table itself: the image package stands above verify
+
+    images = data_table("images.toml")["images"]
 
     if not records:
         return []
@@ -256,9 +258,9 @@ def notes_lines(records: list[dict], registry: str | None = None) -> list[str]:
                  "publishing (each is an OCI archive: `podman load` / `docker load` read it, `skopeo copy` pushes it). "
                  "OCI images carry no health check: give llama.cpp's as "
                  f"`{health}`."]
-    backend_of = {entry["name"]: key for key, entry in table()["images"].items()}
+    backend_of = {entry["name"]: key for key, entry in images.items()}
     for record in sorted(records, key=lambda r: r["name"]):
-        entry = image_for(backend_of.get(record.get("image", ""), "")) or {}
+        entry = images.get(backend_of.get(record.get("image", ""), ""), {})
         ref = record["ref"]
         tag = ref.split(":", 1)[1]
         docker = " ".join(entry.get("run_docker", []))
