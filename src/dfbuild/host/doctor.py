@@ -162,7 +162,7 @@ def doctor(backend: str | None = None, *, host: Host | None = None,
     }
 
 
-# what `dfbuild image` runs (image_rootfs, image_build, image_run): program -> (what for, Debian package)
+# what `dfbuild image` runs (image.rootfs, image.build, smoke.image_root): program -> (what for, Debian package)
 IMAGE_TOOLS = {"mmdebstrap": ("makes the Debian root an image stands on (once per set of packages)", "mmdebstrap"),
                "umoci": ("assembles the OCI image and unpacks it to run it before publishing", "umoci"),
                "skopeo": ("reads the written OCI archive back (skopeo inspect)", "skopeo"),

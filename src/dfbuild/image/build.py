@@ -4,7 +4,7 @@ The image is two layers, both uncompressed tars that umoci compresses and
 describes (umoci writes the OCI JSON: the blobs, the manifest, the config, the
 index):
 
-1. the Debian root (image_rootfs: minbase plus the Dockerfile's runtime
+1. the Debian root (image.rootfs: minbase plus the Dockerfile's runtime
    packages), cached: the same bytes for every image with the same packages;
 2. /app: what the Dockerfile's `server` stage copies there, taken from the
    release archive's own members (read with the strict reader verify uses):

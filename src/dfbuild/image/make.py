@@ -12,11 +12,11 @@ the image's llama.cpp name, then the archive's tag). How it is made:
 1. the release dir is verified first (`verify`, nothing run): an image is made
    only of archives that pass;
 2. the recipe is read from the base's `.devops/<backend>.Dockerfile`
-   (image_recipe), from --tree or the base's cached sdist;
+   (image.recipe), from --tree or the base's cached sdist;
 3. the Debian root with the Dockerfile's runtime packages and the archive's
-   system libraries (image_rootfs, cached), the /app layer from the archive's
-   own members, the config: image_build, with umoci;
-4. run before it is published (image_run): the OCI archive unpacked, its
+   system libraries (image.rootfs, cached), the /app layer from the archive's
+   own members, the config: image.build, with umoci;
+4. run before it is published (smoke.image_root): the OCI archive unpacked, its
    entrypoint started in its root, the smoke's image request through DFlash;
    a failure adds nothing to the release dir (ImageRunError, 54);
 5. the OCI archive moved into the release dir, listed in SHA256SUMS and in
@@ -162,7 +162,7 @@ def _assemble(plan: dict, app: list[archive.Member], extra: list[archive.Member]
 
 def smoke_bundle(bundle: Path, fixtures_dir: Path, log_dir: Path, *, backend: str = "cpu",
                  sets=image_run.SETS, scenarios=image_run.SCENARIOS, allow_cpu_fallback: bool = False) -> dict:
-    """The smoke's image scenarios run against an unpacked image's entrypoint (image_run's launcher): the
+    """The smoke's image scenarios run against an unpacked image's entrypoint (smoke.image_root's launcher): the
     smoke section. A GPU image runs on its device (smoke.plan), or on the CPU backend when
     ALLOW_CPU_FALLBACK and there is none."""
     from dfbuild import smoke as smoke_stage

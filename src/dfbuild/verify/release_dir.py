@@ -469,7 +469,7 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
 
 def _check_images(directory: Path, images: dict[str, tuple[dict, dict]], problems: list[str],
                   notes: list[str]) -> None:
-    """Each image archive of the directory against its record (verify_image), and none without one."""
+    """Each image archive of the directory against its record (verify.image), and none without one."""
     from dfbuild.verify.image import check_image
 
     for path in sorted(directory.iterdir()):

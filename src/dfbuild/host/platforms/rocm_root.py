@@ -343,7 +343,7 @@ def binds_for(args: Iterable[str], cwd: Path | str, extra: Iterable[Path | str] 
 def command(root: Path, args: list[str], *, cwd: Path | str, extra_binds: Iterable[Path | str] = (),
             binds: list[str] | None = None) -> list[str]:
     """The argument list that runs ARGS inside ROOT in CWD, with the folders it names bound in
-    (BINDS, when given, are the folders bound, and nothing else: an image's root, image_run)."""
+    (BINDS, when given, are the folders bound, and nothing else: an image's root, smoke.image_root)."""
     if shutil.which("unshare") is None:  # util-linux: always there on Debian
         raise ToolchainMissingError("unshare (util-linux) is not installed", "apt-get install util-linux")
     binds = binds_for(args, cwd, extra_binds) if binds is None else binds
