@@ -194,3 +194,18 @@ def test_the_rocm_image_stands_on_forky_whose_packages_hold_rocm_and_bookworms_k
     assert cpu["suite"] == "bookworm" and "apt_options" not in cpu
     assert image_rootfs.key(cpu) == "892dbc4923b5357e"  # the key the measured CPU image's root was made under
     assert "--aptopt=Acquire::Check-Valid-Until \"false\"" in image_rootfs.mmdebstrap_command(hip, Path("/r"))
+
+
+def test_release_image_is_refused_before_building_where_llama_cpp_has_no_image(tmp_path):
+    """--image on a Windows release: 53 at once, nothing checked out or built (no work dir made)."""
+    import subprocess
+    import sys
+
+    work = tmp_path / "work"
+    done = subprocess.run([sys.executable, "-m", "dfbuild.cli", "release", "--base", "b11434", "--backend", "cpu",
+                           "--os", "windows", "--image", "--work", str(work), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode in (30, 33):
+        pytest.skip(f"this machine cannot cross-build Windows: {done.stderr.strip()[-200:]}")
+    assert done.returncode == 53, done.stderr[-2000:]
+    assert "no container image" in done.stderr and not work.exists()
