@@ -13,10 +13,12 @@ mkdir -p "$DFBUILD_TEST_CACHE"
 # toolchain with Wine (`--os windows`: `dfbuild doctor --backend cpu --os windows`
 # names the same packages; targets.toml holds them; make and perl build the
 # OpenSSL the Windows build links), and the Linux arm64 cross compilers (`--arch arm64`,
-# docs/arm64.md: 56 MB to download, 207 MB on disk; qemu-user runs what they build).
+# docs/arm64.md: 56 MB to download, 207 MB on disk; qemu-user runs what they build), and the
+# container image tools (`dfbuild image`, docs/images.md: umoci, skopeo, mmdebstrap; podman loads).
 debian_packages=(ccache git libssl-dev qemu-user python3-venv
                  g++-mingw-w64-x86-64-posix gcc-mingw-w64-x86-64-posix wine wine64 make perl
-                 g++-aarch64-linux-gnu gcc-aarch64-linux-gnu)
+                 g++-aarch64-linux-gnu gcc-aarch64-linux-gnu
+                 umoci skopeo mmdebstrap podman)
 # The browser test (opt-in, release runs: DFBUILD_BROWSER_TESTS=1) drives Debian's Chromium with
 # Playwright's Python package (the `browser` extra); .ci/run does not opt in, so CI installs neither.
 extras="test"

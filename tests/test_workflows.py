@@ -107,19 +107,24 @@ def test_release_matrix_is_computed_by_dfbuild():
     assert any("dfbuild matrix --json" in script for script in run_steps(jobs["matrix"]))
 
 
-def test_matrix_step_outputs_exactly_dfbuilds_matrix(tmp_path):
-    """Run the workflow's own step script, as the runner would, and read GITHUB_OUTPUT back."""
+def matrix_job_output(step_id: str, tmp_path: Path):
+    """Run the matrix job's step STEP_ID as the runner would; the JSON it writes to GITHUB_OUTPUT under its id."""
     bash = shutil.which("bash")
     if bash is None:
         pytest.skip("no bash")
-    step = next(s for s in load(RELEASE)["jobs"]["matrix"]["steps"] if s.get("id") == "matrix")
+    step = next(s for s in load(RELEASE)["jobs"]["matrix"]["steps"] if s.get("id") == step_id)
     output = tmp_path / "github_output"
     env = {**os.environ, "GITHUB_OUTPUT": str(output),
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
     subprocess.run([bash, "-e", "-c", step["run"]], check=True, env=env, cwd=ROOT)
-    match = re.fullmatch(r"matrix<<EOF\n(.*)\nEOF\n", output.read_text(), re.DOTALL)
+    match = re.fullmatch(rf"{step_id}<<EOF\n(.*)\nEOF\n", output.read_text(), re.DOTALL)
     assert match, output.read_text()
-    assert json.loads(match.group(1)) == matrix.github_matrix()
+    return json.loads(match.group(1))
+
+
+def test_matrix_step_outputs_exactly_dfbuilds_matrix(tmp_path):
+    """Run the workflow's own step script, as the runner would, and read GITHUB_OUTPUT back."""
+    assert matrix_job_output("matrix", tmp_path) == matrix.github_matrix()
 
 
 def test_the_workflow_holds_no_second_copy_of_the_table():
@@ -172,7 +177,7 @@ def test_each_entry_runs_dfbuild_release_with_its_backend_and_a_ccache_of_its_ow
 
 def test_publish_merges_sums_verifies_and_drafts_a_release():
     publish = load(RELEASE)["jobs"]["publish"]
-    assert publish["needs"] == "build"
+    assert publish["needs"] == ["build", "images"]  # the Linux entries' files come back from `images` with their image
     scripts = "\n".join(run_steps(publish))
     assert "SHA256SUMS" in scripts
     assert "dfbuild verify dist" in scripts
@@ -186,8 +191,8 @@ def test_triggers_and_least_privilege():
     assert workflow["on"]["push"]["paths"] == ["patches/**"]
     assert workflow["permissions"] == {}
     for name, job in workflow["jobs"].items():
-        expected = {"contents": "write"} if name == "publish" else {"contents": "read"}
-        assert job["permissions"] == expected, name
+        expected = {"publish": {"contents": "write"}, "push-images": {"contents": "read", "packages": "write"}}
+        assert job["permissions"] == expected.get(name, {"contents": "read"}), name
 
 
 def test_test_workflow_runs_ci_run_on_every_push():
@@ -341,3 +346,27 @@ def test_the_web_ui_is_built_once_and_handed_to_every_build_job():
     assert steps[download]["with"]["name"] == upload["with"]["name"]
     assert steps[download]["with"]["path"].rstrip("/") == upload["with"]["path"].rstrip("/")
     assert jobs["build"]["env"]["DFBUILD_CACHE_DIR"].endswith("/.cache/dfbuild")
+
+
+def test_linux_entries_get_their_image_and_it_is_pushed_to_ghcr_multi_arch():
+    jobs = load(RELEASE)["jobs"]
+    images = jobs["images"]
+    assert images["needs"] == ["matrix", "build"]
+    assert images["strategy"]["matrix"] == "${{ fromJSON(needs.matrix.outputs.images) }}"
+    scripts = "\n".join(run_steps(images))
+    assert '"$(command -v dfbuild)" image dist' in scripts and "dfbuild verify --no-run dist" in scripts
+    assert "umoci skopeo mmdebstrap" in scripts
+    upload = next(s for s in images["steps"] if s.get("uses", "").startswith("actions/upload-artifact@"))
+    assert upload["with"]["name"] == "dflash-${{ matrix.id }}" and upload["with"]["overwrite"] is True
+    push = "\n".join(run_steps(jobs["push-images"]))
+    assert jobs["push-images"]["needs"] == "publish"
+    assert "skopeo copy" in push and "podman manifest push --all" in push and "ghcr.io/" in push
+    assert "--registry" in "\n".join(run_steps(jobs["publish"]))  # the notes' docker run line from GHCR
+
+
+def test_the_images_step_selects_the_published_linux_entries(tmp_path):
+    if shutil.which("jq") is None:
+        pytest.skip("no jq")
+    chosen = [e["id"] for e in matrix_job_output("images", tmp_path)["include"]]
+    assert chosen == [e["id"] for e in matrix.github_matrix()["include"] if e["os"] == "linux" and e["publish"]]
+    assert chosen and all(e.startswith("linux-") for e in chosen)

@@ -8,6 +8,7 @@ One module per command group, each command a thin skin over its stage:
 - host_cmds: doctor, matrix
 - cache_cmds: bases, cache (show, dir, clean)
 - draft_cmds: draft check, draft fix
+- image_cmds: image
 app holds the `dfbuild` group, options the shared options, common the locks, dirs and
 tables the commands share; exits maps every error
 to its documented exit code (see errors.py and docs/exit-codes.md), in one place:
@@ -16,7 +17,16 @@ everything below this layer raises, never exits.
 
 from __future__ import annotations
 
-from dfbuild.cli import cache_cmds, checkout_cmds, draft_cmds, host_cmds, proof_cmds, release_cmds, series_cmds  # noqa: F401  (registers the commands)
+from dfbuild.cli import (  # noqa: F401  (registers the commands)
+    cache_cmds,
+    checkout_cmds,
+    draft_cmds,
+    host_cmds,
+    image_cmds,
+    proof_cmds,
+    release_cmds,
+    series_cmds,
+)
 from dfbuild.cli.app import main
 from dfbuild.cli.checkout_cmds import apply, checkout, import_
 from dfbuild.cli.common import STATUS_STYLE, _default_dir_here, _locks, _render_concerns, _work_locks

@@ -16,11 +16,14 @@ from dfbuild.core import errors, ui
 @backend_option(default=None, help="Check one backend only (default: all).")
 @os_option
 @arch_option
+@click.option("--image", "for_image", is_flag=True,
+              help="Check what `dfbuild image` needs (umoci, skopeo, mmdebstrap, root); exit 52 when something is "
+                   "missing.")
 @click.option("--fetch-vulkan-headers", "fetch_vulkan", is_flag=True,
               help="(Debian 12) Unpack Debian 13's Vulkan headers into the cache and print their include dir.")
 @json_option_for("the report: host, and per backend what is found and what to install")
 @handle_errors
-def doctor(backend, target_os, target_arch, fetch_vulkan, as_json):
+def doctor(backend, target_os, target_arch, for_image, fetch_vulkan, as_json):
     """Say per backend what is installed here and exactly what to install for what is missing."""
     from rich.markup import escape as esc
 
@@ -37,6 +40,8 @@ def doctor(backend, target_os, target_arch, fetch_vulkan, as_json):
     report = doctor_stage.doctor(backend, host=host)
     if as_json:
         ui.emit_json(report)
+        if for_image and not report["images"]["can_build"]:
+            sys.exit(errors.ImageToolError.exit_code)
         if backend and not report["backends"][backend]["can_build"]:
             entry = report["backends"][backend]
             sys.exit((errors.ToolchainMissingError if entry["toolchain"] else errors.UnsupportedBackendError).exit_code)
@@ -73,6 +78,16 @@ def doctor(backend, target_os, target_arch, fetch_vulkan, as_json):
             ui.result(f"        [dim]install:[/dim] {esc(probe['install'])}")
     if not web["can_build"]:
         ui.result(f"  {esc(web['without'])}")
+    images = report["images"]
+    verdict = "[green]can build[/green]" if images["can_build"] else "[yellow]cannot build here[/yellow]"
+    ui.result(f"\n[bold]images[/bold] - {esc(images['what'])}: {verdict}")
+    for probe in images["toolchain"]:
+        ui.result(f"  {'[green]ok[/green]  ' if probe['ok'] else '[yellow]--[/yellow]  '}{esc(probe['what'])}")
+        if not probe["ok"]:
+            ui.result(f"        [dim]install:[/dim] {esc(probe['install'])}")
+    if for_image and not images["can_build"]:
+        raise errors.ImageToolError("dfbuild image cannot run here: " + "; ".join(
+            p["what"].split(":")[0] for p in images["toolchain"] if not p["ok"]), "\n".join(images["install"]))
     if backend and not report["backends"][backend]["can_build"]:
         # one backend asked for: the exit code answers "can I build it here?" (30 or 33, as `build` would)
         doctor_stage.require(backend, platforms.target_host(target_os, arch=target_arch))

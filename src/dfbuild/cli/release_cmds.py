@@ -172,12 +172,15 @@ def _human_size(n: float) -> str:
 @click.option("-j", "--jobs", type=int, default=None, help="Parallel compile jobs (default: ninja's).")
 @no_ui_option
 @smoke_run_options
+@click.option("--image", "with_image", is_flag=True,
+              help="Last stage: add the container image of the archive (as `dfbuild image OUT`: llama.cpp's "
+                   "server image of this backend, run before it is added; Linux cpu, vulkan, cuda, hip).")
 @no_wait_option
 @json_option_for("the release manifest (what manifest.json holds)")
 @handle_errors
 def release_cmd(base, pr, repo, backend, out, work, skip_smoke, reprove, targets, cpu_variants, cuda_arch, gpu_targets,
                 vulkan_include_dir, target_os, target_arch, cmake_args, jobs, no_ui, start_timeout, smoke_table,
-                allow_cpu_fallback, no_wait, as_json):
+                allow_cpu_fallback, with_image, no_wait, as_json):
     """Checkout, apply, build, smoke and package BASE: archive, wheel, SHA256SUMS, manifest.json."""
     from dfbuild.build.request import BuildRequest
     from dfbuild.release import pipeline as release_stage
@@ -194,6 +197,15 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, reprove, targets
     # backend, OS, architecture and toolchain: refused now (33, 30), not after the checkout
     check_can_build(backend, target_os, vulkan_include_dir, target_arch)
     release_stage.check_wheel_tools()
+    if with_image:  # refused now (53, 52), not after the build
+        from dfbuild.image import build as image_build
+        from dfbuild.image import recipe as image_recipe
+
+        linux = request.cross_host is None and (target_os or "linux") == "linux"
+        if image_recipe.image_for(backend) is None or not linux:
+            raise errors.ImageInputError(f"llama.cpp has no container image of a {target_os or 'linux'} {backend} "
+                                         "archive", "drop --image (images: Linux cpu, vulkan, cuda, hip)")
+        image_build.check_tools()
     say_request(request)
     work_dir = Path(work or release_stage.default_work_dir(base)).resolve()
     # the work tree (WORK/src), its build dir and OUT, for the whole pipeline; a WORK this run made goes
@@ -203,6 +215,13 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, reprove, targets
                    no_wait=no_wait):
         full = release_stage.release(base, request=request, pr=pr, repo=repo, out=out, work=work,
                                      skip_smoke=skip_smoke, reprove=reprove)
+        if with_image:
+            from dfbuild.core import manifest
+            from dfbuild.image import make as image_stage
+
+            with ui.step("image"):
+                image_stage.make_images(Path(out), tree=work_dir / "src", run=not skip_smoke)
+            full = manifest.load(Path(out).resolve() / release_stage.MANIFEST_NAME)
     if as_json:
         ui.emit_json(full)
         return
@@ -268,12 +287,14 @@ def verify(directory, no_run, run_any, max_unpacked, as_json):
 @main.command("release-notes")
 @click.argument("directory", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--base", default=None, help="The llama.cpp base the release was made from, for the first line.")
+@click.option("--registry", default=None, metavar="REGISTRY",
+              help="Where the images are pushed, e.g. ghcr.io/OWNER: the notes add a `docker run` line from there.")
 @handle_errors
-def release_notes(directory, base):
+def release_notes(directory, base, registry):
     """Markdown release notes for a release dir: where each archive's smoke ran (its GPU, or the CPU backend).
 
     CI's publish job passes them to the draft release; run `dfbuild verify` on the directory first.
     """
     from dfbuild.verify import release_dir as verify_stage
 
-    click.echo(verify_stage.release_notes(directory, base), nl=False)
+    click.echo(verify_stage.release_notes(directory, base, registry), nl=False)

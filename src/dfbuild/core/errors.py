@@ -226,6 +226,33 @@ class VerifyError(DfbuildError):
     exit_code = 51
 
 
+class ImageToolError(DfbuildError):
+    """A tool the image stage needs (mmdebstrap, umoci, skopeo, GNU tar) is missing, or failed."""
+
+    exit_code = 52
+
+
+class ImageInputError(DfbuildError):
+    """The release dir holds nothing an image can be made of: no manifest, no archive of a backend
+    llama.cpp has an image for, an archive that does not read, an image file dfbuild did not write."""
+
+    exit_code = 53
+
+
+class ImageRunError(DfbuildError):
+    """An image's entrypoint, started in its unpacked root filesystem, failed its smoke request
+    (run before it is published): nothing was added to the release dir."""
+
+    exit_code = 54
+
+
+class ImageCheckError(DfbuildError):
+    """The image archive written is not what was asked for: skopeo does not read it, or its config,
+    layers or digest are not those recorded (a dfbuild bug or a changed tool)."""
+
+    exit_code = 55
+
+
 class NotGgufError(DfbuildError):
     """`dfbuild draft`: a file that is not a GGUF model (no GGUF magic, a version llama.cpp does not read,
     not a regular file, missing or unreadable)."""

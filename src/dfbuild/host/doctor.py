@@ -158,7 +158,30 @@ def doctor(backend: str | None = None, *, host: Host | None = None,
         "backends": {name: check_backend(name, host, extra_include_dirs=extra_include_dirs, _cache=cache)
                      for name in chosen},
         "webui": check_webui(),
+        "images": check_images(),
     }
+
+
+# what `dfbuild image` runs (image.rootfs, image.build, smoke.image_root): program -> (what for, Debian package)
+IMAGE_TOOLS = {"mmdebstrap": ("makes the Debian root an image stands on (once per set of packages)", "mmdebstrap"),
+               "umoci": ("assembles the OCI image and unpacks it to run it before publishing", "umoci"),
+               "skopeo": ("reads the written OCI archive back (skopeo inspect)", "skopeo"),
+               "tar": ("packs the layers and the OCI archive reproducibly (GNU tar)", "tar"),
+               "unshare": ("starts the image's entrypoint in its unpacked root (with chroot)", "util-linux")}
+
+
+def check_images() -> dict:
+    """What `dfbuild image` needs here: its tools, and root (mmdebstrap's root mode, umoci unpack, chroot)."""
+    found = [{"what": f"{name}: {why}", "ok": shutil.which(name) is not None, "install": f"apt-get install {pkg}"}
+             for name, (why, pkg) in IMAGE_TOOLS.items()]
+    is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    found.append({"what": "root privileges: mmdebstrap's root mode, umoci unpack, chroot", "ok": is_root,
+                  "install": "run dfbuild image as root (sudo, or a container)"})
+    missing = [p for p in found if not p["ok"]]
+    return {"what": "container images of a release's archives (dfbuild image, release --image)",
+            "can_build": not missing, "toolchain": found, "install": _dedupe(p["install"] for p in missing),
+            "network": "Debian's archive once per set of packages (the root is cached), then offline",
+            "also": "podman or docker to load the images (podman load); neither is needed to make them"}
 
 
 def check_webui() -> dict:

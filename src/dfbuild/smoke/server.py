@@ -47,11 +47,13 @@ def server_binary(build_dir: Path) -> Path:
 def launcher_for(binary: Path) -> tuple[list[str], dict[str, str]]:
     """(command prefix, environment) that runs BINARY here: nothing for a native program; for a
     Windows .exe on Linux, Wine in a prefix of dfbuild's cache (platforms.windows); for a hip build
-    made in the Debian forky root, that root (platforms.rocm_root); for an ELF program of another
+    made in the Debian forky root, that root (platforms.rocm_root); for the entrypoint of an unpacked
+    image, the image's root (smoke.image_root); for an ELF program of another
     machine (arm64 on x64), qemu-user (platforms.linux_arm64)."""
     from dfbuild.host.platforms import rocm_root
+    from dfbuild.smoke import image_root
 
-    in_root = rocm_root.launcher(Path(binary).parent.parent)
+    in_root = rocm_root.launcher(Path(binary).parent.parent) or image_root.launcher(Path(binary))
     if in_root:
         return in_root, {}
     module, host = _cross_runner(binary)

@@ -44,6 +44,8 @@ KINDS: dict[str, str] = {
     "mesa-shader-cache": "Mesa's shader cache for Vulkan smoke runs on lavapipe",
     "vulkan-headers": "Debian 13's Vulkan headers (doctor --fetch-vulkan-headers)",
     "fixtures": "the tiny GGUF models smoke writes by default",
+    "image-base": "the Debian root layers container images stand on (mmdebstrap), one per set of packages",
+    "image-logs": "the smoke logs of an image that failed its run before publishing",
     "smoke-passed": "smoke results remembered by the bytes they judged",
     "track": "track's records of proven outcomes",
     "produced.json": "sha256 of every archive released here (verify runs only these by default)",
@@ -51,7 +53,7 @@ KINDS: dict[str, str] = {
     "locks": "lock files (never removed)",
 }
 # kinds whose entries a run holds a cache lock on (paths.locked: ENTRY.lock, or SLUG.lock for repos/SLUG.git)
-LOCKED_KINDS = ("imports", "repos", "tls", "webui", "vulkan-headers", "node")
+LOCKED_KINDS = ("imports", "repos", "tls", "webui", "vulkan-headers", "node", "image-base")
 NEVER_REMOVED = ("locks",)
 
 

@@ -38,6 +38,7 @@ from dfbuild.host import backends
 from dfbuild.release.record import MANIFEST_NAME, SUMS_NAME
 from dfbuild.source import checkout as source
 from dfbuild.verify import wheel as wheelcheck
+from dfbuild.verify.image import IMAGE_SUFFIX
 from dfbuild.verify.members import (
     _NO_ROOT,
     _SPECIAL_BITS,
@@ -400,6 +401,7 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
 
     tops, merged = _top_manifests(directory, problems)
     described: dict[str, list[str]] = {}  # artifact -> the top manifests that list it
+    images: dict[str, tuple[dict, dict]] = {}  # image archive -> (its record, the top manifest naming it)
     for top in tops:
         label = top.name
         try:
@@ -426,6 +428,9 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
                 problems.append(f"{artifact['name']}: sha256 or size does not match {label}")
             elif sums.get(artifact["name"]) != artifact["sha256"]:
                 problems.append(f"{artifact['name']}: {label} and {SUMS_NAME} disagree")
+        for record in full.get("images", []) if isinstance(full.get("images"), list) else []:
+            if isinstance(record, dict) and isinstance(record.get("name"), str):
+                images[record["name"]] = (record, full)
         embedded = embedded_by_archive.get(rel.get("archive") or "")
         if rel.get("archive") and embedded is not None:
             for section in ("source", "series", "build", "smoke"):
@@ -448,6 +453,7 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
                                 "released with this dir)")
             elif len(owners) > 1:
                 problems.append(f"{name} is described by {len(owners)} manifests ({', '.join(owners)})")
+    _check_images(directory, images, problems, notes)
     checked_ok = not problems
     for name in to_run:
         again: list[str] = []  # its member checks were noted above; keep only what the run (or not) adds
@@ -461,6 +467,24 @@ def verify(directory: Path, *, run_binaries: bool | None = None, host: backends.
     return report
 
 
+def _check_images(directory: Path, images: dict[str, tuple[dict, dict]], problems: list[str],
+                  notes: list[str]) -> None:
+    """Each image archive of the directory against its record (verify.image), and none without one."""
+    from dfbuild.verify.image import check_image
+
+    for path in sorted(directory.iterdir()):
+        if _is_regular(path) and path.name.endswith(IMAGE_SUFFIX) and path.name not in images:
+            problems.append(f"{path.name} is an image no manifest describes")
+    for name, (record, full) in sorted(images.items()):
+        if not _is_regular(directory / name):
+            problems.append(f"the manifest describes the image {name}, which is missing")
+            continue
+        try:
+            check_image(directory, record, full, problems, notes)
+        except VerifyError as exc:  # its archive does not read (noted above as well)
+            problems.append(f"{name}: {exc.message}")
+
+
 def check(directory: Path, *, run_binaries: bool | None = None) -> dict:
     """verify(), raising VerifyError (exit 51) on the first problem."""
     report = verify(directory, run_binaries=run_binaries)
@@ -471,7 +495,7 @@ def check(directory: Path, *, run_binaries: bool | None = None) -> dict:
     return report
 
 
-def release_notes(directory: Path, base: str | None = None) -> str:
+def release_notes(directory: Path, base: str | None = None, registry: str | None = None) -> str:
     """Markdown notes for a release dir: what it is, and where each archive's smoke ran, read from its
     manifest (manifest.json, or a merged dir's manifest-ID.json files). Run it after `verify`."""
     directory = Path(directory)
@@ -482,7 +506,7 @@ def release_notes(directory: Path, base: str | None = None) -> str:
                           "job makes), and run `dfbuild verify` on it first")
     from dfbuild.host import webui
 
-    where, served, fallback, laid_out, runtimes = [], [], False, False, []
+    where, served, fallback, laid_out, runtimes, images = [], [], False, False, [], []
     for top in tops:
         try:
             full = _read_record_file(top)
@@ -492,6 +516,7 @@ def release_notes(directory: Path, base: str | None = None) -> str:
             programs = sorted(PurePosixPath(b).name for b in (full.get("build") or {}).get("binaries") or [])
             laid_out = laid_out or bool(full["release"].get("layout"))
             runtimes += [a["name"] for a in full["release"].get("artifacts", []) if a.get("kind") == "cudart"]
+            images += [i for i in full.get("images", []) if isinstance(i, dict)]
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise VerifyError(f"{top.name} is not a dfbuild manifest ({type(exc).__name__}: {exc})",
                               "run `dfbuild verify` on the directory first") from None
@@ -511,6 +536,9 @@ def release_notes(directory: Path, base: str | None = None) -> str:
                       "toolkit (as llama.cpp's cudart archives): " + ", ".join(f"`{n}`" for n in sorted(set(runtimes)))]
     lines += ["", "Where each archive's smoke tests ran:", *sorted(where),
               "", "What each archive's llama-server serves at GET / (its web UI):", *sorted(served)]
+    from dfbuild.verify.image import notes_lines
+
+    lines += notes_lines(images, registry)
     if fallback:
         lines += ["", "An archive smoke-tested on the CPU backend was built for its GPU, but its smoke tests did "
                       "not run on a GPU: the runner that built it had none (GitHub's hosted runners have no GPU)."]

@@ -340,11 +340,13 @@ def binds_for(args: Iterable[str], cwd: Path | str, extra: Iterable[Path | str] 
     return outer
 
 
-def command(root: Path, args: list[str], *, cwd: Path | str, extra_binds: Iterable[Path | str] = ()) -> list[str]:
-    """The argument list that runs ARGS inside ROOT in CWD, with the folders it names bound in."""
+def command(root: Path, args: list[str], *, cwd: Path | str, extra_binds: Iterable[Path | str] = (),
+            binds: list[str] | None = None) -> list[str]:
+    """The argument list that runs ARGS inside ROOT in CWD, with the folders it names bound in
+    (BINDS, when given, are the folders bound, and nothing else: an image's root, smoke.image_root)."""
     if shutil.which("unshare") is None:  # util-linux: always there on Debian
         raise ToolchainMissingError("unshare (util-linux) is not installed", "apt-get install util-linux")
-    binds = binds_for(args, cwd, extra_binds)
+    binds = binds_for(args, cwd, extra_binds) if binds is None else binds
     return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", _ENTER, "dfbuild-rocm-root",
             str(root), str(cwd), *binds, "--", *args]
 
