@@ -180,3 +180,49 @@ def test_quiet_leaves_the_summary_out(monkeypatch, capsys):
     monkeypatch.setattr(ui, "verbosity", -1)
     say_request(BuildRequest())
     assert capsys.readouterr().err == ""
+
+
+# --- the request carries what its names mean (issue 45) ------------------------------------------
+
+
+def _count_lookups(monkeypatch) -> list[str]:
+    """Every lookup of a backend by its name (backends.get, resolve handed a str) from here on."""
+    seen: list[str] = []
+    get, resolve = backends.get, backends.resolve
+
+    def counting_get(name):
+        seen.append(f"get({name})")
+        return get(name)
+
+    def counting_resolve(backend):
+        if isinstance(backend, str):
+            seen.append(f"resolve({backend})")
+        return resolve(backend)
+
+    monkeypatch.setattr(backends, "get", counting_get)
+    monkeypatch.setattr(backends, "resolve", counting_resolve)
+    return seen
+
+
+def test_the_request_resolves_its_backend_and_host_once_and_keeps_them_across_replace(monkeypatch):
+    request = BuildRequest("cpu")
+    assert request.spec.name == "cpu" and request.host == backends.current_host()
+    seen = _count_lookups(monkeypatch)
+    wider = request.with_targets(["all"])
+    assert wider.spec is request.spec and wider.host is request.host
+    assert wider.spec.name == "cpu" and seen == [], "replace() looked the backend up again"
+    assert "spec" not in request.to_dict() and "host" not in request.to_dict()
+    assert BuildRequest.from_dict(request.to_dict()) == request
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the fake tree's build runs a POSIX shell")
+def test_a_build_looks_no_backend_up_by_its_name(tmp_path, monkeypatch):
+    """build_tree reads the request's record: on cefdafb it looked 'cpu' up 4 times (request.spec, build_flags,
+    upstream_options, doctor), bench/request_walk.py counts the same walk."""
+    from test_build import make_fake_tree
+
+    tree = make_fake_tree(tmp_path / "fake")
+    request = BuildRequest("cpu", use_ccache=False)
+    seen = _count_lookups(monkeypatch)
+    build.build_tree(tree, request)
+    assert seen == []

@@ -77,7 +77,7 @@ def upstream_options(source_dir: Path, backend: backends.Backend | str, host: Ho
     (its .github/workflows/release.yml), as dfbuild takes them, and the record of where they came
     from (the manifest's build.upstream_release): the job and matrix entry, what was not taken and
     why, or why the tree's file gave nothing (then the backend table's flags stand alone)."""
-    backend = backends.resolve(backend).name
+    backend = backends.resolve(backend).name  # the name, where a caller passed the table entry
     nvcc = _nvcc_version(entry)
     toolkit = ".".join(map(str, nvcc[:2])) if backend == "cuda" and nvcc else None
     reading = upstream_release.read(source_dir, host.os, backend, host.arch, toolkit)

@@ -15,7 +15,6 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +77,15 @@ class BuildRequest:
     use_ccache: bool = True
     web_ui: bool = True                               # llama-server's web UI embedded; False: --no-ui
     smoke: SmokeOptions = field(default_factory=SmokeOptions)
+    # what the names mean, resolved once when the request is made and carried by replace(): the backend's
+    # table entry and the Host the binaries are for, so that no stage looks either up again by its name
+    spec: backends.Backend = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+    host: Host = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
     # how a build runs, not what it makes: a change of these makes the same binaries
     RUN_ONLY = ("jobs", "reconfigure", "fresh", "use_ccache", "smoke")
+    # resolved from the fields above, not asked for: left out of the manifest's request section
+    RESOLVED = ("spec", "host")
 
     def __post_init__(self) -> None:
         # the typed forms, whatever a caller passed (a list of targets, a str path): frozen, so set once here
@@ -90,6 +95,16 @@ class BuildRequest:
         set_(self, "extra_cmake_args", tuple(self.extra_cmake_args))
         if self.vulkan_include_dir is not None:
             set_(self, "vulkan_include_dir", Path(self.vulkan_include_dir))
+        if self.spec is None or self.spec.name != self.backend:
+            set_(self, "spec", backends.get(self.backend))
+        if self.host is None or (self.host.os, self.host.arch) != self._asked_target():
+            from dfbuild.host import platforms  # the cross targets' table: read when a request is made
+
+            set_(self, "host", platforms.target_host(self.os, arch=self.arch))
+
+    def _asked_target(self) -> tuple[str, str]:
+        here = backends.current_host() if self.os is None or self.arch is None else None
+        return (self.os or here.os, self.arch or here.arch) if here else (self.os, self.arch)  # type: ignore[return-value]
 
     @classmethod
     def from_options(cls, *, backend: str = "cpu", target_os: str | None = None, target_arch: str | None = None,
@@ -115,18 +130,8 @@ class BuildRequest:
                                       allow_cpu_fallback=bool(allow_cpu_fallback)))
 
     # --- what the stages read ---------------------------------------------------------------
-
-    @cached_property
-    def spec(self) -> backends.Backend:
-        """The backend's record (resolved once per request)."""
-        return backends.get(self.backend)
-
-    @cached_property
-    def host(self) -> Host:
-        """The Host the binaries are for: this machine, or the cross target --os/--arch named."""
-        from dfbuild.host import platforms
-
-        return platforms.target_host(self.os, arch=self.arch)
+    # spec (the backend's record) and host (the Host the binaries are for: this machine, or the cross
+    # target --os/--arch named) are fields, resolved in __post_init__.
 
     @property
     def cross_host(self) -> Host | None:
@@ -141,7 +146,7 @@ class BuildRequest:
         (the backend and targets left to the caller, which keys by them apart), the cross target's Host;
         web_ui always (binaries with and without the web UI differ)."""
         made = {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in self.RUN_ONLY and f.name not in ("backend", "targets", "os", "arch")}
+                if f.name not in self.RUN_ONLY + self.RESOLVED and f.name not in ("backend", "targets", "os", "arch")}
         if self.cross_host is not None:
             made["host"] = self.cross_host
         return {k: v for k, v in sorted(made.items()) if v is not None and v != ()}
@@ -150,7 +155,7 @@ class BuildRequest:
 
     def to_dict(self) -> dict[str, Any]:
         """The manifest's `request` section: JSON-friendly values only."""
-        data = asdict(self)
+        data = {k: v for k, v in asdict(self).items() if k not in self.RESOLVED}
         data.update(targets=list(self.targets), extra_cmake_args=list(self.extra_cmake_args),
                     cpu_variants=list(self.cpu_variants) if self.cpu_variants is not None else None,
                     vulkan_include_dir=str(self.vulkan_include_dir) if self.vulkan_include_dir else None)
@@ -159,7 +164,7 @@ class BuildRequest:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BuildRequest:
         """A request from its `request` section (keys it does not know are left out: a newer dfbuild's)."""
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - set(cls.RESOLVED)
         values = {k: v for k, v in data.items() if k in known}
         if isinstance(values.get("smoke"), dict):
             values["smoke"] = SmokeOptions(**{k: v for k, v in values["smoke"].items()

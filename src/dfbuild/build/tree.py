@@ -160,7 +160,7 @@ def build_tree(source_dir: Path, request: BuildRequest, build_dir: Path | None =
                 f"{spec_root['rocm']}: {root}")
         entry = rocm_root.toolchain_entry(root)
     else:
-        entry = doctor.require(backend, host,
+        entry = doctor.require(spec, host,
                                extra_include_dirs=[Path(vulkan_include_dir)] if vulkan_include_dir else [])
     # variants whose -march the compiler does not know (GCC 12 and 11: no armv9.2-a): left out, said, recorded
     left_out = unbuildable_variants(_variant_compiler(entry, host), variants)
@@ -189,7 +189,7 @@ def build_tree(source_dir: Path, request: BuildRequest, build_dir: Path | None =
                 f"{', '.join(upstream_record['not_taken']) or 'none'})")
     else:
         ui.info(f"    llama.cpp's release options: {upstream_record['note']}")
-    flags = build_flags(backend, host, commit=configured_commit, number=number, entry=entry,
+    flags = build_flags(spec, host, commit=configured_commit, number=number, entry=entry,
                         cuda_arch=cuda_arch, gpu_targets=gpu_targets,
                         vulkan_include_dir=str(vulkan_include_dir) if vulkan_include_dir else None,
                         use_ccache=request.use_ccache, upstream=upstream)

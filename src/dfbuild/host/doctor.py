@@ -35,11 +35,13 @@ from dfbuild.host.probes import (  # noqa: F401
 )
 
 
-def check_backend(backend: str, host: Host | None = None, *, extra_include_dirs: Sequence[Path] = (),
-                  _cache: dict | None = None) -> dict:
-    """One backend's doctor entry: can it build on HOST, what was found, what to install."""
+def check_backend(backend: backends.Backend | str, host: Host | None = None, *,
+                  extra_include_dirs: Sequence[Path] = (), _cache: dict | None = None) -> dict:
+    """One backend's doctor entry (BACKEND: its table entry, or its name): can it build on HOST, what was
+    found, what to install."""
     host = host or backends.current_host()
-    spec = backends.get(backend)
+    spec = backends.resolve(backend)
+    backend = spec.name
     cache = _cache if _cache is not None else {}
     entry: dict = {"backend": backend, "summary": spec.summary, "can_build": False, "reason": None,
                    "toolchain": [], "runtime": [], "missing": [], "install": []}
@@ -208,13 +210,15 @@ def check_webui() -> dict:
             "without": "--no-ui builds llama-server without it; a UI already in dfbuild's cache needs neither"}
 
 
-def require(backend: str, host: Host | None = None, *, extra_include_dirs: Sequence[Path] = ()) -> dict:
+def require(backend: backends.Backend | str, host: Host | None = None, *,
+            extra_include_dirs: Sequence[Path] = ()) -> dict:
     """check_backend, raising if BACKEND cannot build here.
 
     UnsupportedBackendError when the host can never build it (metal off macOS),
     ToolchainMissingError (what is missing + what to install) otherwise.
     """
     entry = check_backend(backend, host, extra_include_dirs=extra_include_dirs)
+    backend = entry["backend"]
     if not entry["can_build"] and not entry["toolchain"]:  # not a toolchain matter: this host never can
         raise UnsupportedBackendError(f"the {backend} backend cannot build here: {entry['reason']}",
                                       "build it on a runner of its kind (see `dfbuild matrix`)")
