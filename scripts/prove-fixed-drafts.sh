@@ -92,8 +92,9 @@ run)
     say "done"
     ;;
 convert)
-    : "${OUT:?run it on the device machine, where \$OUT is set}"
-    [ -d .carry/converter/b11434-after ] || { echo "carry .carry (prepare it here first)" >&2; exit 2; }
+    require_carry .carry/converter/b11434-after
+    say() { echo "$*" >&2; }
+    install_carry say  # bench/convert_drafts.py imports dfbuild (its fixtures), which needs the carried wheels
     python3 -c "import torch, safetensors, transformers" || { echo "python3 needs torch, safetensors, transformers" >&2; exit 2; }
     python3 bench/convert_drafts.py --python python3 --out "$OUT/convert_drafts-converter-fix.json" \
         .carry/converter/b11434-before .carry/converter/b11434-after

@@ -368,3 +368,29 @@ def test_the_targets_cost_table_shows_both_runs_and_their_ratios():
     assert "| all / llama-server | 2.50x | 2.53x | 2.50x | 2.53x | | | 3.00x | 3.00x | 2.75x |" in table
     text = report.replace_block("# Benchmarks\n", "targets_cost", table)
     assert "<!-- BEGIN generated: targets_cost -->" in text and "| `all` | 500 |" in text
+
+
+def test_the_export_table_in_the_docs_is_what_the_records_print():
+    # docs/export.md's bases table is bench/export_proofs.py --report of every record in bench/upstream/
+    import re
+
+    import export_proofs
+
+    root = Path(__file__).resolve().parents[1]
+    records = [json.loads(p.read_text()) for p in sorted((root / "bench" / "upstream").glob("export-proofs-*.json"))]
+    block = re.search(r"<!-- BEGIN generated: export_proofs -->\n(.*?)<!-- END generated: export_proofs -->",
+                      (root / "docs" / "export.md").read_text(), re.S)
+    assert block and block.group(1) == export_proofs.table(export_proofs.report_rows(records)) + "\n"
+    assert all(r["rows"][0]["exit"] == 0 for r in records) and len(records) == 12
+
+
+def test_the_export_report_names_where_and_puts_cuda_last():
+    import export_proofs
+
+    row = {"exit": 0, "wall_s": 1.0, "unpatched": "failed", "patched": "passed"}
+    records = [{"backend": "cuda", "cores": 16, "where": "device CUDA",
+                "rows": [row | {"base": "b9", "backend": "cuda"}]},
+               {"backend": "cpu", "cores": 2, "rows": [row | {"base": "b10", "backend": "cpu"}]}]
+    rows = export_proofs.report_rows(records)
+    assert [(r["base"], r["where"]) for r in rows] == [("b10", "2 cores, cpu"), ("b9", "device CUDA")]
+    assert export_proofs.table(rows).splitlines()[-1].endswith("| 1 s | device CUDA |")

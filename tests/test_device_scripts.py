@@ -65,6 +65,18 @@ def test_both_scripts_take_the_lists_from_the_library(script):
 
 
 @pytest.mark.parametrize("script", DEVICE_SCRIPTS)
+def test_every_device_mode_puts_the_carried_wheels_on_the_path_before_it_runs_dfbuild(script):
+    # the device's python3 lacks platformdirs and the rest: a mode that imports dfbuild (dfbuild.cli, or a
+    # bench/ script that imports it) without install_carry first fails there with ModuleNotFoundError
+    arms = re.findall(r"^([a-z-]+)\)\n(.*?)^    ;;", (SCRIPTS / script).read_text(), re.M | re.S)
+    for mode, body in arms:
+        uses = [m.start() for m in re.finditer(r"dfbuild\.cli|bench/\w+\.py", body)]
+        if mode == "prepare" or not uses:
+            continue
+        assert "install_carry say" in body[:uses[0]], f"{script} {mode} runs dfbuild before install_carry"
+
+
+@pytest.mark.parametrize("script", DEVICE_SCRIPTS)
 def test_run_refuses_outside_the_device_and_a_bad_mode(script):
     result = subprocess.run(["bash", str(SCRIPTS / script), "run"], cwd=ROOT, capture_output=True, text=True,
                             env={"PATH": "/usr/bin:/bin"})
