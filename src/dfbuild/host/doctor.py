@@ -218,7 +218,7 @@ def require(backend: backends.Backend | str, host: Host | None = None, *,
     ToolchainMissingError (what is missing + what to install) otherwise.
     """
     entry = check_backend(backend, host, extra_include_dirs=extra_include_dirs)
-    backend = entry["backend"]
+    backend = backend.name if isinstance(backend, backends.Backend) else backend  # the name, for the messages
     if not entry["can_build"] and not entry["toolchain"]:  # not a toolchain matter: this host never can
         raise UnsupportedBackendError(f"the {backend} backend cannot build here: {entry['reason']}",
                                       "build it on a runner of its kind (see `dfbuild matrix`)")
