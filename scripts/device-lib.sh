@@ -66,6 +66,21 @@ seed_imports() {
     done
 }
 
+# THERE: a run's start: what it writes goes under /tmp/NAME (`results`), with a summary (`report`) that `say`
+# adds timed lines to, and comes back as $OUT/NAME.tar.gz however the run ends; dfbuild's cache in /tmp, and the
+# tests' -O1, as every proof in series.toml was made. (The caller then runs install_carry say.)
+begin_run() {
+    run_name=$1 run_start=$(date +%s) results=/tmp/$1 report=/tmp/$1/summary.txt
+    mkdir -p "$results"
+    # shellcheck disable=SC2329  # (the sourcing script calls it)
+    say() { echo "[$(( $(date +%s) - run_start ))s] $*" | tee -a "$report"; }
+    # shellcheck disable=SC2329  # (run by the EXIT trap)
+    finish() { tar -czf "$OUT/$run_name.tar.gz" -C /tmp "$run_name" 2>/dev/null || true; }
+    trap finish EXIT
+    export DFBUILD_CACHE_DIR=${DFBUILD_CACHE_DIR:-/tmp/dfbuild-cache}
+    export DFBUILD_CMAKE_ARGS="'-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG' '-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG'"
+}
+
 # THERE: on the device ($OUT set), with the wheels and WHAT (a path under .carry) carried, or exit 2
 require_carry() {
     : "${OUT:?run it on the device machine, where \$OUT is set}"

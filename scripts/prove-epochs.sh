@@ -68,16 +68,8 @@ prepare)
 run)
     require_carry .carry/trees.git
     read -r -a releases <<< "${*:-$(epoch_ends)}"
-    start=$(date +%s) report=/tmp/proofs/summary.txt
-    mkdir -p /tmp/proofs
-    say() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$report"; }
-    # shellcheck disable=SC2329  # (run by the EXIT trap)
-    finish() { tar -czf "$OUT/proofs.tar.gz" -C /tmp proofs 2>/dev/null || true; }
-    trap finish EXIT
+    begin_run proofs  # /tmp/proofs, $OUT/proofs.tar.gz, say, the tests' -O1
     install_carry say
-    export DFBUILD_CACHE_DIR=/tmp/dfbuild-cache
-    # the tests' flags: -O1, as every proof in series.toml was made
-    export DFBUILD_CMAKE_ARGS="'-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG' '-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG'"
     seed_imports "${releases[@]}"  # each import as dfbuild's cache keeps it: checkouts need no sdist
     python3 -m dfbuild.cli --version >> "$report" 2>&1
     say "prove ${releases[*]}: cpu, x64, -O1, -j 2, ${PARALLEL:-8} at a time on $(nproc) cores"

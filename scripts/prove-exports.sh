@@ -67,19 +67,12 @@ run)
     backend=cpu
     if [ "${1:-}" = --backend ]; then backend=$2; shift 2; fi
     read -r -a bases <<< "${*:-$(tr '\n' ' ' < .carry/bases)}"
-    start=$(date +%s) results=/tmp/export-proofs
-    mkdir -p "$results"
-    say() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$results/summary.txt"; }
-    # shellcheck disable=SC2329  # (run by the EXIT trap)
-    finish() { tar -czf "$OUT/export-proofs.tar.gz" -C /tmp export-proofs 2>/dev/null || true; }
-    trap finish EXIT
+    begin_run export-proofs  # /tmp/export-proofs, $OUT/export-proofs.tar.gz, say, the tests' -O1
     install_carry say
-    export DFBUILD_CACHE_DIR=${DFBUILD_CACHE_DIR:-/tmp/dfbuild-cache}
-    export DFBUILD_CMAKE_ARGS="'-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG' '-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG'"
     export DFBUILD_UPSTREAM_PYTHON=${DFBUILD_UPSTREAM_PYTHON:-$(command -v python3)}
     seed_imports "${bases[@]}"
-    python3 -m dfbuild.cli --version >> "$results/summary.txt" 2>&1
-    "$DFBUILD_UPSTREAM_PYTHON" -m pytest --version >> "$results/summary.txt" 2>&1
+    python3 -m dfbuild.cli --version >> "$report" 2>&1
+    "$DFBUILD_UPSTREAM_PYTHON" -m pytest --version >> "$report" 2>&1
     if [ "$backend" = cuda ]; then
         say "export proofs ${bases[*]}: cuda (arch ${CUDA_ARCH:-90}), -O1, one at a time, -j $(nproc)"
         set -- --backend cuda --cuda-arch "${CUDA_ARCH:-90}" --parallel 1 -j "$(nproc)" \
@@ -92,8 +85,8 @@ run)
     fi
     code=0
     python3 bench/export_proofs.py "${bases[@]}" "$@" --cpu-variants x64 --work /tmp/w \
-        --out "$results/export-proofs.json" > "$results/table.md" 2>> "$results/summary.txt" || code=$?
-    cat "$results/table.md" >> "$results/summary.txt"
+        --out "$results/export-proofs.json" > "$results/table.md" 2>> "$report" || code=$?
+    cat "$results/table.md" >> "$report"
     say "done: exit $code (0: every export failed unpatched and passed patched)"
     ;;
 *)

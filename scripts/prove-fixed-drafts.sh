@@ -61,20 +61,10 @@ prepare)
     echo "carry: [\".whl\", \".carry\"]; on the device: bash scripts/prove-fixed-drafts.sh run ${releases[*]}"
     ;;
 run)
-    : "${OUT:?run it on the device machine, where \$OUT is set}"
-    ls .whl/*.whl > /dev/null && [ -d .carry/trees.git ] || { echo "carry .whl and .carry (prepare them here first)" >&2; exit 2; }
+    require_carry .carry/trees.git
     read -r -a releases <<< "${*:-$(default_releases)}"
-    start=$(date +%s) results=/tmp/fixed-drafts
-    mkdir -p "$results"
-    report=$results/summary.txt
-    say() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$report"; }
-    # shellcheck disable=SC2329  # (run by the EXIT trap)
-    finish() { tar -czf "$OUT/fixed-drafts.tar.gz" -C /tmp fixed-drafts 2>/dev/null || true; }
-    trap finish EXIT
+    begin_run fixed-drafts  # /tmp/fixed-drafts, $OUT/fixed-drafts.tar.gz, say, the tests' -O1
     install_carry say
-    export DFBUILD_CACHE_DIR=${DFBUILD_CACHE_DIR:-/tmp/dfbuild-cache}
-    # the tests' flags: -O1, as every proof in series.toml was made
-    export DFBUILD_CMAKE_ARGS="'-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG' '-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG'"
     seed_imports "${releases[@]}"
     python3 -m dfbuild.cli --version >> "$report" 2>&1
     python3 -m dfbuild.cli -q fixtures --out "$results/fixtures" > /dev/null  # one set of fixtures for every run
