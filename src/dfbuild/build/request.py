@@ -97,14 +97,18 @@ class BuildRequest:
             set_(self, "vulkan_include_dir", Path(self.vulkan_include_dir))
         if self.spec is None or self.spec.name != self.backend:
             set_(self, "spec", backends.get(self.backend))
-        if self.host is None or (self.host.os, self.host.arch) != self._asked_target():
+        if not self._host_fits():
             from dfbuild.host import platforms  # the cross targets' table: read when a request is made
 
             set_(self, "host", platforms.target_host(self.os, arch=self.arch))
 
-    def _asked_target(self) -> tuple[str, str]:
-        here = backends.current_host() if self.os is None or self.arch is None else None
-        return (self.os or here.os, self.arch or here.arch) if here else (self.os, self.arch)  # type: ignore[return-value]
+    def _host_fits(self) -> bool:
+        """Whether the Host carried over (by replace()) is still the one os and arch ask for."""
+        if self.host is None:
+            return False
+        if self.os is None and self.arch is None:  # this machine
+            return not self.host.cross
+        return self.os in (None, self.host.os) and self.arch in (None, self.host.arch)
 
     @classmethod
     def from_options(cls, *, backend: str = "cpu", target_os: str | None = None, target_arch: str | None = None,
