@@ -159,7 +159,9 @@ class BuildRequest:
 
     def to_dict(self) -> dict[str, Any]:
         """The manifest's `request` section: JSON-friendly values only."""
-        data = {k: v for k, v in asdict(self).items() if k not in self.RESOLVED}
+        # the asked fields only (asdict would deep-copy the resolved table entry and Host first)
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.RESOLVED}
+        data["smoke"] = asdict(self.smoke)
         data.update(targets=list(self.targets), extra_cmake_args=list(self.extra_cmake_args),
                     cpu_variants=list(self.cpu_variants) if self.cpu_variants is not None else None,
                     vulkan_include_dir=str(self.vulkan_include_dir) if self.vulkan_include_dir else None)
