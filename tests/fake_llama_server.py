@@ -19,9 +19,10 @@ behaviour:
   restore-unused  like ok, but a restored slot's prompt is never reused (the hybrid target's
                   full re-processing): the completion after a restore logs "cached n_tokens = 0"
   begin-warning   like ok, but with a draft each completion logs begin()'s warning (a real miss)
-  gated           like ok, as today's series logs at -v: an image's span zero-filled at debug level
-                  ("... of the image left out"), a restored prefix zero-filled with a warning
-  warned-fill     like ok, but each image's span is zero-filled with the warning (no image explains it)
+  gated           like ok, as today's series logs: an image's span and a restored prefix zero-filled,
+                  each with the warning (issue 44)
+  debug-fill      like gated, as issue 37's series logged: an image's span zero-filled at debug level
+                  ("... of the image left out"), without the warning
   other-drafts    like ok, but at -v the draft proposes other candidates (what a changed draft cache does)
 With a draft and -v, every completion logs the draft's candidates as draft() does.
 The slot actions (POST /slots/0?action=save|erase|restore, with --slot-save-path) answer as
@@ -153,13 +154,14 @@ class Handler(BaseHTTPRequestHandler):
             # from an empty draft cache as well
             hole = "[16, 32)" if has_image else "[33, 709)" if draft_held else "[0, 709)"
             log(f"process: seq_id=0: zero-filling draft positions {hole}")
-        if MODE == "gated" and State.speculative and has_image and "-v" in sys.argv:
+        if MODE == "debug-fill" and State.speculative and has_image and "-v" in sys.argv:
             log("0.01 D spec      process: seq_id=0: zero-filling draft positions [16, 32) of the image left out")
-        if MODE == "gated" and State.speculative and restored and draft_held:  # an empty cache takes any start
-            log("0.01 W spec      process: seq_id=0: zero-filling draft positions [33, 709), which the draft "
-                "never processed; drafts may degrade")
-        if MODE == "warned-fill" and State.speculative and has_image:
+        if MODE == "gated" and State.speculative and has_image:
             log("0.01 W spec      process: seq_id=0: zero-filling draft positions [16, 32), which the draft "
+                "never processed; drafts may degrade")
+        if MODE in ("gated", "debug-fill") and State.speculative and restored and draft_held:  # (an empty cache
+            # takes any start)
+            log("0.01 W spec      process: seq_id=0: zero-filling draft positions [33, 709), which the draft "
                 "never processed; drafts may degrade")
         if State.speculative and "-v" in sys.argv:
             p = 0.5 if MODE == "other-drafts" else 0.912

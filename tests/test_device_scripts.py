@@ -17,7 +17,8 @@ from dfbuild import series
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
-DEVICE_SCRIPTS = ["cuda-release.sh", "prove-epochs.sh", "prove-exports.sh", "prove-fixed-drafts.sh", "image-cuda.sh"]
+DEVICE_SCRIPTS = ["cuda-release.sh", "cuda-bench.sh", "prove-epochs.sh", "prove-exports.sh", "prove-fixed-drafts.sh",
+                  "image-cuda.sh"]
 
 
 def _array(name: str) -> list[str]:

@@ -502,22 +502,24 @@ def test_the_cases_that_work_unpatched_and_the_bugs_case_run_where_they_mean_som
     # their cache
     same = results["mrope-draft"]["qwen35-grid-sections-random"]
     assert same["draft_trace"]["lines"] == 3 * 3 and len(same["draft_trace"]["sha256"]) == 64  # three completions
-    assert results["pinned-image-hole"]["qwen35-grid-plain-agree"]["fills"] == [[16, 32, "debug"]]
+    assert results["pinned-image-hole"]["qwen35-grid-plain-agree"]["fills"] == [[16, 32, "warn"]]
     assert "draft_trace" not in results["pinned-image-hole"]["qwen35-grid-plain-agree"]
 
 
-def test_a_fill_no_left_out_image_explains_fails_unless_it_is_a_restored_prefix_that_warns(build_dir, tmp_path):
-    """Issue 37: a fill after an image process() left out logs at debug; any other fill (the draft missed
-    context) must warn, and a warning anywhere but after a restored prefix fails the run."""
+def test_every_zero_fill_warns(build_dir, tmp_path):
+    """Issue 44: every fill warns, an image's as a restored prefix's (the draft goes on without that context;
+    no state tells the two apart). A fill without the warning fails the run: issue 37's series, which
+    logged a left-out image's span at debug level, and the series before it, which logged every fill so."""
     def run(mode, sets, scenarios):
         section = smoke.run_smoke(build_dir, tmp_path / "fx", sets=sets, scenarios=scenarios, env=fake_env(mode),
                                   log_dir=tmp_path / mode)
         return section["results"][scenarios[0]][sets[0]]
 
-    assert run("gated", ["qwen35-grid-plain-agree"], ["image"])["passed"]
-    warned = run("warned-fill", ["qwen35-grid-plain-agree"], ["image"])
-    assert not warned["passed"] and "no left-out image explains it" in warned["failures"][-1]
-    assert warned["fills"] == [[16, 32, "warn"], [16, 32, "warn"]]
+    warned = run("gated", ["qwen35-grid-plain-agree"], ["image"])
+    assert warned["passed"] and warned["fills"] == [[16, 32, "warn"], [16, 32, "warn"]]
+    quiet = run("debug-fill", ["qwen35-grid-plain-agree"], ["pinned-image-hole"])  # (debug: at -v only)
+    assert not quiet["passed"] and "zero-filled without a warning: [16, 32)" in quiet["failures"][-1]
+    assert quiet["fills"] == [[16, 32, "debug"]]
     restored = run("gated", ["llama-mlp-agree"], ["slot-restore"])
     assert restored["passed"], restored["failures"]
     assert restored["fills"] == [[33, 709, "warn"]]
@@ -529,7 +531,7 @@ def test_a_fill_no_left_out_image_explains_fails_unless_it_is_a_restored_prefix_
                                 env=fake_env("ok"), log_dir=tmp_path / "empty-ok")
     ungated = smoke.run_smoke(build_dir, tmp_path / "fx", sets=["llama-mlp-random"], scenarios=["empty-draft-cache"],
                               env=fake_env("zero-fill-images"), log_dir=tmp_path / "empty-ungated")
-    assert unpatched["passed"] and ungated["passed"]
+    assert unpatched["passed"] and not ungated["passed"]  # (a fill without the warning)
     held = prove.hold_to_unpatched(unpatched, ungated)
     assert not ungated["passed"] and "[0, 709)" in held["differ"][0]["problems"][-1]
 
@@ -548,10 +550,11 @@ def test_a_patched_build_is_held_to_the_unpatched_one_where_the_case_works(tmp_p
     assert same["passed"] and held == {"same": ["mrope-draft/qwen35-grid-sections-random"], "differ": [],
                                        "not_failing_unpatched": []}
     # what a changed draft cache shows: other candidates; the old ungated series: a fill where none was
-    for mode, words in (("other-drafts", "the draft proposed other candidates"),
-                        ("zero-fill-images", "which the unpatched build left as they were")):
+    # (the smoke alone cannot tell other candidates; a fill it tells by its missing warning, issue 44)
+    for mode, words, smoke_alone in (("other-drafts", "the draft proposed other candidates", True),
+                                     ("zero-fill-images", "which the unpatched build left as they were", False)):
         patched = smoke_run(patched_dir, mode)
-        assert patched["passed"]  # the smoke alone cannot tell
+        assert patched["passed"] == smoke_alone
         held = prove.hold_to_unpatched(unpatched, patched)
         assert not patched["passed"] and patched["failed"] == ["mrope-draft/qwen35-grid-sections-random"]
         failures = patched["results"]["mrope-draft"]["qwen35-grid-sections-random"]["failures"]
@@ -563,7 +566,7 @@ def test_a_patched_build_is_held_to_the_unpatched_one_where_the_case_works(tmp_p
     assert prove.hold_to_unpatched(broken, other)["same"] == [] and other["passed"]
 
 
-def test_the_bugs_case_must_fail_unpatched_and_be_filled_at_debug_level_patched(tmp_path):
+def test_the_bugs_case_must_fail_unpatched_and_be_filled_patched(tmp_path):
     unpatched_dir, patched_dir = make_build_dir(tmp_path / "u"), make_build_dir(tmp_path / "p")
     sets, scenarios = ["qwen35-grid-plain-agree"], ["pinned-image-hole"]
 
@@ -579,7 +582,8 @@ def test_the_bugs_case_must_fail_unpatched_and_be_filled_at_debug_level_patched(
     unfilled = smoke_run(patched_dir, "ok")  # a fix that does not fill (or fills without saying so)
     prove.hold_to_unpatched(bug, unfilled)
     assert not unfilled["passed"]
-    assert "at debug level" in unfilled["results"]["pinned-image-hole"][sets[0]]["failures"][-1]
+    failures = unfilled["results"]["pinned-image-hole"][sets[0]]["failures"]
+    assert "no zero-fill of the left-out image's span" in failures[-1]
     # an unpatched build that passes here is recorded: the case no longer fails at that base
     assert prove.hold_to_unpatched(smoke_run(unpatched_dir, "ok"), smoke_run(patched_dir, "gated"))[
         "not_failing_unpatched"] == ["pinned-image-hole/qwen35-grid-plain-agree"]

@@ -18,9 +18,9 @@ FAILURE_PATTERNS = {
 
 
 # zero-fill's log line, "zero-filling draft positions [a, b)" in every variant (after the SPC_* prefix,
-# or a function name): at debug level after an image process() left out of the draft ("... of the image
-# left out"), as a warning for any other hole, a prefix the draft never processed ("..., which the draft
-# never processed"; issue 37)
+# or a function name). Since issue 44 every fill is a warning ("..., which the draft never processed"):
+# the series keeps no state to tell a left-out image from a restored prefix. (Issue 37's series logged a
+# left-out image's span at debug level, "... of the image left out", and warned for any other hole.)
 ZERO_FILL = re.compile(r"zero-filling draft positions \[(\d+), (\d+)\)")
 ZERO_FILL_WARNED = re.compile(r"zero-filling draft positions \[(\d+), (\d+)\), which the draft never processed")
 
@@ -31,7 +31,7 @@ def zero_filled_spans(text: str) -> list[tuple[int, int]]:
 
 
 def warned_fill_spans(text: str) -> list[tuple[int, int]]:
-    """The spans a server log says were zero-filled with a warning: holes no left-out image explains."""
+    """The spans a server log says were zero-filled with a warning (every fill of today's series)."""
     return [(int(a), int(b)) for a, b in ZERO_FILL_WARNED.findall(text)]
 
 

@@ -85,9 +85,8 @@ class Scenario:
     # "same": the case works unpatched, so where the unpatched run passes the patched one must give the
     #         same outputs, draft counters and drafted candidates (-v);
     # "fails": the bug's case: the unpatched run fails with the upstream symptom and the patched run
-    #          fills the image's span at debug level, never with a warning.
+    #          zero-fills the image's span (with a warning, as every fill; run.py judges that).
     unpatched: str = ""
-    fill_warns: bool = False  # a zero-fill here is a prefix the draft never processed: it must warn
 
     def applies_to(self, release: int | None) -> bool:
         """Unknown releases (a PR head, an imported tree) run it: better a check too many."""
@@ -147,7 +146,7 @@ SCENARIOS = {s.name: s for s in (
              archs=("llama",), slot_save=True, expect_log=r"cached n_tokens = [1-9]\d*, memory_seq_rm",
              since_build=SLOT_ACTIONS_WITH_PROJECTOR, unpatched="same"),
     # The bug's own case: a plain-rope draft, a cache that holds the text before a pinned image, the text
-    # after it. Unpatched it fails; patched the image's span is filled at debug level, never with a warning.
+    # after it. Unpatched it fails; patched the image's span is zero-filled, with a warning.
     Scenario("pinned-image-hole", (IMAGE, TEXT_AFTER), server_args=("-v",),
              description="the bug: a plain-rope draft's cache gets a hole from a left-out pinned image",
              archs=("qwen35",), draft_ropes=("plain",), unpatched="fails"),
@@ -186,7 +185,7 @@ SCENARIOS = {s.name: s for s in (
     Scenario("slot-restore", RESTORE_STEPS, server_args=("-v",),
              description="a slot restored from a file: the target reuses a prefix the draft never processed",
              archs=("llama",), slot_save=True, expect_log=r"cached n_tokens = [1-9]\d*, memory_seq_rm",
-             since_build=SLOT_ACTIONS_WITH_PROJECTOR, fill_warns=True),
+             since_build=SLOT_ACTIONS_WITH_PROJECTOR),
 )}
 
 # the edge cases run when asked for (--scenario), not in every proof and release
