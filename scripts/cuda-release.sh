@@ -21,7 +21,9 @@
 # wheel and cudart-llama-<tag>-bin-ubuntu-cuda-<x.y>-x64.tar.gz (the CUDA runtime, from the toolkit
 # of the nvcc that built it), then runs `dfbuild verify` (every shipped program starts) and writes
 # what it found into $OUT (JSON, listings, logs; the archives stay there: they exceed what $OUT
-# brings back). Budget: about 6 to 9 minutes; give the call timeout_s 600.
+# brings back). Budget: about 6 to 9 minutes; give the call timeout_s 600. With WORK=DIR it builds in
+# DIR (default /tmp/work): after `scripts/cuda-bench.sh run BASE` on the same warm machine,
+# WORK=/tmp/dfbuild-tests/work/BASE reuses its builds (about 2 minutes then).
 set -euo pipefail
 mode=${1:-}
 base=${2:-${BASE:-b11434}}
@@ -52,6 +54,9 @@ run)
     ls .whl/*.whl .carry/*.tar.gz > /dev/null || { echo "carry .whl and .carry (prepare them here first)" >&2; exit 2; }
     # $OUT brings back at most 8 files: report.txt, release.json, verify.json and logs.tar.gz
     start=$(date +%s) report="$OUT/report.txt" logs=/tmp/logs
+    # WORK: a work dir an earlier call left on this warm machine (scripts/cuda-bench.sh's proof of BASE,
+    # with the same CUDA arch, CPU variant and no UI): the release adds the other tools to its patched build
+    work=${WORK:-/tmp/work}
     mkdir -p "$logs"
     say() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$report"; }
     # shellcheck disable=SC2329  # (run by the EXIT trap)
@@ -59,7 +64,7 @@ run)
         { echo "--- dist"; ls -l /tmp/dist 2>&1
           for archive in /tmp/dist/*.tar.gz; do [ -f "$archive" ] && { echo "--- $(basename "$archive")"; tar -tvzf "$archive"; }; done
           echo "--- release notes"; cat "$logs/notes.md" 2>/dev/null; } >> "$report" 2>&1
-        cp /tmp/work/build-cuda/dfbuild-build.log "$logs/" 2>/dev/null || true
+        cp "$work/build-cuda/dfbuild-build.log" "$logs/" 2>/dev/null || true
         tar -czf "$OUT/logs.tar.gz" -C "$logs" . 2>/dev/null || true
     }
     trap finish EXIT
@@ -76,7 +81,7 @@ run)
     # --no-ui: the web UI is built with npm from the tree's tools/ui (npm ci needs the network, which the
     # GPU machine has not); what this run checks is the CUDA build of every tool, not the UI
     dfbuild release --base "$base" --backend cuda --cuda-arch "${CUDA_ARCH:-90}" --cpu-variants x64 --no-ui \
-        -j "${JOBS:-$(nproc)}" --work /tmp/work --out /tmp/dist --json > "$OUT/release.json" 2> "$logs/release.log" \
+        -j "${JOBS:-$(nproc)}" --work "$work" --out /tmp/dist --json > "$OUT/release.json" 2> "$logs/release.log" \
         || code=$?
     say "release exit $code"
     if [ "$code" != 0 ]; then tail -40 "$logs/release.log" | tee -a "$report"; exit "$code"; fi
