@@ -50,6 +50,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", type=Path, required=True, help="a `dfbuild prove` work dir (cpu backend)")
     p.add_argument("--jobs", "-j", type=int, default=None)
+    p.add_argument("--no-ui", action="store_true", help="build without the web UI, as the proof was (prove --no-ui)")
     p.add_argument("--out", type=Path, default=None)
     opts = p.parse_args(argv)
 
@@ -79,7 +80,8 @@ def main(argv=None) -> int:
             git(tree, "commit", "-q", "-m", step.concern.id)
         entry = {"concerns": [s.concern.id for s in patched[:k]]}
         try:
-            build.build_tree(tree, BuildRequest("cpu", cpu_variants=("x64",), jobs=opts.jobs), work / "build-cpu")
+            request = BuildRequest("cpu", cpu_variants=("x64",), jobs=opts.jobs, web_ui=not opts.no_ui)
+            build.build_tree(tree, request, work / "build-cpu")
             entry["built"] = True
         except Exception as exc:  # a prefix that does not build is the finding itself
             entry.update({"built": False, "error": str(exc)})

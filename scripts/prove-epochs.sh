@@ -18,7 +18,8 @@
 #
 # run seeds dfbuild's cache with those imports (so every checkout is offline), then proves the releases
 # it is given (default: every epoch end), PARALLEL at a time (default 8, each with -j 2: 16 cores), with
-# the tests' flags (-O1, one CPU variant, x64), then checks every prefix of the release's variant in the
+# the tests' flags (-O1, one CPU variant, x64; no web UI: the UI's npm steps need the network, and a proof
+# is of speculative.cpp), then checks every prefix of the release's variant in the
 # proof's work dir (bench/prefixes.py: each builds, none regresses a run that passes unpatched), and
 # writes into $OUT one proofs.tar.gz: each proof's JSON (`dfbuild prove --json`), its prefixes JSON, the
 # logs, and a summary. A cold proof took 4.5 to 5 minutes there; one call
@@ -76,12 +77,12 @@ run)
     # shellcheck disable=SC2016  # (expanded by the inner bash, one release each)
     printf '%s\n' "${releases[@]}" | xargs -P "${PARALLEL:-8}" -I{} bash -c '
         code=0
-        python3 -m dfbuild.cli prove --base "$1" --backend cpu --cpu-variants x64 -j 2 --work "/tmp/w/$1" --json \
+        python3 -m dfbuild.cli prove --base "$1" --backend cpu --cpu-variants x64 --no-ui -j 2 --work "/tmp/w/$1" --json \
             > "/tmp/proofs/proof-$1.json" 2> "/tmp/proofs/prove-$1.log" || code=$?
         echo "$1 exit $code (0 fixed, 44 fixed upstream, 43 still broken)"
         if [ "$code" = 0 ]; then
             code=0
-            python3 bench/prefixes.py --work "/tmp/w/$1" -j 2 --out "/tmp/proofs/prefixes-$1.json" \
+            python3 bench/prefixes.py --work "/tmp/w/$1" -j 2 --no-ui --out "/tmp/proofs/prefixes-$1.json" \
                 > /dev/null 2> "/tmp/proofs/prefixes-$1.log" || code=$?
             echo "$1 prefixes exit $code (0: every prefix builds, none regresses)"
         fi' _ {} | tee -a "$report"
