@@ -8,6 +8,7 @@ and `series check` read them there, so a fresh machine sees them too. The curato
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from helpers import dfbuild, run_git, said
@@ -167,6 +168,41 @@ def test_start_carries_what_carries_stops_at_a_conflict_and_continue_and_record_
     run_git(tmp_path, "clone", "-q", "--branch", "b120", str(syn.upstream), str(fresh))
     report = check_json(fresh, syn.patches)
     assert report["base"] == "b120" and [c["status"] for c in report["concerns"]] == ["upstream"] + ["clean"] * 3
+
+
+def test_recording_a_base_again_keeps_what_series_toml_says_of_it(syn, new_epoch, tmp_path):
+    """A variant revised on its own base (issue 44 rewrote every zero-fill variant so): `series start` carries
+    the base's own files and decisions, the curator amends a commit, `series record` writes the files again.
+    The base's note and its decisions' notes and markers are series.toml's words, not `series start`'s
+    "upstream as recorded for b120: ..." nor record's default note (before: both replaced, markers lost)."""
+    first = tmp_path / "first"
+    assert start(syn, first).exit_code == 21
+    hand_edit(first)
+    run_git(first, "commit", "-q", "-a", "-m", "spec : downgrade the warning", "-m", "Dfbuild-Concern: warning-downgrade")
+    assert dfbuild("series", "continue", "--dir", first, "--patches", syn.patches).exit_code == 0
+    assert dfbuild("series", "record", "--dir", first, "--onto", "b120", "--patches", syn.patches).exit_code == 0
+    toml = syn.patches / "series.toml"
+    text = toml.read_text()
+    assert text.count('note = "llama.cpp b120, the first release of its epoch (dfbuild series start)"') == 1
+    # what a curator writes by hand: the base's note, and a marker for the upstream decision
+    text = text.replace("llama.cpp b120, the first release of its epoch (dfbuild series start)",
+                        "b120: upstream reworded the warning")
+    text, n = re.subn(r'(b120 = \{status = "upstream", note = "[^"]*")\}', r'\1, marker = "reworded"}', text, count=1)
+    assert n == 1  # (embedding-skip's, the first concern)
+    toml.write_text(text)
+
+    again = tmp_path / "again"
+    result = start(syn, again)
+    assert result.exit_code == 0, said(result)  # b120's own variant carries whole
+    run_git(again, "commit", "-q", "--amend", "-m", "spec : downgrade the reworded warning",
+            "-m", "Dfbuild-Concern: warning-downgrade")
+    recorded = dfbuild("series", "record", "--dir", again, "--onto", "b120", "--patches", syn.patches)
+    assert recorded.exit_code == 0, said(recorded)
+    curated = series.load_series(syn.patches)
+    assert curated.bases["b120"]["note"] == "b120: upstream reworded the warning"
+    kept = curated.concern("embedding-skip").variants["b120"]
+    assert (kept.status, kept.marker) == ("upstream", "reworded") and not kept.note.startswith("upstream as recorded")
+    assert "downgrade the reworded warning" in (syn.patches / "b120" / "0004-warning-downgrade.patch").read_text()
 
 
 def test_abort_puts_the_tree_back(syn, new_epoch, tmp_path):

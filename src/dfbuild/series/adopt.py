@@ -104,6 +104,9 @@ def refresh(series: Series, tree: Path, onto: str, *, name: str | None = None, b
                 status, note = decided[table["id"]]
                 entry = tomlkit.inline_table()
                 entry.update({"status": status, "note": note})
+                old = table.get("variants", {}).get(base)
+                if old is not None and old.get("status") == status and "marker" in old:
+                    entry["marker"] = old["marker"]  # how apply finds upstream's code at this base: still it
                 table.setdefault("variants", tomlkit.table())[base] = entry
         written = []
         for concern, path in generated:

@@ -441,11 +441,20 @@ def record(series: Series, tree: Path, onto: str, *, decisions: dict[str, str] |
     if curation and curation_problem(tree, curation):
         curation = {}  # a damaged state: its decisions are not trusted; --upstream gives them
     rev = curation.get("onto") if curation.get("base") == onto else onto
-    all_decisions = {**curation.get("decisions", {}), **(decisions or {})}
+    started = dict(curation.get("decisions", {}))
+    # A variant revised on its own base: what `series start` carried from that base's own decision is
+    # series.toml's entry, in series.toml's words (refresh keeps its marker), not "... as recorded for".
+    for cid in started:
+        own = series.concern(cid).variants.get(onto)
+        if own is not None and own.status in ("upstream", "not-needed") and own.note:
+            started[cid] = (NOT_NEEDED_MARK if own.status == "not-needed" else "") + own.note
+    all_decisions = {**started, **(decisions or {})}
     not_needed = {**{cid: note[len(NOT_NEEDED_MARK):] for cid, note in all_decisions.items()
                      if note.startswith(NOT_NEEDED_MARK)}, **(not_needed or {})}
     all_decisions = {cid: note for cid, note in all_decisions.items() if cid not in not_needed}
-    info: dict = {"note": note or f"llama.cpp {onto}, the first release of its epoch (dfbuild series start)"}
+    known_note = series.bases.get(onto, {}).get("note") if onto in series.variant_bases else None
+    info: dict = {"note": note or known_note
+                  or f"llama.cpp {onto}, the first release of its epoch (dfbuild series start)"}
     build = source.release_build(onto)
     if build is not None:
         info["build"] = build
