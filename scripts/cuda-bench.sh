@@ -46,13 +46,13 @@ run)
     code=0
     python3 bench/spec_images.py --backend cuda --base "$base" --shape large --build-missing \
         --prove-arg=--cuda-arch=90 --prove-arg=--cpu-variants=x64 --prove-arg=--no-ui \
-        --threads 8 "${gpu[@]}" --reps 10 --n-predict 512 --fixtures /tmp/benchfx \
+        --threads 8 "${gpu[@]}" --reps 8 --n-predict 512 --fixtures /tmp/benchfx \
         --log-dir "$results/logs-spec" --results "$results/results.json" > "$results/spec_images.txt" 2>&1 || code=$?
     say "spec_images exit $code"
     tail -12 "$results/spec_images.txt" >> "$report"
     say "draft_vs_fill: zero rows (patched) against a fixed draft (unpatched), agree and random sets"
     python3 bench/draft_vs_fill.py --patched-build "$work/build-cuda" --unpatched-build "$work/unpatched/build-cuda" \
-        --reps 9 --n-predict 64 --threads 8 "${gpu[@]}" --label cuda --fixtures /tmp/dvffx \
+        --reps 5 --n-predict 64 --threads 8 "${gpu[@]}" --label cuda --fixtures /tmp/dvffx \
         --results "$results/results.json" > "$results/draft_vs_fill.txt" 2>&1 || code=$?
     cp -r /tmp/dvffx/logs-draft-vs-fill "$results/" 2>/dev/null || true
     say "draft_vs_fill exit $code"
