@@ -196,6 +196,21 @@ def test_the_rocm_image_stands_on_forky_whose_packages_hold_rocm_and_bookworms_k
     assert "--aptopt=Acquire::Check-Valid-Until \"false\"" in image_rootfs.mmdebstrap_command(hip, Path("/r"))
 
 
+def test_every_system_library_a_release_names_has_a_package_in_the_roots_of_its_images():
+    """A CUDA release of b11434 built on the lent GPU machine named libibverbs.so.1 (ggml-rpc's RDMA transport,
+    which its CMake links wherever the build host has libibverbs) and its image stopped with 53: no package of
+    the root was known for it. Every soname the releases describe (backends.toml's runtime_packages) has a
+    package in bookworm's root, the ROCm ones in forky's, and libibverbs is among them."""
+    from dfbuild.host import backends
+    from dfbuild.image import rootfs as image_rootfs
+
+    described = set(backends.table()["runtime_packages"])
+    bookworm, forky = image_rootfs.base_table()["sonames"], image_rootfs.base_table("forky")["sonames"]
+    rocm = {s for s in described if s.startswith(("libamdhip64", "libhipblas", "librocblas"))}
+    assert described - rocm <= set(bookworm) and rocm <= set(forky)
+    assert bookworm["libibverbs.so.1"] == forky["libibverbs.so.1"] == "libibverbs1"
+
+
 def test_release_image_is_refused_before_building_where_llama_cpp_has_no_image(tmp_path):
     """--image on a Windows release: 53 at once, nothing checked out or built (no work dir made)."""
     import subprocess
