@@ -11,7 +11,7 @@
 # what the release call carries) and fills .carry-image/ (ignored by git) with what this call carries:
 #   base/    the image's Debian root as dfbuild's cache keeps it (rootfs.tar.xz and record.json): a
 #            slim root of the CUDA Dockerfile's packages without ffmpeg (libgomp1 curl, and the
-#            archive's libssl3), 140 MB unpacked, about 26 MB as xz (the full root, 595 MB with
+#            archive's libssl3 and libibverbs1), 140 MB unpacked, about 26 MB as xz (the full root, 595 MB with
 #            ffmpeg, does not fit the 64 MiB a call may carry);
 #   umoci    Debian 12's umoci (a Go program that needs only libc), which assembles and unpacks it.
 # The release call carries [".whl", ".carry"]; this one [".whl", ".carry-image"] (about 35 MB).
@@ -48,7 +48,8 @@ prepare)
     entry=$(PYTHONPATH="$here/src" "$py" -c "
 import sys
 from dfbuild.image import rootfs as image_rootfs
-packages = sys.argv[1].split(',') + ['libssl3']  # + the CUDA archive's system libraries (release.requires)
+packages = sys.argv[1].split(',') + ['libssl3', 'libibverbs1']  # + the GPU machine's CUDA archive's system
+# libraries (its release.requires: OpenSSL, and libibverbs, which b11434's CMake links where the host has it)
 layer, _ = image_rootfs.ensure(image_rootfs.recipe(packages, 'x64'))
 print(layer.parent)" "$slim_packages")
     xz -T0 -6 -c "$entry/rootfs.tar" > .carry-image/base/rootfs.tar.xz
