@@ -126,8 +126,7 @@ def epochs_not_from_the_code(data: dict) -> list[str]:
 # again (12 on the lent machine with scripts/prove-epochs.sh, b9837, b11236 and b11434 here).
 # Issue 44 took image_left_out out of every zero-fill variant (every fill warns) and shortened its comments:
 # every variant's code changed again, so every epoch end waits for a proof of it.
-REPROVE_PENDING: set[str] = {"b9837", "b10159", "b10173", "b10338", "b10355", "b10644", "b10662", "b10705",
-                             "b10724", "b10894", "b10901", "b10909", "b11223"}
+REPROVE_PENDING: set[str] = {"b9837", "b10159", "b10173", "b10338", "b10355", "b10644"}
 
 
 def stale_proofs(data: dict) -> list[str]:
