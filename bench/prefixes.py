@@ -10,6 +10,7 @@ in-between prefixes are built (incrementally, in the proof's build dir) and
 smoked here; the empty prefix and the whole series are the proof's own runs.
 
     python bench/prefixes.py --work WORK [--jobs N] [--out prefixes-bN.json]
+    python bench/prefixes.py --record prefixes-bN.json... --measured "WHEN, WHERE"   # into bench/prefixes.json
 
 It prints one JSON object: per prefix, the concerns in it, the runs that failed
 and the regressions (failed here, passed unpatched). Exit 1 when any prefix
@@ -46,13 +47,40 @@ def failed_runs(section: dict) -> set[str]:
     return set(section.get("failed", []))
 
 
+RECORD = Path(__file__).resolve().parent / "prefixes.json"
+
+
+def record(reports: list[Path], measured: str, into: Path = RECORD) -> None:
+    """Each report (--out's JSON) into INTO's releases, as it keeps them: failure counts, where and when."""
+    data = json.loads(into.read_text())
+    for path in reports:
+        report = json.loads(path.read_text())
+        data["releases"][report["release"]] = {
+            "variant": report["variant"], "rule": report["rule"], "ok": report["ok"], "measured": measured,
+            "prefixes": [{"concerns": e["concerns"], "failed": len(e.get("failed", [])),
+                          "runs": e.get("runs", report["runs"]), "regressions": e["regressions"], "built": e["built"]}
+                         for e in report["prefixes"]]}
+    data["releases"] = dict(sorted(data["releases"].items(), key=lambda item: int(item[0].lstrip("b"))))
+    into.write_text(json.dumps(data, indent=1) + "\n")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--work", type=Path, required=True, help="a `dfbuild prove` work dir (cpu backend)")
+    p.add_argument("--record", type=Path, nargs="+", default=None,
+                   help="reports (--out's JSON) to record in bench/prefixes.json, then exit")
+    p.add_argument("--measured", default=None, help="with --record: when and where they were measured")
+    p.add_argument("--work", type=Path, help="a `dfbuild prove` work dir (cpu backend)")
     p.add_argument("--jobs", "-j", type=int, default=None)
     p.add_argument("--no-ui", action="store_true", help="build without the web UI, as the proof was (prove --no-ui)")
     p.add_argument("--out", type=Path, default=None)
     opts = p.parse_args(argv)
+    if opts.record:
+        if not opts.measured:
+            p.error("--record needs --measured")
+        record(opts.record, opts.measured)
+        return 0
+    if opts.work is None:
+        p.error("--work is required")
 
     work = opts.work.resolve()
     proofs = json.loads((work / "proof-cpu.json").read_text())
