@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     start = proof["unpatched_commit"]
     release = carry.tree_build(tree, start)
     curated = series.load_series()
-    base, steps = series.plan(curated, tree)
+    _base, steps = series.plan(curated, tree)
     # the prefixes are of the patch files the release gets, in series order (upstream concerns add nothing)
     patched = [s for s in steps if s.variant is not None and s.variant.file]
     unpatched_failed = set(proof["unpatched"]["failed"])
