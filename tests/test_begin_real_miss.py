@@ -7,8 +7,8 @@ on the unpatched build and on today's series:
 - tests/data/begin_real_miss.cpp, compiled against the build's libllama-common, feeds a
   prompt to the target in ubatches and leaves one of them out of process(). A missed *last*
   ubatch leaves the draft cache short at begin(): the warning is printed, patched or not. A
-  missed *middle* one is zero-filled by the series before begin() runs (no warning; the
-  draft's debug line names the span), and fails the next ubatch unpatched.
+  missed *middle* one is zero-filled by the series before begin() runs (begin() does not warn;
+  the fill's own warning names the span), and fails the next ubatch unpatched.
 - The same program linked with a copy of the tree's speculative.cpp whose begin() says it
   with LOG_DBG (what the old warning-downgrade patch did) prints nothing at the default
   verbosity: the check below fails there, so it can fail.
