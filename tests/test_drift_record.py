@@ -125,8 +125,8 @@ def epochs_not_from_the_code(data: dict) -> list[str]:
 # and noise-block-base) to the case that fails: every variant's code changed, so every epoch end was proven
 # again (12 on the lent machine with scripts/prove-epochs.sh, b9837, b11236 and b11434 here).
 # Issue 44 took image_left_out out of every zero-fill variant (every fill warns) and shortened its comments:
-# every variant's code changed again, so every epoch end waits for a proof of it.
-REPROVE_PENDING: set[str] = {"b9837", "b10159", "b10173", "b10338", "b10355", "b10644"}
+# every variant's code changed again, so every epoch end was proven again (all 15 here, 2026-12-07).
+REPROVE_PENDING: set[str] = set()
 
 
 def stale_proofs(data: dict) -> list[str]:
