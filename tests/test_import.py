@@ -383,3 +383,23 @@ def test_without_the_filter_special_files_are_refused_and_modes_cleaned(tar_filt
     assert result.exit_code == 0, said(result)
     mode = (tmp_path / "ok" / "tool.sh").stat().st_mode
     assert not mode & 0o7022, oct(mode)  # no setuid, no group/other write
+
+
+def test_a_tarball_whose_last_bytes_hold_a_zip_end_record_is_read_as_the_tarball_it_is(tmp_path):
+    """The b11434 release's archive of 2026-12-07's series, a valid .tar.gz, holds the bytes of a zip's end
+    record (PK\\x05\\x06) in its last 64 KiB by chance, so zipfile.is_zipfile() says yes and the archive was
+    refused as a broken zip (test_webui_release failed on it). An archive is what its first bytes say."""
+    from dfbuild.core import unpack
+
+    rng = __import__("random").Random(0)
+    noise = bytes(rng.getrandbits(8) for _ in range(40_000))  # stored, not compressed: its bytes reach the file
+    end_record = b"PK\x05\x06" + bytes(16) + b"\x00\x00"  # an empty zip's 22-byte end record
+    data = noise[:20_000] + end_record + noise[20_000:]
+    archive = tmp_path / "llama-b1-bin-ubuntu-x64.tar.gz"
+    with tarfile.open(archive, "w:gz", compresslevel=1) as tar:
+        info = tarfile.TarInfo("llama-b1/blob.bin")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    assert zipfile.is_zipfile(archive)  # the trap
+    unpack.extract(archive, tmp_path / "out")
+    assert (tmp_path / "out" / "llama-b1" / "blob.bin").read_bytes() == data

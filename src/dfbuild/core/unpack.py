@@ -37,11 +37,21 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * scale)
 
 
+def _is_zip(archive: Path) -> bool:
+    """A zip begins with a local header (or, empty, its end record). zipfile.is_zipfile() looks for an end
+    record anywhere in the last 64 KiB instead, and a .tar.gz's compressed bytes can hold one by chance."""
+    try:
+        with open(archive, "rb") as f:
+            return f.read(4) in (b"PK\x03\x04", b"PK\x05\x06")
+    except OSError:
+        return False  # (the tarball reader then says what is wrong with the path)
+
+
 def _strict(archive: Path, limits: Limits) -> list[readers.Member]:
     """The archive's members as the strict reader reads them (no data kept): the whole archive is read and
     vetted (gzip CRC, tar checksums and end, zip headers, names, kinds, caps) before anything is written."""
     try:
-        if zipfile.is_zipfile(archive):
+        if _is_zip(archive):
             return readers.read_zip(archive, limits, with_data=False)
         return readers.read_tar_gz(archive, limits, with_data=False)
     except readers.LimitError as exc:
@@ -68,7 +78,7 @@ def extract(archive: Path, into: Path, limits: Limits | None = None) -> None:
             if member.kind == "link":
                 _check_link_target(member.name, member.link)
         expected = sorted((m.name, m.kind, m.size) for m in vetted)
-        if zipfile.is_zipfile(archive):
+        if _is_zip(archive):
             with zipfile.ZipFile(archive) as zf:
                 seen = sorted((i.filename.rstrip("/"), "dir" if i.is_dir() else "file", i.file_size)
                               for i in zf.infolist())
