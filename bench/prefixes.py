@@ -30,6 +30,7 @@ from pathlib import Path
 from dfbuild import series, smoke
 from dfbuild.build import tree as build
 from dfbuild.build.request import BuildRequest
+from dfbuild.core import state
 from dfbuild.host import backends as backend_table
 from dfbuild.series import carry
 
@@ -61,7 +62,7 @@ def record(reports: list[Path], measured: str, into: Path = RECORD) -> None:
                           "runs": e.get("runs", report["runs"]), "regressions": e["regressions"], "built": e["built"]}
                          for e in report["prefixes"]]}
     data["releases"] = dict(sorted(data["releases"].items(), key=lambda item: int(item[0].lstrip("b"))))
-    into.write_text(json.dumps(data, indent=1) + "\n")
+    state.atomic_write_text(into, json.dumps(data, indent=1) + "\n")  # (a crash leaves the old record)
 
 
 def main(argv=None) -> int:

@@ -37,7 +37,7 @@ run)
     unset DFBUILD_CMAKE_ARGS  # (begin_run's -O1 is the proofs'; the bench measures what a release ships)
     install_carry say
     export DFBUILD_TEST_CACHE=/tmp/dfbuild-tests
-    mkdir -p "$DFBUILD_CACHE_DIR/sdists" && cp .carry/*.tar.gz .carry/*.sha256 "$DFBUILD_CACHE_DIR/sdists/"
+    seed_sdists
     cp bench/results.json "$results/results.json"
     { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true; nvcc --version | tail -1; } >> "$report" 2>&1
     work=$DFBUILD_TEST_CACHE/work/$base

@@ -70,7 +70,7 @@ run)
     trap finish EXIT
     install_carry say
     export DFBUILD_CACHE_DIR=/tmp/dfbuild-cache
-    mkdir -p "$DFBUILD_CACHE_DIR/sdists" && cp .carry/* "$DFBUILD_CACHE_DIR/sdists/"
+    seed_sdists
     dfbuild() { python3 -m dfbuild.cli "$@"; }
     { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
       nvcc --version | tail -2

@@ -34,6 +34,13 @@ install_carry() {
     export PYTHONPATH="$here/src:$site" PATH="$site/bin:$PATH" PYTHONUNBUFFERED=1
 }
 
+# THERE: the sdists prepare carried (.carry/*.tar.gz, each with its .sha256) into dfbuild's cache
+# ($DFBUILD_CACHE_DIR), where a checkout of their release finds them offline
+seed_sdists() {
+    : "${DFBUILD_CACHE_DIR:?set DFBUILD_CACHE_DIR first}"
+    mkdir -p "$DFBUILD_CACHE_DIR/sdists" && cp .carry/*.tar.gz .carry/*.sha256 "$DFBUILD_CACHE_DIR/sdists/"
+}
+
 # HERE: .carry/trees.git, one bare repo holding each RELEASE's imported tree (the one commit `dfbuild
 # checkout` makes of a release's sdist, tagged bNNNN), packed together, from dfbuild's cache
 # (imports/bNNNN.git; a release not there is imported first: PyPI, about 35 MB each)

@@ -206,8 +206,8 @@ def run_scenario(binary: Path, fixture_set_name: str, fixture_set: dict, scenari
         base_steps = cache[key]
 
     result = judge(fixture_set, spec_steps, base_steps, alive=alive, log_findings=findings, identity=identity)
-    spans = zero_filled_spans(log_text) if scenario.linear_images_only else []
     fills, warned = zero_filled_spans(log_text), warned_fill_spans(log_text)
+    spans = fills if scenario.linear_images_only else []
     # every fill warns (issue 44): the draft goes on without that context, an image's or a restored prefix's
     quiet = [span for span in fills if span not in warned]
     if quiet:
