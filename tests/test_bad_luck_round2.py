@@ -408,6 +408,36 @@ def test_item8_ctrl_c_while_importing_exits_130_quietly(tmp_path):
     _report("Ctrl-C while importing", {"runs": len(codes), "codes": codes})
 
 
+def test_item8_ctrl_c_while_a_failure_is_reported_exits_130_not_aborted(tmp_path, monkeypatch):
+    """Deterministic form of what the subprocess test above met once in CI (\nAborted!\n, exit 1): the
+    command had failed and its report was being printed when the Ctrl-C came. That report runs inside the
+    except clauses; a KeyboardInterrupt there used to escape to click, which says "Aborted!" and exits 1."""
+    from dfbuild.cli import exits
+
+    def interrupted_while_printing(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(exits, "show_error", interrupted_while_printing)
+    result = dfbuild("track", "--repo", tmp_path / "none")
+    assert result.exit_code == 130, said(result)
+    assert "Aborted!" not in said(result) and "interrupted" in said(result)
+
+
+def test_item8_a_command_gives_back_the_signal_handlers_it_replaced(tmp_path):
+    """Once the outcome is decided, the handlers from before the command are back (the command line's: exit
+    130 at once), so a Ctrl-C in click's teardown is never a KeyboardInterrupt that click calls "Aborted!"."""
+    def mine(signum, frame):
+        pass
+
+    old_int, old_term = signal.signal(signal.SIGINT, mine), signal.signal(signal.SIGTERM, mine)
+    try:
+        dfbuild("track", "--repo", tmp_path / "none")
+        assert signal.getsignal(signal.SIGINT) is mine and signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+
+
 # --- item 9: a user's own .dfbuild-owned.json ----------------------------------------------------------
 
 

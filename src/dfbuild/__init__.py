@@ -16,7 +16,7 @@ if sys.argv and (sys.argv[0] == "-m"
         import signal as _signal
 
     def _interrupted_early(signum, frame):
-        _os.write(2, b"interrupted: stopped (Ctrl-C) before anything was done\n")
+        _os.write(2, b"interrupted: stopped (Ctrl-C) with nothing left half done\n")
         _os._exit(130)
 
     _signal.signal(_signal.SIGINT, _interrupted_early)

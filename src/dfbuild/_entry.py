@@ -4,7 +4,8 @@ Importing click, rich and the stages takes a noticeable fraction of a second.
 A Ctrl-C in that time would print a KeyboardInterrupt traceback (or click's
 "Aborted!" with exit 1). Nothing has been done yet then, so the handler set
 here exits 130 at once; cli.handle_errors replaces it with Python's own (a
-KeyboardInterrupt that rolls back) when a command starts its work.
+KeyboardInterrupt that rolls back) while a command does its work, and puts it
+back once the command's outcome is decided (its report, click's teardown).
 """
 
 import os
@@ -13,7 +14,7 @@ import sys
 
 
 def _interrupted_early(signum, frame):
-    os.write(2, b"interrupted: stopped (Ctrl-C) before anything was done\n")
+    os.write(2, b"interrupted: stopped (Ctrl-C) with nothing left half done\n")
     os._exit(130)
 
 

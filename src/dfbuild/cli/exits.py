@@ -29,33 +29,14 @@ def _terminated(signum, frame):
 def handle_errors(func):
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        # from here on Ctrl-C is a KeyboardInterrupt that rolls back (before it, _entry exits 130 at once),
-        # and SIGTERM (`timeout`, systemd, a supervisor) the same, as errors.Terminated: exit 143
-        try:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            signal.signal(signal.SIGTERM, _terminated)
-        except ValueError:  # not the main thread (a test's runner): nothing to replace there
-            pass
         as_json = bool(kwargs.get("as_json"))  # a failure with --json is a JSON object on stdout too
         ui.json_emitted = False
+        before = _handlers_now()
         try:
-            return func(*args, **kwargs)
-        except errors.DfbuildError as exc:
-            _fail(exc, as_json)
-        except OSError as exc:
-            # a full disk or a read-only dir is the user's to fix: its own code, never a traceback
-            known = errors.from_os_error(exc) or git_failure(exc)  # GitPython's NoSuchPathError is an OSError
-            if known is None:
-                raise
-            _fail(known, as_json)
-        except UnicodeError as exc:
-            _fail(errors.UsageError(f"a path or name is not valid UTF-8 ({exc.reason})",
-                                    "use names that are valid UTF-8"), as_json)
-        except Exception as exc:  # only git's own failures are mapped; anything else re-raises
-            known = git_failure(exc)
-            if known is None:
-                raise
-            _fail(known, as_json)
+            # A Ctrl-C anywhere from here on, the failure reports below included, ends in the except clause
+            # (exit 130), never in click's "Aborted!" with exit 1: _take_signals is itself inside this try.
+            _take_signals()
+            return _mapped(func, as_json, args, kwargs)
         except KeyboardInterrupt as exc:
             # what was half done has been rolled back (or is recovered by the next run)
             term = isinstance(exc, errors.Terminated)
@@ -66,8 +47,56 @@ def handle_errors(func):
                 ui.emit_json({"error": "terminated" if term else "interrupted", "code": code,
                               "hint": "run the command again to finish"})
             sys.exit(code)
+        finally:
+            _give_back_signals(before)
 
     return wrapper
+
+
+def _handlers_now():
+    return signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+
+
+def _take_signals() -> None:
+    """From here on Ctrl-C is a KeyboardInterrupt that rolls back (before it, _entry exits 130 at once), and
+    SIGTERM (`timeout`, systemd, a supervisor) the same, as errors.Terminated: exit 143."""
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _terminated)
+    except ValueError:  # not the main thread (a test's runner): nothing to replace there
+        pass
+
+
+def _give_back_signals(before) -> None:
+    """The command's outcome is decided: the handlers it replaced again (_entry's, which exit at once; a
+    KeyboardInterrupt in click's teardown would be its "Aborted!")."""
+    try:
+        signal.signal(signal.SIGINT, before[0] if before[0] is not None else signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, before[1] if before[1] is not None else signal.SIG_DFL)
+    except ValueError:  # not the main thread
+        pass
+
+
+def _mapped(func, as_json, args, kwargs):
+    """Run the command; each failure dfbuild knows becomes its documented exit code."""
+    try:
+        return func(*args, **kwargs)
+    except errors.DfbuildError as exc:
+        _fail(exc, as_json)
+    except OSError as exc:
+        # a full disk or a read-only dir is the user's to fix: its own code, never a traceback
+        known = errors.from_os_error(exc) or git_failure(exc)  # GitPython's NoSuchPathError is an OSError
+        if known is None:
+            raise
+        _fail(known, as_json)
+    except UnicodeError as exc:
+        _fail(errors.UsageError(f"a path or name is not valid UTF-8 ({exc.reason})",
+                                "use names that are valid UTF-8"), as_json)
+    except Exception as exc:  # only git's own failures are mapped; anything else re-raises
+        known = git_failure(exc)
+        if known is None:
+            raise
+        _fail(known, as_json)
 
 
 def git_failure(exc: BaseException) -> errors.RepositoryError | None:
