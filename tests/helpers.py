@@ -90,6 +90,8 @@ def isolate_probes(monkeypatch, tmp_path: Path) -> tuple[dict, Path]:
     for spec in table["probes"].values():
         spec["dirs"] = []
         spec["dirs_env"] = []
+        spec["path_lists_env"] = []
+        spec["roots"] = []
     monkeypatch.setattr(backends, "table", lambda: table)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

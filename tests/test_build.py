@@ -354,6 +354,16 @@ def test_backend_this_host_cannot_build_fails_fast(tree):
     (["CMake Error at ggml/src/ggml-vulkan/CMakeLists.txt:9 (find_package):", "",
       "  Could NOT find Vulkan (missing: glslc)"],
      "CMake Error at ggml/src/ggml-vulkan/CMakeLists.txt:9 (find_package): Could NOT find Vulkan (missing: glslc)"),
+    # b11434's CUDA configure on a toolkit without libcuda.so (a toolkit made of pip wheels): the target's
+    # name is on the message's second line
+    (["CMake Error at ggml/src/ggml-cuda/CMakeLists.txt:181 (target_link_libraries):",
+      "  Target \"ggml-cuda\" links to:", "", "    CUDA::cuda_driver", "",
+      "  but the target was not found.  Possible reasons include:", "", "    * There is a typo in the target name.",
+      "-- Generating done"],
+     "CMake Error at ggml/src/ggml-cuda/CMakeLists.txt:181 (target_link_libraries): Target \"ggml-cuda\" links "
+     "to: CUDA::cuda_driver but the target was not found."),
+    (["CMake Error: The source directory \"/x\" does not exist.", "Specify --help for usage."],
+     "CMake Error: The source directory \"/x\" does not exist."),
     (["ninja: error: unknown target 'x'"], "ninja: error: unknown target 'x'"),
     (["all good"], None),
 ])

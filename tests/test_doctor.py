@@ -59,6 +59,39 @@ def test_nvcc_without_cublas_cannot_build_cuda(isolated, tmp_path):
 
 
 @posix_only
+def test_a_toolkit_without_libcuda_cannot_build_cuda(isolated, tmp_path, monkeypatch):
+    """A CUDA toolkit made of PyPI's nvidia-* wheels (nvcc, cudart, cuBLAS) has no lib64/stubs/libcuda.so, and
+    b11434's configure then fails on CUDA::cuda_driver; doctor says so before anything is built. The
+    toolkit's stub, or a driver's libcuda.so where CMake also looks (beside a PATH entry's bin), is enough."""
+    _, bin_dir = isolated
+    cuda = tmp_path / "cuda"
+    fake_program(cuda / "bin", "nvcc", "Cuda compilation tools, release 13.0, V13.0.88")
+    (cuda / "include").mkdir()
+    (cuda / "include" / "cublas_v2.h").write_text("/* fake */\n")
+    (bin_dir / "nvcc").symlink_to(cuda / "bin" / "nvcc")
+
+    entry = doctor.check_backend("cuda", LINUX)  # (the isolated PATH has no C compiler either)
+    assert not entry["can_build"] and "cuda-driver" in entry["missing"] and "cublas-headers" not in entry["missing"]
+    missing = doctor.probe("cuda-driver", LINUX)
+    assert "cuda-driver-dev-13-0" in missing.install  # the package of the nvcc that is installed
+
+    stubs = cuda / "targets" / "x86_64-linux" / "lib" / "stubs"
+    stubs.mkdir(parents=True)
+    (stubs / "libcuda.so").write_bytes(b"")
+    found = doctor.probe("cuda-driver", LINUX)
+    assert found.ok and found.path == str(stubs / "libcuda.so")
+    assert "cuda-driver" not in doctor.check_backend("cuda", LINUX)["missing"]
+
+    (stubs / "libcuda.so").unlink()
+    driver = tmp_path / "driver"
+    fake_program(driver / "bin", "nvidia-smi", "")
+    (driver / "lib64").mkdir()
+    (driver / "lib64" / "libcuda.so").write_bytes(b"")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{driver / 'bin'}")
+    assert doctor.probe("cuda-driver", LINUX).path == str(driver / "lib64" / "libcuda.so")
+
+
+@posix_only
 def test_too_old_tools_are_reported_with_the_minimum(isolated):
     table, bin_dir = isolated
     fake_program(bin_dir, "nvcc", "Cuda compilation tools, release 11.0, V11.0.1")
@@ -126,7 +159,7 @@ def test_this_machine_cannot_build_cuda_for_want_of_cublas():
     if not nvcc["found"] or any(p["name"] == "cublas-headers" and p["ok"] for p in entry["toolchain"]):
         pytest.skip("this machine is not the nvcc-without-cuBLAS dev box")
     assert not entry["can_build"]
-    assert entry["missing"] == ["cublas-headers"]
+    assert entry["missing"][0] == "cublas-headers"  # (then cuda-driver: no libcuda.so there either)
     assert "cuBLAS" in entry["reason"]
 
 

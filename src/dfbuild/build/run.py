@@ -45,10 +45,27 @@ def first_error(lines: Iterable[str]) -> str | None:
         for index, line in enumerate(lines):
             if pattern.match(line):
                 if line.startswith("CMake Error"):  # its message is on the next lines
-                    detail = next((n.strip() for n in lines[index + 1:index + 4] if n.strip()), "")
-                    return f"{line.strip()} {detail}".strip()
+                    return f"{line.strip()} {_cmake_message(lines[index + 1:])}".strip()
                 return line.strip()
     return None
+
+
+def _cmake_message(after: list[str]) -> str:
+    """The first sentence of a CMake error's indented message, which CMake wraps over several lines:
+    `Target "ggml-cuda" links to:` / `CUDA::cuda_driver` / `but the target was not found.` (the target's
+    name was lost when only the first line was kept)."""
+    words: list[str] = []
+    for line in after:
+        if line.strip() and not line.startswith(" "):  # the message ends where CMake's indentation does
+            break
+        words.extend(line.split())
+        text = " ".join(words)
+        end = re.search(r"[.!?](?:\s|$)", text)
+        if end:
+            return text[:end.start() + 1]
+        if len(words) > 40:  # no sentence end in sight: enough to say what failed
+            break
+    return " ".join(words)
 
 
 def _run_logged(args: list[str], *, cwd: Path, env: dict, log,

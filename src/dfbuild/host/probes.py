@@ -142,18 +142,25 @@ def _parse_version(spec: dict, output: str) -> str | None:
     return output.splitlines()[0].strip()
 
 
+def _toolkit_roots(spec: dict) -> list[Path]:
+    """The install roots of the spec's near_program (nvcc: <root>/bin/nvcc), on PATH or under $CUDA_PATH."""
+    near = spec.get("near_program")
+    if not near:
+        return []
+    program = shutil.which(near)
+    candidates = [program] if program else []
+    for directory in _env_dirs({"dirs_env": ["CUDA_PATH", "CUDA_HOME"]}, "bin"):
+        candidates.append(str(directory / near))
+    # plus the usual install roots: an nvcc on PATH may be a wrapper script outside its toolkit
+    found = [Path(candidate).resolve().parent.parent for candidate in candidates]
+    return found + [Path(root) for root in spec.get("roots", ())]
+
+
 def _header_dirs(spec: dict, extra_include_dirs: Sequence[Path]) -> list[Path]:
     dirs = list(extra_include_dirs) + _env_dirs(spec, "include")
-    near = spec.get("near_program")
-    if near:
-        program = shutil.which(near)
-        candidates = [program] if program else []
-        for directory in _env_dirs({"dirs_env": ["CUDA_PATH", "CUDA_HOME"]}, "bin"):
-            candidates.append(str(directory / near))
-        for candidate in candidates:
-            root = Path(candidate).resolve().parent.parent
-            dirs.append(root / "include")
-            dirs.extend(sorted(root.glob("targets/*/include")))
+    for root in _toolkit_roots(spec):
+        dirs.append(root / "include")
+        dirs.extend(sorted(root.glob("targets/*/include")))
     dirs.extend(Path(d) for d in spec.get("dirs", ()))
     return dirs
 
@@ -186,12 +193,30 @@ def vulkan_header_version(vulkan_core_h: Path) -> str | None:
 
 def _probe_library(spec: dict, host: Host) -> tuple[str | None, str | None]:
     names = spec.get("libraries", {}).get(host.os, [])
-    dirs = _env_dirs(spec, "Lib" if host.os == "windows" else "lib") + [Path(d) for d in spec.get("dirs", ())]
+    dirs = _env_dirs(spec, "Lib" if host.os == "windows" else "lib")
+    for root in _toolkit_roots(spec):  # where CMake's FindCUDAToolkit looks: the toolkit's lib dirs, their stubs
+        for lib in ("lib64", "lib", "lib/x64", *(str(t.relative_to(root)) for t in sorted(root.glob("targets/*/lib")))):
+            dirs += [root / lib, root / lib / "stubs"]
+    dirs += [Path(d) for d in spec.get("dirs", ())]
+    # more of what CMake's find_library searches, so that a probe never refuses what the configure would find:
+    # path lists from the environment as they are, and for each PATH entry <p>/bin its <p>/lib and <p>/lib64
+    for var in spec.get("path_lists_env", ()):
+        dirs += [Path(d) for d in os.environ.get(var, "").split(os.pathsep) if d]
+    if spec.get("path_prefixes"):
+        bins = [Path(d) for d in os.environ.get("PATH", "").split(os.pathsep) if d.rstrip("/\\").endswith("bin")]
+        dirs += [b.parent / lib for b in bins for lib in ("lib", "lib64", f"lib/{_multiarch()}")]
     for directory in dirs:
         for name in names:
             if (directory / name).exists():
                 return str(directory / name), None
     return None, None
+
+
+def _multiarch() -> str:
+    """Debian's multiarch dir name for this machine (x86_64-linux-gnu), where CMake's find_library also looks."""
+    import platform
+
+    return {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}.get(platform.machine(), "x86_64-linux-gnu")
 
 
 def _probe_file(spec: dict, host: Host) -> tuple[str | None, str | None]:
