@@ -224,3 +224,30 @@ def test_release_image_is_refused_before_building_where_llama_cpp_has_no_image(t
         pytest.skip(f"this machine cannot cross-build Windows: {done.stderr.strip()[-200:]}")
     assert done.returncode == 53, done.stderr[-2000:]
     assert "no container image" in done.stderr and not work.exists()
+
+
+def test_release_image_runs_the_image_on_the_releases_terms(tmp_path, monkeypatch):
+    """`release --backend cuda --allow-cpu-fallback --image` on a machine without the GPU: the release's smoke ran
+    on the CPU (recorded), and its image stage then refused the same (45) because the option never reached it."""
+    from helpers import dfbuild
+
+    from dfbuild.cli import release_cmds
+    from dfbuild.core import manifest
+    from dfbuild.release import pipeline as release_stage
+    from dfbuild.source import checkout as source
+
+    asked = {}
+    fake = {"release": {"tag": "t", "os": "linux", "arch": "x64", "backend": "cuda", "artifacts": [], "stages": {}},
+            "series": {"head": "0" * 40}, "smoke": {"cpu_fallback": True, "ran_on": "the CPU backend"}}
+    monkeypatch.setattr(release_cmds, "check_can_build", lambda *a, **k: None)
+    monkeypatch.setattr(source, "check_known", lambda *a, **k: None)
+    monkeypatch.setattr(release_stage, "check_wheel_tools", lambda: None)
+    monkeypatch.setattr(image_build, "check_tools", lambda: None)
+    monkeypatch.setattr(release_stage, "release", lambda *a, **k: fake)
+    monkeypatch.setattr(image, "make_images", lambda directory, **kw: asked.update(kw) or [])
+    monkeypatch.setattr(manifest, "load", lambda path: fake)
+    for fallback in (True, False):
+        result = dfbuild("release", "--base", "b11434", "--backend", "cuda", "--image", "--work", tmp_path / "w",
+                         "--out", tmp_path / "out", *(["--allow-cpu-fallback"] if fallback else []))
+        assert result.exit_code == 0, result.output
+        assert asked["allow_cpu_fallback"] is fallback and asked["run"] is True

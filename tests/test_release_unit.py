@@ -1211,6 +1211,30 @@ def test_the_linux_cuda_runtime_archive_is_packed_as_llama_cpps(tmp_path):
 
 
 @posix_only
+def test_the_cuda_runtime_comes_from_the_toolkit_the_build_used_not_the_nvcc_wrappers_folder(tmp_path, monkeypatch):
+    """A machine whose nvcc on PATH is a wrapper script (/usr/local/bin/nvcc: exec /usr/local/cuda-13.0/bin/nvcc)
+    built b11434 and then looked for libcudart.so.13 under /usr/local. The build's CMake cache names the
+    toolkit nvcc itself reported (CUDAToolkit_BIN_DIR); the build section records it and packing uses it."""
+    from dfbuild.build import tree as build_tree
+
+    toolkit = fake_cuda_toolkit(tmp_path / "cuda-13.0")
+    wrapper = tmp_path / "usr-local" / "bin" / "nvcc"
+    wrapper.parent.mkdir(parents=True)
+    wrapper.write_text(f"#!/bin/sh\nexec {toolkit}/bin/nvcc \"$@\"\n")
+    for name in ("CUDA_PATH", "CUDA_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    facts = build_tree.cuda_facts({"CMAKE_CUDA_ARCHITECTURES": "90", "CUDAToolkit_BIN_DIR": str(toolkit / "bin"),
+                                   "CMAKE_CUDA_COMPILER": str(wrapper)})
+    assert facts == {"cuda_architectures": "90", "cuda_toolkit_root": str(toolkit)}
+    section = {"flags": {"CMAKE_CUDA_COMPILER": str(wrapper)}, **facts}
+    assert release.cuda_toolkit_root(section) == toolkit
+    path, record = release.cudart_linux(tmp_path / "out", tag="t", toolkit="13.0", arch="x64", archive="a",
+                                        libraries=["libcudart", "libcublas", "libcublasLt"],
+                                        toolkit_root=release.cuda_toolkit_root(section), epoch=0)
+    assert record["libraries"] == ["libcublas.so.13", "libcublasLt.so.13", "libcudart.so.13"]
+
+
+@posix_only
 def test_a_linux_cuda_release_ships_the_runtime_archive_beside_it(inputs, fake_wheel, tmp_path, monkeypatch):
     toolkit = fake_cuda_toolkit(tmp_path / "cuda", major="12")
     monkeypatch.setenv("CUDA_PATH", str(toolkit))

@@ -60,6 +60,18 @@ def read_cmake_cache(build_dir: Path) -> dict[str, str]:
     return values
 
 
+def cuda_facts(cache: dict[str, str]) -> dict[str, str]:
+    """What a CUDA build's CMake cache says of it: the architectures, and the toolkit it compiled and linked
+    with (the folder above CUDAToolkit_BIN_DIR), which the cudart archive must pack. The nvcc on PATH can
+    be a wrapper script outside its toolkit (/usr/local/bin/nvcc); FindCUDAToolkit asks nvcc itself."""
+    facts: dict[str, str] = {}
+    if cache.get("CMAKE_CUDA_ARCHITECTURES"):
+        facts["cuda_architectures"] = cache["CMAKE_CUDA_ARCHITECTURES"]
+    if cache.get("CUDAToolkit_BIN_DIR"):
+        facts["cuda_toolkit_root"] = str(Path(cache["CUDAToolkit_BIN_DIR"]).parent)
+    return facts
+
+
 def _backend_from_cache(cache: dict[str, str]) -> str:
     for backend, flag in (("cuda", "GGML_CUDA"), ("vulkan", "GGML_VULKAN"), ("hip", "GGML_HIP"),
                           ("metal", "GGML_METAL")):

@@ -51,6 +51,7 @@ from dfbuild.build.directory import (
     STAMP_NAME,
     build_dir_owner,
     claim_build_dir,
+    cuda_facts,
     default_build_dir,
     dir_label,
     read_cmake_cache,
@@ -359,8 +360,8 @@ def build_tree(source_dir: Path, request: BuildRequest, build_dir: Path | None =
                                 "rocm": made["rocm"], "glibc": rocm_root.glibc_floor(root)}
     if backend == "hip" and cache.get("GPU_TARGETS"):
         section["gpu_targets"] = cache["GPU_TARGETS"]
-    if backend == "cuda" and cache.get("CMAKE_CUDA_ARCHITECTURES"):
-        section["cuda_architectures"] = cache["CMAKE_CUDA_ARCHITECTURES"]
+    if backend == "cuda":
+        section.update(cuda_facts(cache))
     stamp["last_build"] = {"commit": commit, "targets": targets, "binaries": binaries}
     write_stamp(build_dir, stamp)
     return section
@@ -396,8 +397,8 @@ def smoke_digest(build_section: dict) -> str:
 
 # the stage's public names, those of the modules above included
 __all__ = ["ALL_TARGETS", "BUILD_INFO_TEMPLATE", "DEFAULT_TARGETS", "LOG_NAME", "SMOKE_PROGRAMS", "STAMP_NAME",
-    "VARIANTS_INCLUDE", "build_dir_owner", "build_env", "build_flags", "build_number", "build_tree",
-    "check_llama_tree", "claim_build_dir", "default_build_dir", "dir_label", "env_cmake_args", "first_error",
+    "VARIANTS_INCLUDE", "build_dir_owner", "build_env", "build_flags", "build_number", "build_tree", "check_llama_tree",
+    "claim_build_dir", "cuda_facts", "default_build_dir", "dir_label", "env_cmake_args", "first_error",
     "parse_cpu_variants", "parse_targets", "payload_digest", "read_cmake_cache", "read_stamp", "relative_file_args",
     "smoke_digest", "source_commit", "stamp_base", "stamp_build_info", "unbuildable_variants", "upstream_options",
     "write_stamp"]

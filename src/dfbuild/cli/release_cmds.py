@@ -220,7 +220,10 @@ def release_cmd(base, pr, repo, backend, out, work, skip_smoke, reprove, targets
             from dfbuild.image import make as image_stage
 
             with ui.step("image"):
-                image_stage.make_images(Path(out), tree=work_dir / "src", run=not skip_smoke)
+                # the image's run is the release's smoke again, on the same terms (a GPU release smoked on the
+                # CPU with --allow-cpu-fallback runs its image there too, recorded)
+                image_stage.make_images(Path(out), tree=work_dir / "src", run=not skip_smoke,
+                                        allow_cpu_fallback=allow_cpu_fallback)
             full = manifest.load(Path(out).resolve() / release_stage.MANIFEST_NAME)
     if as_json:
         ui.emit_json(full)

@@ -9,6 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
+from dfbuild.build.directory import cuda_facts, read_cmake_cache
 from dfbuild.core import owned
 from dfbuild.core.archive import ZIP_EPOCH_MIN, Entry, archive_root, write_archive
 from dfbuild.core.errors import ReleaseError
@@ -51,9 +52,12 @@ Unpack them into the folder that holds llama-server: its libraries find them the
 
 
 def cuda_toolkit_root(build_section: dict) -> Path | None:
-    """The CUDA toolkit a build used: CUDA_PATH or CUDA_HOME, else the folder above the nvcc on PATH,
-    else /usr/local/cuda."""
-    for candidate in (os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME")):
+    """The CUDA toolkit a build used: the one its CMake cache names (build.tree.cuda_facts), else CUDA_PATH or
+    CUDA_HOME, else the folder above the nvcc on PATH, else /usr/local/cuda."""
+    recorded = build_section.get("cuda_toolkit_root")
+    if recorded is None and build_section.get("build_dir"):  # a build recorded before the section kept it
+        recorded = cuda_facts(read_cmake_cache(Path(build_section["build_dir"]))).get("cuda_toolkit_root")
+    for candidate in (recorded, os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME")):
         if candidate and Path(candidate).is_dir():
             return Path(candidate)
     nvcc = (build_section.get("flags") or {}).get("CMAKE_CUDA_COMPILER") or shutil.which("nvcc")
