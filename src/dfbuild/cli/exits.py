@@ -31,7 +31,7 @@ def handle_errors(func):
     def wrapper(*args, **kwargs):
         as_json = bool(kwargs.get("as_json"))  # a failure with --json is a JSON object on stdout too
         ui.json_emitted = False
-        before = _handlers_now()
+        before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
         try:
             # A Ctrl-C anywhere from here on, the failure reports below included, ends in the except clause
             # (exit 130), never in click's "Aborted!" with exit 1: _take_signals is itself inside this try.
@@ -51,10 +51,6 @@ def handle_errors(func):
             _give_back_signals(before)
 
     return wrapper
-
-
-def _handlers_now():
-    return signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
 
 
 def _take_signals() -> None:

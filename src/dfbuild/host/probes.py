@@ -204,19 +204,13 @@ def _probe_library(spec: dict, host: Host) -> tuple[str | None, str | None]:
         dirs += [Path(d) for d in os.environ.get(var, "").split(os.pathsep) if d]
     if spec.get("path_prefixes"):
         bins = [Path(d) for d in os.environ.get("PATH", "").split(os.pathsep) if d.rstrip("/\\").endswith("bin")]
-        dirs += [b.parent / lib for b in bins for lib in ("lib", "lib64", f"lib/{_multiarch()}")]
+        multiarch = {"x64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}.get(host.arch)  # Debian's lib/<triplet>
+        dirs += [b.parent / lib for b in bins for lib in ("lib", "lib64", *([f"lib/{multiarch}"] if multiarch else []))]
     for directory in dirs:
         for name in names:
             if (directory / name).exists():
                 return str(directory / name), None
     return None, None
-
-
-def _multiarch() -> str:
-    """Debian's multiarch dir name for this machine (x86_64-linux-gnu), where CMake's find_library also looks."""
-    import platform
-
-    return {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}.get(platform.machine(), "x86_64-linux-gnu")
 
 
 def _probe_file(spec: dict, host: Host) -> tuple[str | None, str | None]:
